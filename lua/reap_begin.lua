@@ -1,0 +1,25 @@
+-- reap_begin.lua: phase two of the two-phase reap: re-check one candidate and, if it is
+-- really dead, mark it as being reaped.
+--
+-- KEYS[1] P:{ctl}:heartbeats
+-- KEYS[2] P:{ctl}:hb:<D>
+-- ARGV[1] candidate instance id (wire form)
+-- ARGV[2] stale_threshold, ms
+--
+-- Dead means: no heartbeat key and a sorted-set score older than the threshold (server time).
+-- A dead instance's score is set to 0, which (a) keeps it a candidate should this leader die
+-- mid-reap and (b) tells the instance, should it resume, that it was reaped (heartbeat.lua).
+--
+-- Reply: {status, server_ms}; status is 'dead' (reap it; server_ms is t0 for the room and
+-- peer scripts), 'alive' (it heartbeated again: leave it) or 'gone' (not registered).
+--
+-- Protects: pitfall "removing the two-phase re-check reaps instances that only missed a
+-- heartbeat", invariant 1.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', now} end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score == false then return {'gone', now} end
+if tonumber(score) >= now - tonumber(ARGV[2]) then return {'alive', now} end
+redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+return {'dead', now}

@@ -1,0 +1,75 @@
+-- reap_room.lua: remove what a dead instance left in one room, in bounded batches.
+--
+-- KEYS[1] P:room:{R}:owner
+-- KEYS[2] P:room:{R}:meta
+-- KEYS[3] P:room:{R}:peers
+-- KEYS[4] P:room:{R}:guests
+-- KEYS[5] P:room:{R}:guest-state
+-- Peer records P:room:{R}:peer:<p> are derived from KEYS[1] (same prefix and hash tag).
+-- ARGV[1] dead instance id (wire form)
+-- ARGV[2] t0: server ms at which the reap of this instance began (reap_begin.lua)
+-- ARGV[3] SSCAN cursor over the room's peers ('0' on the first call)
+-- ARGV[4] SSCAN COUNT (batch size)
+--
+-- The room is the dead instance's leftover when its pin names the dead instance, or the pin
+-- has expired and the metadata still names it (or names nobody), and it was pinned before t0.
+-- Such a room is deleted whole: peer records batch by batch, then every room key.
+-- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
+-- began) only the dead instance's own peer records written before t0 are removed.
+--
+-- Reply: {status, cursor, removed}; cursor ~= '0' means "call again with this cursor";
+-- status is
+--   'reaped'    the room was the dead instance's and is (being) deleted;
+--   'gone'      nothing of the room was left;
+--   'skipped'   another instance owns the room: only the dead instance's peers were removed;
+--   'new_life'  the same instance pinned the room again after t0 (it came back): kept, keep
+--               the index entry.
+-- removed = {peer1, instance1, ...}: peer records deleted in this call.
+--
+-- Protects: owner CAS (pitfall "without the owner check the reaper deletes rooms another
+-- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
+-- "never loop unboundedly in Lua" (SSCAN batches).
+local dead, t0 = ARGV[1], tonumber(ARGV[2])
+local owner = redis.call('GET', KEYS[1])
+local meta_owner = redis.call('HGET', KEYS[2], 'owner')
+local pinned = tonumber(redis.call('HGET', KEYS[2], 'pinned_ms')) or 0
+local base = string.sub(KEYS[1], 1, -6)
+local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
+local status
+if dead_owns and pinned <= t0 then
+  if owner == false and meta_owner == false then status = 'gone' else status = 'reaped' end
+elseif dead_owns then
+  status = 'new_life'
+else
+  status = 'skipped'
+end
+local scan = redis.call('SSCAN', KEYS[3], ARGV[3], 'COUNT', ARGV[4])
+local removed = {}
+for _, p in ipairs(scan[2]) do
+  local rec = base .. 'peer:' .. p
+  local inst = redis.call('HGET', rec, 'instance')
+  local drop = status == 'reaped' or status == 'gone'
+  if not drop and inst == dead then
+    drop = (tonumber(redis.call('HGET', rec, 'updated_ms')) or 0) <= t0
+    if drop then
+      local g = redis.call('HGET', rec, 'guest')
+      if g and g ~= '' and redis.call('HGET', KEYS[4], g) == p then
+        redis.call('HDEL', KEYS[4], g)
+        redis.call('HDEL', KEYS[5], g)
+      end
+    end
+  end
+  if drop then
+    removed[#removed + 1] = p
+    removed[#removed + 1] = inst or ''
+    redis.call('DEL', rec)
+    redis.call('SREM', KEYS[3], p)
+  end
+end
+if scan[1] ~= '0' then
+  return {status, scan[1], removed}
+end
+if status == 'reaped' or status == 'gone' then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+end
+return {status, '0', removed}

@@ -1,0 +1,27 @@
+-- remove_peer.lua: delete a peer record and its room indexes, if it is still that generation.
+--
+-- KEYS[1] P:room:{R}:peer:<p>
+-- KEYS[2] P:room:{R}:peers
+-- KEYS[3] P:room:{R}:guests
+-- KEYS[4] P:room:{R}:guest-state
+-- ARGV[1] peer id (wire form)
+-- ARGV[2] generation returned by upsert_peer.lua
+--
+-- Reply: {removed (1/0), instance}: 0 when the record is gone or has another generation (a
+-- delayed remove of an older connection is a no-op). The caller then removes '<room>/<peer>'
+-- from that instance's peer index.
+--
+-- Protects: invariant 4.
+local gen = redis.call('HGET', KEYS[1], 'generation')
+if gen == false or gen ~= ARGV[2] then
+  return {0, ''}
+end
+local inst = redis.call('HGET', KEYS[1], 'instance') or ''
+local g = redis.call('HGET', KEYS[1], 'guest')
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+if g and g ~= '' and redis.call('HGET', KEYS[3], g) == ARGV[1] then
+  redis.call('HDEL', KEYS[3], g)
+  redis.call('HDEL', KEYS[4], g)
+end
+return {1, inst}

@@ -1,0 +1,61 @@
+-- upsert_peer.lua: write a peer record and its room indexes, removing stale entries first.
+--
+-- KEYS[1] P:room:{R}:peer:<p>   HASH, the peer record
+-- KEYS[2] P:room:{R}:peers      SET
+-- KEYS[3] P:room:{R}:guests     HASH guest -> peer
+-- KEYS[4] P:room:{R}:guest-state
+-- KEYS[5] P:room:{R}:owner
+-- KEYS[6] P:room:{R}:meta       (peer_seq: the room's generation counter)
+-- Other peer records are derived from KEYS[2] (same prefix and hash tag).
+-- ARGV[1] instance id (wire form)
+-- ARGV[2] peer id (wire form)
+-- ARGV[3] guest id (wire form) or ''
+-- ARGV[4..] host fields: name, value, name, value, ...
+--
+-- Steps, atomically: (1) if the record named another guest whose pointer still names this
+-- peer, drop that pointer (and that guest's state); (2) if the new guest's pointer names another
+-- peer (a quick reconnect with a new peer id), delete that superseded peer's record and room
+-- entry; (3) write the record with a new generation from the room's counter (unique within
+-- the room, so a delayed remove of an older connection never matches); (4) index it.
+--
+-- Reply: {generation, previous_instance, superseded_peer, superseded_instance} ('' = none), or
+-- {'not_owner', owner, record_instance} when the caller does not own the room (nothing written). The caller removes
+-- '<room>/<peer>' from the previous instance's peer index and the superseded peer from its
+-- instance's index (index after record).
+--
+-- Protects: invariant 4 / pitfall "upsert without removing old index entries leaves stale
+-- mappings forever".
+local me, peer, guest = ARGV[1], ARGV[2], ARGV[3]
+local owner = redis.call('GET', KEYS[5])
+if owner ~= me then
+  local meta_owner = redis.call('HGET', KEYS[6], 'owner')
+  if owner or meta_owner ~= me then
+    return {'not_owner', owner or meta_owner or '', redis.call('HGET', KEYS[1], 'instance') or ''}
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old_inst = redis.call('HGET', KEYS[1], 'instance') or ''
+local old_guest = redis.call('HGET', KEYS[1], 'guest')
+if old_guest and old_guest ~= '' and old_guest ~= guest
+    and redis.call('HGET', KEYS[3], old_guest) == peer then
+  redis.call('HDEL', KEYS[3], old_guest)
+  redis.call('HDEL', KEYS[4], old_guest)
+end
+local sup, sup_inst = '', ''
+if guest ~= '' then
+  local cur = redis.call('HGET', KEYS[3], guest)
+  if cur and cur ~= peer then
+    local rec = string.sub(KEYS[2], 1, -6) .. 'peer:' .. cur
+    sup, sup_inst = cur, redis.call('HGET', rec, 'instance') or ''
+    redis.call('DEL', rec)
+    redis.call('SREM', KEYS[2], cur)
+  end
+  redis.call('HSET', KEYS[3], guest, peer)
+end
+local gen = redis.call('HINCRBY', KEYS[6], 'peer_seq', 1)
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'instance', me, 'guest', guest, 'generation', gen, 'updated_ms', now,
+  unpack(ARGV, 4))
+redis.call('SADD', KEYS[2], peer)
+return {gen, old_inst, sup, sup_inst}

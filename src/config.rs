@@ -1,0 +1,430 @@
+//! Configuration: where Redis is, which prefix to use, who this instance is, and the timings.
+//!
+//! Every duration is a [`Duration`]. Values are validated when a [`Config`] is built; an error
+//! names the field at fault (DESIGN.md "Timings").
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::keys::{encode_id, IdKind, KeySpace};
+
+/// The timings of heartbeats, pins, the lease and the reaper.
+///
+/// Defaults are the seed's: heartbeat every 10 s with a 30 s TTL, stale after 45 s (1.5 x TTL),
+/// pins live 90 s (3 x TTL), a 90 s lease refreshed every 30 s, a 60 s two-phase delay and a reap
+/// round every 15 s. Redis calls time out after 2 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// How often each instance heartbeats and refreshes its pins.
+    pub heartbeat_interval: Duration,
+    /// TTL of the per-instance heartbeat key.
+    pub heartbeat_ttl: Duration,
+    /// An instance whose last heartbeat (server time) is older than this is a reap candidate.
+    pub stale_threshold: Duration,
+    /// TTL of a room pin; refreshed on every heartbeat tick.
+    pub pin_ttl: Duration,
+    /// TTL of the reaper lease.
+    pub lease_ttl: Duration,
+    /// How often the leader refreshes the lease and non-leaders try to acquire it.
+    pub lease_refresh: Duration,
+    /// How long the leader waits between finding candidates and re-checking them.
+    pub two_phase_delay: Duration,
+    /// How often the leader runs a reap round.
+    pub reap_interval: Duration,
+    /// Connect, read and write timeout of every Redis call.
+    pub command_timeout: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings::from_heartbeat(Duration::from_secs(10), Duration::from_secs(30))
+    }
+}
+
+impl Timings {
+    /// Timings derived from a heartbeat interval and TTL with the seed's ratios: stale threshold
+    /// 1.5 x TTL, pin TTL 3 x TTL, lease TTL 3 x TTL refreshed every TTL, two-phase delay 2 x TTL,
+    /// reap interval TTL / 2, command timeout min(2 s, interval / 2).
+    ///
+    /// `from_heartbeat(10 s, 30 s)` gives the defaults (command timeout 2 s).
+    pub fn from_heartbeat(interval: Duration, ttl: Duration) -> Self {
+        Timings {
+            heartbeat_interval: interval,
+            heartbeat_ttl: ttl,
+            stale_threshold: ttl * 3 / 2,
+            pin_ttl: ttl * 3,
+            lease_ttl: ttl * 3,
+            lease_refresh: ttl,
+            two_phase_delay: ttl * 2,
+            reap_interval: ttl / 2,
+            command_timeout: (interval / 2).min(Duration::from_secs(2)),
+        }
+    }
+
+    /// Millisecond-scale timings for tests and demos: `from_heartbeat(200 ms, 600 ms)` (stale
+    /// after 900 ms, 1.8 s pins and lease refreshed every 600 ms, 1.2 s two-phase delay, a reap
+    /// round every 300 ms) with a 400 ms command timeout. A dead instance is reaped about 2.5 s
+    /// after its last heartbeat.
+    pub fn fast() -> Self {
+        let mut t = Timings::from_heartbeat(Duration::from_millis(200), Duration::from_millis(600));
+        t.command_timeout = Duration::from_millis(400);
+        t
+    }
+
+    /// Checks the rules below; the error names the first field that breaks one.
+    ///
+    /// - every duration is non-zero;
+    /// - `heartbeat_interval < heartbeat_ttl` (a heartbeat must land before the last one expires);
+    /// - `stale_threshold >= heartbeat_ttl` (a live instance's score must not look stale);
+    /// - `pin_ttl > heartbeat_interval` (pins are refreshed on each tick);
+    /// - `lease_refresh < lease_ttl / 2` (two refreshes fit in one lease);
+    /// - `command_timeout < lease_refresh` and `command_timeout < heartbeat_ttl` (a hung call
+    ///   must fail before the deadline it serves, DESIGN.md "Lessons from other systems").
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let fields = [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("heartbeat_ttl", self.heartbeat_ttl),
+            ("stale_threshold", self.stale_threshold),
+            ("pin_ttl", self.pin_ttl),
+            ("lease_ttl", self.lease_ttl),
+            ("lease_refresh", self.lease_refresh),
+            ("two_phase_delay", self.two_phase_delay),
+            ("reap_interval", self.reap_interval),
+            ("command_timeout", self.command_timeout),
+        ];
+        for (name, d) in fields {
+            if d.is_zero() {
+                return Err(Error::config(name, "must be greater than zero"));
+            }
+            if d > Duration::from_secs(7 * 24 * 3600) {
+                return Err(Error::config(name, "must be at most 7 days"));
+            }
+        }
+        let ms = |d: Duration| d.as_millis();
+        if self.heartbeat_interval >= self.heartbeat_ttl {
+            return Err(Error::config(
+                "heartbeat_interval",
+                format!(
+                    "{} ms must be shorter than heartbeat_ttl ({} ms)",
+                    ms(self.heartbeat_interval),
+                    ms(self.heartbeat_ttl)
+                ),
+            ));
+        }
+        if self.stale_threshold < self.heartbeat_ttl {
+            return Err(Error::config(
+                "stale_threshold",
+                format!(
+                    "{} ms must be at least heartbeat_ttl ({} ms)",
+                    ms(self.stale_threshold),
+                    ms(self.heartbeat_ttl)
+                ),
+            ));
+        }
+        if self.pin_ttl <= self.heartbeat_interval {
+            return Err(Error::config(
+                "pin_ttl",
+                format!(
+                    "{} ms must be longer than heartbeat_interval ({} ms)",
+                    ms(self.pin_ttl),
+                    ms(self.heartbeat_interval)
+                ),
+            ));
+        }
+        if self.lease_refresh * 2 >= self.lease_ttl {
+            return Err(Error::config(
+                "lease_refresh",
+                format!(
+                    "{} ms must be shorter than half of lease_ttl ({} ms)",
+                    ms(self.lease_refresh),
+                    ms(self.lease_ttl)
+                ),
+            ));
+        }
+        if self.command_timeout >= self.lease_refresh || self.command_timeout >= self.heartbeat_ttl
+        {
+            return Err(Error::config(
+                "command_timeout",
+                format!(
+                    "{} ms must be shorter than lease_refresh ({} ms) and heartbeat_ttl ({} ms)",
+                    ms(self.command_timeout),
+                    ms(self.lease_refresh),
+                    ms(self.heartbeat_ttl)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything a [`crate::Node`] needs. Build one with [`Config::builder`] or
+/// [`Config::from_env`]; both validate.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    redis_url: Option<String>,
+    keys: KeySpace,
+    instance_id: String,
+    timings: Timings,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("prefix", &self.keys.prefix())
+            .field("instance_id", &self.instance_id)
+            .field("timings", &self.timings)
+            .finish()
+    }
+}
+
+impl Config {
+    /// A builder with the defaults: memory-only, prefix `sfu:dev:main`, a generated instance
+    /// id, [`Timings::default`].
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder::default()
+    }
+
+    /// Reads the environment:
+    ///
+    /// | variable | default | meaning |
+    /// |---|---|---|
+    /// | `REDIS_URL` | unset | unset or empty: memory-only mode |
+    /// | `SFU_NAMESPACE` | `sfu` | first prefix segment |
+    /// | `SFU_STAGE` | `dev` | second prefix segment |
+    /// | `SFU_BRANCH` | `main` | third prefix segment |
+    /// | `SFU_INSTANCE_ID` | host name, pid, per-boot nonce | this instance's id |
+    ///
+    /// Timings are the defaults; change them with [`Config::to_builder`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the variable at fault.
+    pub fn from_env() -> Result<Config> {
+        ConfigBuilder::from_env().build()
+    }
+
+    /// A builder holding this configuration, to change some of it.
+    pub fn to_builder(&self) -> ConfigBuilder {
+        let mut segs = self.keys.prefix().splitn(3, ':');
+        let mut seg = || segs.next().unwrap_or_default().to_owned();
+        ConfigBuilder {
+            redis_url: self.redis_url.clone(),
+            namespace: seg(),
+            stage: seg(),
+            branch: seg(),
+            instance_id: Some(self.instance_id.clone()),
+            timings: self.timings,
+        }
+    }
+
+    /// The Redis URL, or `None` in memory-only mode. It may hold a password: print it only
+    /// through [`redact_url`].
+    pub fn redis_url(&self) -> Option<&str> {
+        self.redis_url.as_deref()
+    }
+
+    /// The key space (prefix `<namespace>:<stage>:<branch>`).
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// This instance's id, as given (not in wire form).
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The timings.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+}
+
+/// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
+#[derive(Debug, Clone)]
+pub struct ConfigBuilder {
+    redis_url: Option<String>,
+    namespace: String,
+    stage: String,
+    branch: String,
+    instance_id: Option<String>,
+    timings: Timings,
+}
+
+impl Default for ConfigBuilder {
+    fn default() -> Self {
+        ConfigBuilder {
+            redis_url: None,
+            namespace: "sfu".into(),
+            stage: "dev".into(),
+            branch: "main".into(),
+            instance_id: None,
+            timings: Timings::default(),
+        }
+    }
+}
+
+impl ConfigBuilder {
+    /// Defaults overridden by the environment variables of [`Config::from_env`].
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let mut b = ConfigBuilder {
+            redis_url: var("REDIS_URL"),
+            ..ConfigBuilder::default()
+        };
+        if let Some(v) = var("SFU_NAMESPACE") {
+            b.namespace = v;
+        }
+        if let Some(v) = var("SFU_STAGE") {
+            b.stage = v;
+        }
+        if let Some(v) = var("SFU_BRANCH") {
+            b.branch = v;
+        }
+        b.instance_id = var("SFU_INSTANCE_ID");
+        b
+    }
+
+    /// The Redis URL (`redis://[user:pass@]host:port[/db]`); `None` or an empty string means
+    /// memory-only mode.
+    pub fn redis_url(mut self, url: Option<&str>) -> Self {
+        self.redis_url = url
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from);
+        self
+    }
+
+    /// First prefix segment (default `sfu`).
+    pub fn namespace(mut self, v: &str) -> Self {
+        v.clone_into(&mut self.namespace);
+        self
+    }
+
+    /// Second prefix segment (default `dev`).
+    pub fn stage(mut self, v: &str) -> Self {
+        v.clone_into(&mut self.stage);
+        self
+    }
+
+    /// Third prefix segment (default `main`).
+    pub fn branch(mut self, v: &str) -> Self {
+        v.clone_into(&mut self.branch);
+        self
+    }
+
+    /// This instance's id (default: [`default_instance_id`]).
+    pub fn instance_id(mut self, v: &str) -> Self {
+        self.instance_id = Some(v.to_owned());
+        self
+    }
+
+    /// The timings (default [`Timings::default`]).
+    pub fn timings(mut self, t: Timings) -> Self {
+        self.timings = t;
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field: an unparsable Redis URL, an empty or
+    /// oversized prefix segment, an invalid instance id, or timings that break
+    /// [`Timings::validate`].
+    pub fn build(self) -> Result<Config> {
+        if let Some(url) = &self.redis_url {
+            if let Err(e) = redis::Client::open(url.as_str()) {
+                return Err(Error::config(
+                    "redis_url",
+                    format!(
+                        "{} is not a usable Redis URL ({}); expected redis://[user:password@]host:port[/db]",
+                        redact_url(url),
+                        e.detail().unwrap_or("unparsable")
+                    ),
+                ));
+            }
+        }
+        let keys = KeySpace::new(&self.namespace, &self.stage, &self.branch)?;
+        let instance_id = match self.instance_id {
+            Some(id) => id,
+            None => default_instance_id(),
+        };
+        encode_id(IdKind::Instance, &instance_id)
+            .map_err(|e| Error::config("instance_id", e.to_string()))?;
+        self.timings.validate()?;
+        Ok(Config {
+            redis_url: self.redis_url,
+            keys,
+            instance_id,
+            timings: self.timings,
+        })
+    }
+}
+
+/// `<host>-<pid>-<nonce>`: the host name, the process id and 8 random hex digits drawn at each
+/// call, so a restarted process with the same host and pid is a new identity (DESIGN.md
+/// "Lessons from other systems").
+pub fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}-{}-{:08x}", std::process::id(), fastrand::u32(..))
+}
+
+/// `url` with any password replaced by `***`, for logs and messages
+/// (`redis://user:***@host:6379/0`). A URL that does not parse is reduced to its scheme.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparsable Redis URL>".into();
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                // `redis://password@host` is read by some clients as a bare password.
+                format!("{scheme}://***@{host}{path}")
+            }
+        }
+        None => format!("{scheme}://{authority}{path}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let t = Timings::default();
+        assert_eq!(t.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(t.heartbeat_ttl, Duration::from_secs(30));
+        assert_eq!(t.stale_threshold, Duration::from_secs(45));
+        assert_eq!(t.pin_ttl, Duration::from_secs(90));
+        assert_eq!(t.lease_ttl, Duration::from_secs(90));
+        assert_eq!(t.lease_refresh, Duration::from_secs(30));
+        assert_eq!(t.two_phase_delay, Duration::from_secs(60));
+        assert_eq!(t.reap_interval, Duration::from_secs(15));
+        t.validate().unwrap();
+        Timings::fast().validate().unwrap();
+    }
+
+    #[test]
+    fn redaction_hides_passwords() {
+        assert_eq!(redact_url("redis://u:s3cret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact_url("redis://s3cret@h"), "redis://***@h");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert!(!redact_url("garbage s3cret").contains("s3cret"));
+    }
+}

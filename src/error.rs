@@ -1,0 +1,197 @@
+//! The one error type of the crate.
+//!
+//! Every fallible call returns [`Result<T>`]. Match on [`Error::kind`] rather than on the
+//! variants' fields: kinds are stable, messages are for people. No message ever contains a
+//! Redis password (see [`crate::config::redact_url`]).
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, as a stable, matchable category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// An id (room, peer, guest, instance) is empty, longer than 256 bytes or holds a control
+    /// character.
+    InvalidId,
+    /// A configuration value is missing, malformed or contradicts another one.
+    InvalidConfig,
+    /// An argument other than an id is unusable (for example a reserved peer field name).
+    InvalidArgument,
+    /// Redis could not be reached, timed out, or answered with an error.
+    Redis,
+    /// Redis answered, but with data this crate did not write (a key of the wrong type, a
+    /// malformed lease or record, an unexpected script reply).
+    BadData,
+    /// The room is owned by another instance (or by nobody) and this instance tried to act as
+    /// its owner.
+    NotOwner,
+    /// The node has been shut down; start a new one.
+    Stopped,
+    /// The operation needs the reaper lease and this node does not (or no longer) hold it.
+    NotLeader,
+    /// A local resource (a child process, a temp dir, a port) could not be set up.
+    Io,
+}
+
+/// The crate's error. Its `Display` says what happened and, where it helps, what to do.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// See [`ErrorKind::InvalidId`].
+    InvalidId {
+        /// Which id: `"room"`, `"peer"`, `"guest"` or `"instance"`.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// See [`ErrorKind::InvalidConfig`].
+    InvalidConfig {
+        /// The configuration field (or environment variable) at fault.
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// See [`ErrorKind::InvalidArgument`].
+    InvalidArgument {
+        /// The argument at fault.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// See [`ErrorKind::Redis`].
+    Redis {
+        /// What the crate was doing (`"pin room"`, `"heartbeat"`, ...).
+        op: Cow<'static, str>,
+        /// The driver's error. Its text never contains the URL's password.
+        source: redis::RedisError,
+    },
+    /// See [`ErrorKind::BadData`].
+    BadData {
+        /// What the crate was doing.
+        op: String,
+        /// What was found.
+        detail: String,
+    },
+    /// See [`ErrorKind::NotOwner`].
+    NotOwner {
+        /// The room (caller's id).
+        room: String,
+        /// Its current owner, if any.
+        owner: Option<String>,
+    },
+    /// See [`ErrorKind::Stopped`].
+    Stopped,
+    /// See [`ErrorKind::NotLeader`].
+    NotLeader,
+    /// See [`ErrorKind::Io`].
+    Io {
+        /// What the crate was doing.
+        op: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The stable category of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidId { .. } => ErrorKind::InvalidId,
+            Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::Redis { .. } => ErrorKind::Redis,
+            Error::BadData { .. } => ErrorKind::BadData,
+            Error::NotOwner { .. } => ErrorKind::NotOwner,
+            Error::Stopped => ErrorKind::Stopped,
+            Error::NotLeader => ErrorKind::NotLeader,
+            Error::Io { .. } => ErrorKind::Io,
+        }
+    }
+
+    /// True when the error is a Redis call that timed out.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Redis { source, .. } if source.is_timeout())
+    }
+
+    /// True when the connection to Redis was refused, dropped or broken (the call may be
+    /// retried on a new connection).
+    pub fn is_connection_error(&self) -> bool {
+        matches!(self, Error::Redis { source, .. }
+            if source.is_io_error() || source.is_connection_dropped() || source.is_connection_refusal())
+    }
+
+    pub(crate) fn redis(op: impl Into<Cow<'static, str>>, source: redis::RedisError) -> Self {
+        let op = op.into();
+        // A server-side WRONGTYPE means somebody else's data sits on one of our keys.
+        if source.code() == Some("WRONGTYPE") {
+            return Error::BadData {
+                op: op.into_owned(),
+                detail: format!("a key holds the wrong type of value: {source}"),
+            };
+        }
+        Error::Redis { op, source }
+    }
+
+    pub(crate) fn bad_data(op: &str, detail: impl Into<String>) -> Self {
+        Error::BadData {
+            op: op.to_owned(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn config(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidId { what, reason } => write!(f, "invalid {what} id: {reason}"),
+            Error::InvalidConfig { field, reason } => {
+                write!(f, "invalid configuration `{field}`: {reason}")
+            }
+            Error::InvalidArgument { what, reason } => write!(f, "invalid {what}: {reason}"),
+            Error::Redis { op, source } => {
+                write!(f, "{op}: Redis call failed: {source}")?;
+                if source.is_timeout() {
+                    write!(f, " (timed out; is Redis overloaded or unreachable?)")?;
+                } else if source.is_connection_refusal() {
+                    write!(
+                        f,
+                        " (connection refused; is Redis running at the configured URL?)"
+                    )?;
+                }
+                Ok(())
+            }
+            Error::BadData { op, detail } => write!(f, "{op}: unexpected data in Redis: {detail}"),
+            Error::NotOwner { room, owner } => match owner {
+                Some(o) => write!(
+                    f,
+                    "room {room:?} is owned by instance {o:?}, not by this one"
+                ),
+                None => write!(f, "room {room:?} is not pinned by this instance"),
+            },
+            Error::Stopped => write!(f, "the node has been shut down"),
+            Error::NotLeader => write!(f, "this node does not hold the reaper lease (any more)"),
+            Error::Io { op, source } => write!(f, "{op}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis { source, .. } => Some(source),
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! What a node reports: leadership changes, reap progress, lost rooms.
+//!
+//! Rust hosts read [`Event`]s from [`crate::Node::events`]; the `sfu-redis node --json` binary
+//! prints each as one JSON line ([`Event::to_json`]) with the same names and fields, plus
+//! `"instance"` (the emitting node).
+
+use crossbeam_channel::{Sender, TrySendError};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a node stopped being the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaderLostReason {
+    /// A lease refresh failed (Redis error or timeout): demoted at once.
+    RefreshFailed,
+    /// The local deadline (started before the last successful acquire/refresh was sent)
+    /// passed before a refresh confirmed the lease.
+    DeadlinePassed,
+    /// The lease no longer holds this instance's id.
+    LeaseTaken,
+    /// The node shut down and released the lease.
+    Shutdown,
+}
+
+impl LeaderLostReason {
+    /// `refresh_failed`, `deadline_passed`, `lease_taken` or `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaderLostReason::RefreshFailed => "refresh_failed",
+            LeaderLostReason::DeadlinePassed => "deadline_passed",
+            LeaderLostReason::LeaseTaken => "lease_taken",
+            LeaderLostReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// One thing a node reports. Ids are the callers' ids (decoded from the wire form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Start-up writes are done ([`crate::Node::ready`]): counts of rooms and peers held.
+    Ready {
+        /// Rooms pinned by this node.
+        rooms: usize,
+        /// Peers upserted by this node.
+        peers: usize,
+    },
+    /// This node holds the reaper lease; `epoch` is the term's fencing token.
+    LeaderAcquired {
+        /// Strictly increasing across all terms of one prefix.
+        epoch: u64,
+    },
+    /// This node stopped being the leader.
+    LeaderLost {
+        /// Why.
+        reason: LeaderLostReason,
+    },
+    /// Phase one of a reap round found instances with stale heartbeats (not yet dead).
+    Candidates {
+        /// Their ids.
+        instances: Vec<String>,
+    },
+    /// A dead instance was reaped.
+    InstanceReaped {
+        /// Its id.
+        dead: String,
+        /// Rooms deleted (it owned them).
+        rooms: u64,
+        /// Peer records deleted.
+        peers: u64,
+        /// Rooms in its index that another instance had taken over (left alone).
+        skipped_rooms: u64,
+    },
+    /// A room this node owned is no longer its own.
+    RoomLost {
+        /// The room.
+        room: String,
+        /// Its owner now, if any.
+        new_owner: Option<String>,
+    },
+    /// This node found it had been reaped while it was unresponsive (a zombie): every room it
+    /// held is lost; it registered again as a fresh live instance.
+    ReapedSelf {
+        /// How many rooms were lost.
+        rooms: usize,
+        /// Which.
+        room_ids: Vec<String>,
+    },
+    /// The node shut down; no event follows.
+    Stopped,
+}
+
+impl Event {
+    /// The event's name, as in the JSON `"event"` field.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Ready { .. } => "ready",
+            Event::LeaderAcquired { .. } => "leader_acquired",
+            Event::LeaderLost { .. } => "leader_lost",
+            Event::Candidates { .. } => "candidates",
+            Event::InstanceReaped { .. } => "instance_reaped",
+            Event::RoomLost { .. } => "room_lost",
+            Event::ReapedSelf { .. } => "reaped_self",
+            Event::Stopped => "stopped",
+        }
+    }
+
+    /// The JSON object printed by `sfu-redis node --json`:
+    /// `{"event": name, "instance": instance, ...fields}`.
+    pub fn to_json(&self, instance: &str) -> Value {
+        let mut v = match self {
+            Event::Ready { rooms, peers } => json!({ "rooms": rooms, "peers": peers }),
+            Event::LeaderAcquired { epoch } => json!({ "epoch": epoch }),
+            Event::LeaderLost { reason } => json!({ "reason": reason.as_str() }),
+            Event::Candidates { instances } => json!({ "instances": instances }),
+            Event::InstanceReaped {
+                dead,
+                rooms,
+                peers,
+                skipped_rooms,
+            } => {
+                json!({ "dead": dead, "rooms": rooms, "peers": peers, "skipped_rooms": skipped_rooms })
+            }
+            Event::RoomLost { room, new_owner } => json!({ "room": room, "new_owner": new_owner }),
+            Event::ReapedSelf { rooms, room_ids } => {
+                json!({ "rooms": rooms, "room_ids": room_ids })
+            }
+            Event::Stopped => json!({}),
+        };
+        if let Value::Object(map) = &mut v {
+            map.insert("event".into(), self.name().into());
+            map.insert("instance".into(), instance.into());
+        }
+        v
+    }
+}
+
+/// The sending side of a node's bounded event channel; a full channel drops the event and
+/// counts it rather than blocking a worker thread.
+#[derive(Debug)]
+pub(crate) struct EventSink {
+    tx: Sender<Event>,
+    dropped: AtomicU64,
+}
+
+impl EventSink {
+    pub(crate) fn new(tx: Sender<Event>) -> Self {
+        EventSink {
+            tx,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn emit(&self, e: Event) {
+        log::info!("event {}", e.to_json(""));
+        match self.tx.try_send(e) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(e)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                log::warn!("event channel full; dropped {}", e.name());
+            }
+        }
+    }
+
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,386 @@
+//! The key space: the prefix, every key and channel name, and how ids are encoded.
+//!
+//! `P` = `<namespace>:<stage>:<branch>`, always three segments of `[A-Za-z0-9._-]`
+//! (DESIGN.md "Recommended key schema"). Control-plane keys share the hash tag `{ctl}`, each
+//! room's keys share the hash tag `{<room>}`, so every Lua script touches one hash slot.
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `P:{ctl}:heartbeats` | ZSET | instance -> last heartbeat (Redis server time, ms); score 0 = being reaped |
+//! | `P:{ctl}:hb:<I>` | STRING, PX heartbeat_ttl | per-instance heartbeat |
+//! | `P:{ctl}:leader` | STRING, PX lease_ttl | reaper lease holder (instance id) |
+//! | `P:{ctl}:epoch` | counter | fencing token, INCR on every acquire |
+//! | `P:{ctl}:dataset` | STRING | dataset token: tells "reaped" from "Redis lost its data" |
+//! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
+//! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
+//! | `P:room:{<R>}:owner` | STRING, PX pin_ttl | owning instance |
+//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `peer_seq` |
+//! | `P:room:{<R>}:peers` | SET | peer ids in the room |
+//! | `P:room:{<R>}:guests` | HASH | guest id -> current peer id |
+//! | `P:room:{<R>}:guest-state` | HASH | guest id -> state (written by the host) |
+//! | `P:room:{<R>}:peer:<peer>` | HASH | `instance`, `guest`, `generation`, `updated_ms`, host fields |
+//! | `P:events` | channel | leader changes, reaps |
+//!
+//! **Ids are data, not syntax.** Any non-empty UTF-8 id of at most [`MAX_ID_BYTES`] bytes
+//! without control characters is accepted. In Redis an id always appears in its *wire form*:
+//! bytes of `[A-Za-z0-9._-]` verbatim, every other byte percent-encoded (`%XX`). The wire
+//! form never contains `:`, `/`, `{`, `}`, `*` or spaces, so ids can neither collide, break the
+//! hash tag nor split a `<room>/<peer>` member. Ids stored as values (owners, index members,
+//! record fields) use the wire form too.
+
+use std::borrow::Cow;
+
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use crate::error::{Error, Result};
+
+/// The longest id accepted, in bytes of UTF-8.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Bytes that are escaped: everything but `[A-Za-z0-9._-]`.
+const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
+
+/// Which kind of id a string is; used in error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    /// A room id.
+    Room,
+    /// A peer (connection) id.
+    Peer,
+    /// A guest (user) id.
+    Guest,
+    /// An SFU instance id.
+    Instance,
+}
+
+impl IdKind {
+    fn name(self) -> &'static str {
+        match self {
+            IdKind::Room => "room",
+            IdKind::Peer => "peer",
+            IdKind::Guest => "guest",
+            IdKind::Instance => "instance",
+        }
+    }
+}
+
+/// Checks an id and returns its wire form (see the module docs).
+///
+/// # Errors
+/// [`Error::InvalidId`] when `id` is empty, longer than [`MAX_ID_BYTES`] or holds a control
+/// character.
+pub fn encode_id(kind: IdKind, id: &str) -> Result<String> {
+    let fail = |reason: String| Error::InvalidId {
+        what: kind.name(),
+        reason,
+    };
+    if id.is_empty() {
+        return Err(fail("it is empty".into()));
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(fail(format!(
+            "it is {} bytes long; at most {MAX_ID_BYTES} are allowed",
+            id.len()
+        )));
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(fail(format!("it holds the control character {c:?}")));
+    }
+    Ok(utf8_percent_encode(id, ESCAPED).to_string())
+}
+
+/// A validated id: the caller's form and the wire form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Id {
+    pub raw: String,
+    pub wire: String,
+}
+
+impl Id {
+    pub(crate) fn new(kind: IdKind, raw: &str) -> Result<Id> {
+        Ok(Id {
+            wire: encode_id(kind, raw)?,
+            raw: raw.to_owned(),
+        })
+    }
+}
+
+/// Turns a wire-form id read from Redis back into the caller's id.
+///
+/// # Errors
+/// [`Error::BadData`] when `wire` is not the wire form of a valid id (somebody else wrote it).
+pub fn decode_id(wire: &str) -> Result<String> {
+    let valid_wire = !wire.is_empty()
+        && wire
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-%".contains(&b));
+    let decoded: Option<Cow<'_, str>> = if valid_wire {
+        percent_decode_str(wire).decode_utf8().ok()
+    } else {
+        None
+    };
+    match decoded {
+        Some(id)
+            if !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.chars().any(char::is_control) =>
+        {
+            Ok(id.into_owned())
+        }
+        _ => Err(Error::bad_data(
+            "decode id",
+            format!("{wire:?} is not an id written by sfu-redis"),
+        )),
+    }
+}
+
+/// Normalizes one prefix segment to `[A-Za-z0-9._-]`: any other character becomes `_`.
+fn segment(field: &'static str, value: &str) -> Result<String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(Error::config(field, "must not be empty"));
+    }
+    if value.len() > 64 {
+        return Err(Error::config(field, "must be at most 64 bytes"));
+    }
+    Ok(value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect())
+}
+
+/// The names of one room's keys. All share the hash tag `{<room>}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomKeys {
+    /// `P:room:{R}:owner`, the expiring pin.
+    pub owner: String,
+    /// `P:room:{R}:meta`, the non-expiring metadata (second copy of the owner).
+    pub meta: String,
+    /// `P:room:{R}:peers`, the room's peer ids.
+    pub peers: String,
+    /// `P:room:{R}:guests`, guest id -> current peer id.
+    pub guests: String,
+    /// `P:room:{R}:guest-state`, guest id -> state.
+    pub guest_state: String,
+}
+
+/// Builds every key and channel name of one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    /// A key space for `<namespace>:<stage>:<branch>`; each segment is trimmed and every
+    /// character outside `[A-Za-z0-9._-]` becomes `_`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when a segment is empty or longer than 64 bytes.
+    pub fn new(namespace: &str, stage: &str, branch: &str) -> Result<Self> {
+        let prefix = format!(
+            "{}:{}:{}",
+            segment("namespace", namespace)?,
+            segment("stage", stage)?,
+            segment("branch", branch)?
+        );
+        Ok(KeySpace { prefix })
+    }
+
+    /// `<namespace>:<stage>:<branch>`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The `SCAN MATCH` pattern that covers this prefix and nothing else: `P:*`.
+    pub fn scan_pattern(&self) -> String {
+        format!("{}:*", self.prefix)
+    }
+
+    /// `P:{ctl}:heartbeats`.
+    pub fn heartbeats(&self) -> String {
+        format!("{}:{{ctl}}:heartbeats", self.prefix)
+    }
+
+    /// `P:{ctl}:hb:<I>` (`instance` in wire form).
+    pub fn heartbeat(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:hb:{instance}", self.prefix)
+    }
+
+    /// `P:{ctl}:leader`.
+    pub fn leader(&self) -> String {
+        format!("{}:{{ctl}}:leader", self.prefix)
+    }
+
+    /// `P:{ctl}:epoch`.
+    pub fn epoch(&self) -> String {
+        format!("{}:{{ctl}}:epoch", self.prefix)
+    }
+
+    /// `P:{ctl}:dataset`.
+    pub fn dataset(&self) -> String {
+        format!("{}:{{ctl}}:dataset", self.prefix)
+    }
+
+    /// `P:{ctl}:instance:<I>:rooms` (`instance` in wire form).
+    pub fn instance_rooms(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:rooms", self.prefix)
+    }
+
+    /// `P:{ctl}:instance:<I>:peers` (`instance` in wire form).
+    pub fn instance_peers(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:peers", self.prefix)
+    }
+
+    /// The keys of room `room` (wire form).
+    pub fn room(&self, room: &str) -> RoomKeys {
+        let base = format!("{}:room:{{{room}}}:", self.prefix);
+        RoomKeys {
+            owner: format!("{base}owner"),
+            meta: format!("{base}meta"),
+            peers: format!("{base}peers"),
+            guests: format!("{base}guests"),
+            guest_state: format!("{base}guest-state"),
+        }
+    }
+
+    /// `P:room:{R}:peer:<peer>` (both in wire form).
+    pub fn peer(&self, room: &str, peer: &str) -> String {
+        format!("{}:room:{{{room}}}:peer:{peer}", self.prefix)
+    }
+
+    /// `P:events`, the pub/sub channel.
+    pub fn events_channel(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+
+    /// Parses a key of this prefix; `None` for keys of other prefixes or unknown shapes.
+    pub fn parse(&self, key: &str) -> Option<ParsedKey> {
+        let rest = key.strip_prefix(self.prefix.as_str())?.strip_prefix(':')?;
+        if let Some(ctl) = rest.strip_prefix("{ctl}:") {
+            return Some(match ctl {
+                "heartbeats" => ParsedKey::Heartbeats,
+                "leader" => ParsedKey::Leader,
+                "epoch" => ParsedKey::Epoch,
+                "dataset" => ParsedKey::Dataset,
+                _ => {
+                    if let Some(i) = ctl.strip_prefix("hb:") {
+                        ParsedKey::Heartbeat(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":rooms"))
+                    {
+                        ParsedKey::InstanceRooms(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":peers"))
+                    {
+                        ParsedKey::InstancePeers(i.to_owned())
+                    } else {
+                        return None;
+                    }
+                }
+            });
+        }
+        let room = rest.strip_prefix("room:{")?;
+        let (room, tail) = room.split_once("}:")?;
+        let room = room.to_owned();
+        Some(match tail {
+            "owner" => ParsedKey::RoomOwner(room),
+            "meta" => ParsedKey::RoomMeta(room),
+            "peers" => ParsedKey::RoomPeers(room),
+            "guests" => ParsedKey::RoomGuests(room),
+            "guest-state" => ParsedKey::RoomGuestState(room),
+            _ => ParsedKey::Peer(room, tail.strip_prefix("peer:")?.to_owned()),
+        })
+    }
+}
+
+/// A key of one prefix, by role; ids in wire form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum ParsedKey {
+    Heartbeats,
+    Heartbeat(String),
+    Leader,
+    Epoch,
+    Dataset,
+    InstanceRooms(String),
+    InstancePeers(String),
+    RoomOwner(String),
+    RoomMeta(String),
+    RoomPeers(String),
+    RoomGuests(String),
+    RoomGuestState(String),
+    Peer(String, String),
+}
+
+/// The member `<room>/<peer>` of an instance's peer index (both in wire form).
+pub fn peer_member(room: &str, peer: &str) -> String {
+    format!("{room}/{peer}")
+}
+
+/// Splits a `<room>/<peer>` member; `None` when it has no `/`.
+pub fn split_peer_member(member: &str) -> Option<(&str, &str)> {
+    member
+        .split_once('/')
+        .filter(|(r, p)| !r.is_empty() && !p.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_ids_are_verbatim_and_others_escaped() {
+        assert_eq!(encode_id(IdKind::Room, "room-1_a.b").unwrap(), "room-1_a.b");
+        assert_eq!(encode_id(IdKind::Room, "a:b").unwrap(), "a%3Ab");
+        assert_eq!(encode_id(IdKind::Room, "{x}").unwrap(), "%7Bx%7D");
+        assert_eq!(encode_id(IdKind::Room, "%").unwrap(), "%25");
+        assert_eq!(encode_id(IdKind::Room, "방").unwrap(), "%EB%B0%A9");
+        assert_eq!(decode_id("%EB%B0%A9").unwrap(), "방");
+    }
+
+    #[test]
+    fn bad_ids_are_refused() {
+        for bad in ["", "a\nb", "\u{7f}"] {
+            let e = encode_id(IdKind::Peer, bad).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidId, "{bad:?}");
+        }
+        assert!(encode_id(IdKind::Peer, &"x".repeat(MAX_ID_BYTES)).is_ok());
+        assert!(encode_id(IdKind::Peer, &"x".repeat(MAX_ID_BYTES + 1)).is_err());
+        assert!(decode_id("a:b").is_err());
+        assert!(decode_id("%ZZ").is_err());
+        assert!(decode_id("%FF").is_err());
+    }
+
+    #[test]
+    fn prefix_segments_are_normalized() {
+        let ks = KeySpace::new("sfu", "prod", "feature/x y").unwrap();
+        assert_eq!(ks.prefix(), "sfu:prod:feature_x_y");
+        assert!(KeySpace::new("sfu", " ", "main").is_err());
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        let ks = KeySpace::new("sfu", "dev", "main").unwrap();
+        let r = ks.room("r%3A1");
+        assert_eq!(
+            ks.parse(&r.owner),
+            Some(ParsedKey::RoomOwner("r%3A1".into()))
+        );
+        assert_eq!(
+            ks.parse(&ks.peer("r", "p")),
+            Some(ParsedKey::Peer("r".into(), "p".into()))
+        );
+        assert_eq!(
+            ks.parse(&ks.instance_peers("i")),
+            Some(ParsedKey::InstancePeers("i".into()))
+        );
+        assert_eq!(ks.parse("sfu:dev:mainx:{ctl}:leader"), None);
+        assert_eq!(ks.parse(&ks.leader()), Some(ParsedKey::Leader));
+    }
+}

@@ -1,0 +1,217 @@
+//! The reaper lease: acquire (`SET NX PX` + epoch `INCR`), refresh (owner CAS `PEXPIRE`),
+//! release (owner CAS `DEL`), and the local deadline that ends a term.
+//!
+//! Invariant 3: leadership ends on a local deadline started *before* the acquire/refresh was
+//! sent (`sent + lease_ttl - lease_ttl/10`; the tenth absorbs clock-rate differences), not on
+//! the next error. The server's TTL starts when the command arrives, after `sent`, so this node
+//! stops acting before any other node can acquire. [`LeaderState::is_leader`] reads the clock,
+//! so a term ends on time even while the lease thread is blocked.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver, Sender};
+use parking_lot::Mutex;
+use redis::{Connection, Value};
+
+use crate::conn::{jitter, Backoff, Link};
+use crate::error::{Error, Result};
+use crate::event::{Event, LeaderLostReason};
+use crate::keys::decode_id;
+use crate::node::Shared;
+use crate::scripts::{self, SCRIPTS};
+
+/// One leadership term as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Term {
+    pub epoch: u64,
+    /// When this node stops acting as leader unless a refresh confirms the lease first.
+    pub deadline: Instant,
+}
+
+/// The current term, shared between the lease thread (writer) and everyone else.
+#[derive(Debug, Default)]
+pub(crate) struct LeaderState {
+    term: Mutex<Option<Term>>,
+}
+
+impl LeaderState {
+    /// The term, if its deadline has not passed.
+    pub(crate) fn current(&self) -> Option<Term> {
+        (*self.term.lock()).filter(|t| Instant::now() < t.deadline)
+    }
+
+    pub(crate) fn is_leader(&self) -> bool {
+        self.current().is_some()
+    }
+
+    fn set(&self, t: Option<Term>) {
+        *self.term.lock() = t;
+    }
+
+    fn raw(&self) -> Option<Term> {
+        *self.term.lock()
+    }
+}
+
+/// The local deadline of a term confirmed by a request sent at `sent`.
+pub(crate) fn deadline(sent: Instant, lease_ttl: Duration) -> Instant {
+    sent + lease_ttl - lease_ttl / 10
+}
+
+/// What an acquire attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    /// We hold the lease; a new term with this epoch. `repaired` names a foreign value that
+    /// was replaced (a lease key without TTL).
+    Won {
+        epoch: u64,
+        repaired: Option<String>,
+    },
+    /// Another holder (its id, or `<type>` for a wrong-typed key).
+    Held(String),
+}
+
+pub(crate) fn acquire(sh: &Shared, con: &mut Connection) -> Result<Acquire> {
+    let op = "acquire lease";
+    let mut inv = SCRIPTS.lease_acquire.prepare_invoke();
+    inv.key(sh.keys.leader())
+        .key(sh.keys.epoch())
+        .arg(&sh.me)
+        .arg(sh.timings.lease_ttl.as_millis() as u64);
+    let (won, v, repaired): (i64, Value, String) = scripts::call(con, op, &inv)?;
+    let text: String = redis::from_redis_value(v)
+        .map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))?;
+    if won == 1 {
+        let epoch = text
+            .parse()
+            .map_err(|_| Error::bad_data(op, format!("epoch {text:?} is not a number")))?;
+        Ok(Acquire::Won {
+            epoch,
+            repaired: Some(repaired).filter(|r| !r.is_empty()),
+        })
+    } else {
+        Ok(Acquire::Held(text))
+    }
+}
+
+/// Extends the lease if it still holds our id. `Ok(false)`: it does not.
+pub(crate) fn refresh(sh: &Shared, con: &mut Connection) -> Result<bool> {
+    let mut inv = SCRIPTS.lease_refresh.prepare_invoke();
+    inv.key(sh.keys.leader())
+        .arg(&sh.me)
+        .arg(sh.timings.lease_ttl.as_millis() as u64);
+    Ok(scripts::call::<i64>(con, "refresh lease", &inv)? == 1)
+}
+
+/// Deletes the lease if it still holds our id. `Ok(false)`: it did not.
+pub(crate) fn release(sh: &Shared, con: &mut Connection) -> Result<bool> {
+    let mut inv = SCRIPTS.lease_release.prepare_invoke();
+    inv.key(sh.keys.leader()).arg(&sh.me);
+    Ok(scripts::call::<i64>(con, "release lease", &inv)? == 1)
+}
+
+/// The lease thread: non-leaders try to acquire every `lease_refresh` (jittered); the leader
+/// refreshes every `lease_refresh` and demotes at once on a failed, refused or late refresh.
+/// `demoted` tells the reaper thread to abandon its round. On shutdown the lease is released
+/// (unless `crashed` is set: a simulated kill -9 leaves it to expire).
+pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
+    let t = sh.timings;
+    let mut link = Link::new();
+    let mut backoff = Backoff::new(t.lease_refresh / 8, t.lease_refresh);
+    let mut next = Instant::now();
+    let demote = |reason: LeaderLostReason| {
+        sh.leader.set(None);
+        let _ = demoted.try_send(());
+        sh.events.emit(Event::LeaderLost { reason });
+    };
+    loop {
+        let now = Instant::now();
+        // A term whose deadline passed while we slept (or were paused) ends now.
+        if let Some(term) = sh.leader.raw() {
+            if now >= term.deadline {
+                demote(LeaderLostReason::DeadlinePassed);
+            }
+        }
+        let wait = next.saturating_duration_since(now);
+        let wake = match sh.leader.raw() {
+            Some(term) => wait.min(term.deadline.saturating_duration_since(now)),
+            None => wait,
+        };
+        select! {
+            recv(shutdown) -> _ => break,
+            default(wake) => {}
+        }
+        if Instant::now() < next {
+            continue;
+        }
+        let sent = Instant::now();
+        if let Some(term) = sh.leader.raw() {
+            match link.run(&sh.redis, |c| refresh(sh, c)) {
+                Ok(true) if Instant::now() < term.deadline => {
+                    sh.leader.set(Some(Term {
+                        epoch: term.epoch,
+                        deadline: deadline(sent, t.lease_ttl),
+                    }));
+                    next = sent + t.lease_refresh;
+                }
+                Ok(true) => {
+                    demote(LeaderLostReason::DeadlinePassed);
+                    next = Instant::now();
+                }
+                Ok(false) => {
+                    log::warn!("lease no longer holds our id; demoting");
+                    demote(LeaderLostReason::LeaseTaken);
+                    next = Instant::now() + jitter(t.lease_refresh);
+                }
+                Err(e) => {
+                    sh.note_error(&e);
+                    log::warn!("lease refresh failed; demoting: {e}");
+                    demote(LeaderLostReason::RefreshFailed);
+                    next = Instant::now() + backoff.next_delay();
+                }
+            }
+        } else {
+            match link.run(&sh.redis, |c| acquire(sh, c)) {
+                Ok(Acquire::Won { epoch, repaired }) => {
+                    backoff.reset();
+                    if let Some(r) = repaired {
+                        log::warn!("replaced a lease key of type {r} that had no TTL");
+                    }
+                    sh.leader.set(Some(Term {
+                        epoch,
+                        deadline: deadline(sent, t.lease_ttl),
+                    }));
+                    sh.events.emit(Event::LeaderAcquired { epoch });
+                    next = sent + t.lease_refresh;
+                }
+                Ok(Acquire::Held(holder)) => {
+                    backoff.reset();
+                    if holder.starts_with('<') || decode_id(&holder).is_err() {
+                        log::warn!("the lease key holds {holder:?}, not an instance id; waiting for it to expire");
+                    }
+                    next = Instant::now() + jitter(t.lease_refresh);
+                }
+                Err(e) => {
+                    sh.note_error(&e);
+                    log::warn!("lease acquire failed: {e}");
+                    next = Instant::now() + backoff.next_delay();
+                }
+            }
+        }
+    }
+    if sh.is_crashed() {
+        return;
+    }
+    let was_leader = sh.leader.raw().is_some();
+    sh.leader.set(None);
+    // Always try: a refresh that failed on our side may still have extended the lease.
+    if let Err(e) = link.run(&sh.redis, |c| release(sh, c)) {
+        log::warn!("could not release the lease on shutdown (it will expire): {e}");
+    }
+    if was_leader {
+        let _ = demoted.try_send(());
+        sh.events.emit(Event::LeaderLost {
+            reason: LeaderLostReason::Shutdown,
+        });
+    }
+}

@@ -1,0 +1,43 @@
+//! # sfu-redis
+//!
+//! Keeps the Redis metadata of a multi-instance SFU (WebRTC media server, mediasoup-style)
+//! alive and clean: per-instance heartbeats, one leader elected through a Redis lease, and a
+//! reaper that removes what dead instances left behind without ever touching a live instance's
+//! rooms. Synchronous and threaded: no async runtime.
+//!
+//! - [`Node`]: start one per SFU process from a [`Config`]; pin rooms, upsert and remove peers,
+//!   read [`Event`]s and [`Stats`].
+//! - [`keys`]: the key schema (prefix `<namespace>:<stage>:<branch>`, hash tags, id encoding).
+//! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
+//! - [`devserver`]: a private `redis-server` for demos, tests and benchmarks.
+//!
+//! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
+//!
+//! The rules each part protects are numbered in `DESIGN.md` (invariants 1-6) and named in the
+//! Lua scripts' headers (`lua/*.lua`).
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod config;
+mod conn;
+pub mod devserver;
+mod error;
+mod event;
+mod heartbeat;
+pub mod keys;
+mod lease;
+mod memory;
+mod node;
+mod peers;
+mod reaper;
+mod rooms;
+mod scripts;
+pub mod status;
+mod store;
+
+pub use config::{redact_url, Config, ConfigBuilder, Timings};
+pub use error::{Error, ErrorKind, Result};
+pub use event::{Event, LeaderLostReason};
+pub use node::{Node, Stats, EVENT_CAPACITY};
+pub use reaper::{ReapCounts, REAP_BATCH};
+pub use store::{PinOutcome, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};

@@ -1,0 +1,121 @@
+//! Memory-only mode: with no Redis URL the library runs single-instance. Pins and peers live
+//! in memory with the same rules as on Redis (generations, guest reconnects); there is no
+//! heartbeat, lease or reaper (DESIGN.md "What it does", 8).
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::keys::Id;
+use crate::store::{PinOutcome, Store, Upserted};
+
+#[derive(Debug, Default)]
+struct Room {
+    /// peer -> (guest, generation)
+    peers: HashMap<String, (Option<String>, u64)>,
+    /// guest -> peer
+    guests: HashMap<String, String>,
+    seq: u64,
+}
+
+/// The in-memory store.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryStore {
+    me: String,
+    rooms: Mutex<HashMap<String, Room>>,
+}
+
+impl MemoryStore {
+    pub(crate) fn new(instance: &str) -> Self {
+        MemoryStore {
+            me: instance.to_owned(),
+            rooms: Mutex::default(),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
+        let mut rooms = self.rooms.lock();
+        if rooms.contains_key(&room.raw) {
+            return Ok(PinOutcome::AlreadyOurs);
+        }
+        rooms.insert(room.raw.clone(), Room::default());
+        Ok(PinOutcome::Pinned)
+    }
+
+    fn close_room(&self, room: &Id) -> Result<()> {
+        match self.rooms.lock().remove(&room.raw) {
+            Some(_) => Ok(()),
+            None => Err(Error::NotOwner {
+                room: room.raw.clone(),
+                owner: None,
+            }),
+        }
+    }
+
+    fn room_owner(&self, room: &Id) -> Result<Option<String>> {
+        Ok(self
+            .rooms
+            .lock()
+            .contains_key(&room.raw)
+            .then(|| self.me.clone()))
+    }
+
+    fn upsert_peer(
+        &self,
+        room: &Id,
+        peer: &Id,
+        guest: Option<&Id>,
+        _fields: &[(&str, &str)],
+    ) -> Result<Upserted> {
+        let mut rooms = self.rooms.lock();
+        let r = rooms.get_mut(&room.raw).ok_or_else(|| Error::NotOwner {
+            room: room.raw.clone(),
+            owner: None,
+        })?;
+        let guest = guest.map(|g| g.raw.clone());
+        if let Some((Some(old_guest), _)) = r.peers.get(&peer.raw) {
+            if Some(old_guest) != guest.as_ref() && r.guests.get(old_guest) == Some(&peer.raw) {
+                let old_guest = old_guest.clone();
+                r.guests.remove(&old_guest);
+            }
+        }
+        let mut superseded = None;
+        if let Some(g) = &guest {
+            if let Some(cur) = r.guests.insert(g.clone(), peer.raw.clone()) {
+                if cur != peer.raw {
+                    r.peers.remove(&cur);
+                    superseded = Some(cur);
+                }
+            }
+        }
+        r.seq += 1;
+        let generation = r.seq;
+        r.peers.insert(peer.raw.clone(), (guest, generation));
+        Ok(Upserted {
+            generation,
+            superseded,
+        })
+    }
+
+    fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
+        let mut rooms = self.rooms.lock();
+        let Some(r) = rooms.get_mut(&room.raw) else {
+            return Ok(false);
+        };
+        match r.peers.get(&peer.raw) {
+            Some((guest, g)) if *g == generation => {
+                if let Some(guest) = guest.clone() {
+                    if r.guests.get(&guest) == Some(&peer.raw) {
+                        r.guests.remove(&guest);
+                    }
+                }
+                r.peers.remove(&peer.raw);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}

@@ -1,0 +1,592 @@
+//! [`Node`]: the handle a host holds. It owns the worker threads (heartbeat, lease, reaper),
+//! the event channel and the stats, and shuts everything down on [`Node::shutdown`] or `Drop`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::config::{Config, Timings};
+use crate::conn::{Pool, Redis};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventSink};
+use crate::heartbeat::{self, Mode};
+use crate::keys::{Id, IdKind, KeySpace};
+use crate::lease::LeaderState;
+use crate::memory::MemoryStore;
+use crate::reaper::{self, ReapCounts};
+use crate::store::{
+    Local, LocalPeer, PinOutcome, Store, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS,
+};
+use crate::{peers, rooms};
+
+/// Capacity of a node's event channel; when full, new events are dropped and counted in
+/// [`Stats::events_dropped`].
+pub const EVENT_CAPACITY: usize = 4096;
+
+/// Most idle connections kept for host threads' calls.
+const POOL_IDLE: usize = 16;
+
+/// Counters shared by the worker threads.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    heartbeats: AtomicU64,
+    heartbeat_failures: AtomicU64,
+    redis_errors: AtomicU64,
+    slow_ticks: AtomicU64,
+    instances_reaped: AtomicU64,
+    rooms_reaped: AtomicU64,
+    peers_reaped: AtomicU64,
+    last_heartbeat: Mutex<Option<Instant>>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Counters {
+    pub(crate) fn heartbeat_ok(&self) {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
+        *self.last_heartbeat.lock() = Some(Instant::now());
+    }
+
+    pub(crate) fn heartbeat_failed(&self) {
+        self.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn slow_tick(&self) {
+        self.slow_ticks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Redis errors plus slow ticks seen so far: the leader skips a reap round in which this
+    /// grew (DESIGN.md "Lessons from other systems").
+    pub(crate) fn troubles(&self) -> u64 {
+        self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn reaped(&self, c: &ReapCounts) {
+        self.instances_reaped.fetch_add(1, Ordering::Relaxed);
+        self.rooms_reaped.fetch_add(c.rooms, Ordering::Relaxed);
+        self.peers_reaped.fetch_add(c.peers, Ordering::Relaxed);
+    }
+}
+
+/// Everything the worker threads and the Redis store share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// This instance's id (caller's form).
+    pub id: String,
+    /// This instance's id (wire form).
+    pub me: String,
+    pub keys: KeySpace,
+    pub timings: Timings,
+    pub redis: Redis,
+    pub pool: Pool,
+    pub local: Arc<Local>,
+    pub leader: LeaderState,
+    pub events: Arc<EventSink>,
+    pub counters: Counters,
+    /// The dataset token last seen by the heartbeat.
+    pub token: Mutex<String>,
+    crashed: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn note_error(&self, e: &Error) {
+        self.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+        *self.counters.last_error.lock() = Some(e.to_string());
+    }
+
+    /// Set by [`Node::simulate_crash`]: threads stop without any cleanup.
+    pub(crate) fn is_crashed(&self) -> bool {
+        self.crashed.load(Ordering::Relaxed)
+    }
+}
+
+/// The Redis-backed store.
+#[derive(Debug)]
+struct RedisStore(Arc<Shared>);
+
+impl Store for RedisStore {
+    fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
+        let sh = &*self.0;
+        sh.pool.run(&sh.redis, |c| rooms::pin(sh, c, &room.wire))
+    }
+
+    fn close_room(&self, room: &Id) -> Result<()> {
+        let sh = &*self.0;
+        sh.pool
+            .run(&sh.redis, |c| rooms::close(sh, c, &room.wire, &room.raw))
+    }
+
+    fn room_owner(&self, room: &Id) -> Result<Option<String>> {
+        let sh = &*self.0;
+        sh.pool.run(&sh.redis, |c| rooms::owner(sh, c, &room.wire))
+    }
+
+    fn upsert_peer(
+        &self,
+        room: &Id,
+        peer: &Id,
+        guest: Option<&Id>,
+        fields: &[(&str, &str)],
+    ) -> Result<Upserted> {
+        let sh = &*self.0;
+        sh.pool.run(&sh.redis, |c| {
+            peers::upsert(
+                sh,
+                c,
+                &room.wire,
+                &room.raw,
+                &peer.wire,
+                guest.map(|g| g.wire.as_str()),
+                fields,
+            )
+        })
+    }
+
+    fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
+        let sh = &*self.0;
+        sh.pool.run(&sh.redis, |c| {
+            peers::remove(sh, c, &room.wire, &peer.wire, generation)
+        })
+    }
+}
+
+/// A snapshot of a node's state and counters ([`Node::stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// This instance's id.
+    pub instance_id: String,
+    /// False in memory-only mode.
+    pub redis: bool,
+    /// Whether this node holds the reaper lease now.
+    pub is_leader: bool,
+    /// The current term's epoch, when leading.
+    pub epoch: Option<u64>,
+    /// Rooms this node owns.
+    pub rooms: usize,
+    /// Peers this node upserted and has not removed.
+    pub peers: usize,
+    /// Successful heartbeat ticks.
+    pub heartbeats: u64,
+    /// Failed heartbeat ticks.
+    pub heartbeat_failures: u64,
+    /// Time since the last successful heartbeat.
+    pub last_heartbeat_age: Option<Duration>,
+    /// Redis errors seen by the worker threads.
+    pub redis_errors: u64,
+    /// The last of those errors (never contains a password).
+    pub last_error: Option<String>,
+    /// Dead instances this node reaped.
+    pub instances_reaped: u64,
+    /// Rooms deleted by those reaps.
+    pub rooms_reaped: u64,
+    /// Peer records deleted by those reaps.
+    pub peers_reaped: u64,
+    /// Events dropped because the event channel was full.
+    pub events_dropped: u64,
+}
+
+struct Workers {
+    shutdown: Sender<()>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+/// One SFU instance's handle on the shared Redis: pins, peers, heartbeat, lease and reaper.
+///
+/// `Node` is `Send + Sync`; share it between host threads with an `Arc` (or by reference).
+/// Every method is a blocking call bounded by the configured command timeout.
+///
+/// ```no_run
+/// use sfu_redis::{Config, Node, PinOutcome};
+///
+/// let config = Config::builder()
+///     .redis_url(Some("redis://127.0.0.1:6379"))
+///     .stage("prod")
+///     .build()?;
+/// let node = Node::start(config)?;
+/// match node.pin_room("room-1")? {
+///     PinOutcome::Held { owner } => println!("send the client to {owner}"),
+///     _ => {
+///         let generation = node.upsert_peer("room-1", "peer-1", Some("guest-1"), &[("name", "Ada")])?;
+///         node.remove_peer("room-1", "peer-1", generation)?;
+///     }
+/// }
+/// for event in node.events().try_iter() {
+///     println!("{event:?}");
+/// }
+/// node.shutdown()?;
+/// # Ok::<(), sfu_redis::Error>(())
+/// ```
+pub struct Node {
+    id: String,
+    store: Box<dyn Store>,
+    local: Arc<Local>,
+    events: Arc<EventSink>,
+    events_rx: Receiver<Event>,
+    shared: Option<Arc<Shared>>,
+    workers: Mutex<Option<Workers>>,
+    stopped: AtomicBool,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("instance_id", &self.id)
+            .field("redis", &self.shared.is_some())
+            .field("stopped", &self.stopped.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Starts a node. With a Redis URL: connects, registers the first heartbeat (so a bad URL
+    /// or an unreachable Redis fails here, not later) and starts the heartbeat, lease and
+    /// reaper threads. Without one: memory-only mode, no threads.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] when Redis cannot be reached or refuses (wrong password, ACL);
+    /// [`Error::Io`] when a thread cannot be spawned.
+    pub fn start(config: Config) -> Result<Node> {
+        let (tx, rx) = bounded(EVENT_CAPACITY);
+        let events = Arc::new(EventSink::new(tx));
+        let local = Arc::new(Local::default());
+        let id = config.instance_id().to_owned();
+        let Some(url) = config.redis_url() else {
+            log::info!(
+                "no Redis URL: memory-only mode (single instance; no heartbeat, lease or reaper)"
+            );
+            return Ok(Node {
+                store: Box::new(MemoryStore::new(&id)),
+                id,
+                local,
+                events,
+                events_rx: rx,
+                shared: None,
+                workers: Mutex::new(None),
+                stopped: AtomicBool::new(false),
+            });
+        };
+        let timings = *config.timings();
+        let shared = Arc::new(Shared {
+            me: Id::new(IdKind::Instance, &id)?.wire,
+            id: id.clone(),
+            keys: config.keys().clone(),
+            timings,
+            redis: Redis::new(url, timings.command_timeout)?,
+            pool: Pool::new(POOL_IDLE),
+            local: Arc::clone(&local),
+            leader: LeaderState::default(),
+            events: Arc::clone(&events),
+            counters: Counters::default(),
+            token: Mutex::new(String::new()),
+            crashed: AtomicBool::new(false),
+        });
+        shared.pool.run(&shared.redis, |c| {
+            heartbeat::beat(&shared, c, Mode::Register)
+        })?;
+        shared.counters.heartbeat_ok();
+        log::info!(
+            "instance {} registered on {} under prefix {}",
+            id,
+            shared.redis.safe_url(),
+            shared.keys.prefix()
+        );
+        let workers = spawn_workers(&shared)?;
+        Ok(Node {
+            store: Box::new(RedisStore(Arc::clone(&shared))),
+            id,
+            local,
+            events,
+            events_rx: rx,
+            shared: Some(shared),
+            workers: Mutex::new(Some(workers)),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &str {
+        &self.id
+    }
+
+    fn check_running(&self) -> Result<()> {
+        if self.stopped.load(Ordering::Acquire) {
+            Err(Error::Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Pins `room` for this instance: free rooms are taken, a pin whose owner's heartbeat is
+    /// gone (or that expired) is taken over, a live owner's pin is left alone
+    /// ([`PinOutcome::Held`]). Owned rooms are refreshed by every heartbeat tick.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`] (a room key of the wrong
+    /// type), [`Error::Stopped`].
+    pub fn pin_room(&self, room: &str) -> Result<PinOutcome> {
+        self.check_running()?;
+        let room = Id::new(IdKind::Room, room)?;
+        let outcome = self.store.pin_room(&room)?;
+        if outcome.is_owned() {
+            self.local.add_room(&room.raw);
+        }
+        Ok(outcome)
+    }
+
+    /// Deletes `room`, its metadata and all its peers, if this instance owns it.
+    ///
+    /// # Errors
+    /// [`Error::NotOwner`] when another instance (or nobody) owns it; [`Error::InvalidId`],
+    /// [`Error::Redis`], [`Error::Stopped`].
+    pub fn close_room(&self, room: &str) -> Result<()> {
+        self.check_running()?;
+        let room = Id::new(IdKind::Room, room)?;
+        // Forget it first so a concurrent heartbeat cannot report it lost.
+        let held = self.local.has_room(&room.raw);
+        self.local.remove_room(&room.raw);
+        let out = self.store.close_room(&room);
+        if held && matches!(&out, Err(e) if e.kind() != crate::ErrorKind::NotOwner) {
+            self.local.add_room(&room.raw);
+        }
+        out
+    }
+
+    /// The instance whose pin `room` carries now, if any.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
+    pub fn room_owner(&self, room: &str) -> Result<Option<String>> {
+        self.check_running()?;
+        self.store.room_owner(&Id::new(IdKind::Room, room)?)
+    }
+
+    /// Writes peer `peer` of `room` (which this instance must own) with the host's `fields`,
+    /// and returns its generation (unique within the room; pass it to [`Node::remove_peer`]).
+    ///
+    /// Index entries that change (the peer's previous guest, a previous instance) are removed
+    /// first; if `guest` already points at another peer (a quick reconnect with a new peer
+    /// id), that peer's record is replaced (DESIGN.md pitfall "upsert_peer without removing old
+    /// index entries").
+    ///
+    /// # Errors
+    /// [`Error::NotOwner`] when this instance does not own the room; [`Error::InvalidId`];
+    /// [`Error::InvalidArgument`] for a reserved, empty or control-character field name or more
+    /// than [`MAX_PEER_FIELDS`] fields; [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
+    pub fn upsert_peer(
+        &self,
+        room: &str,
+        peer: &str,
+        guest: Option<&str>,
+        fields: &[(&str, &str)],
+    ) -> Result<u64> {
+        self.check_running()?;
+        let room = Id::new(IdKind::Room, room)?;
+        let peer = Id::new(IdKind::Peer, peer)?;
+        let guest = guest.map(|g| Id::new(IdKind::Guest, g)).transpose()?;
+        check_fields(fields)?;
+        let Upserted {
+            generation,
+            superseded,
+        } = self
+            .store
+            .upsert_peer(&room, &peer, guest.as_ref(), fields)?;
+        if let Some(old) = superseded {
+            self.local.remove_peer(&room.raw, &old);
+        }
+        self.local.put_peer(
+            &room.raw,
+            &peer.raw,
+            LocalPeer {
+                guest: guest.map(|g| g.raw),
+                fields: fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                generation,
+            },
+        );
+        Ok(generation)
+    }
+
+    /// Removes peer `peer` of `room` if its record still carries `generation`; a delayed
+    /// remove of an older connection is a no-op and returns `false` (invariant 4).
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
+    pub fn remove_peer(&self, room: &str, peer: &str, generation: u64) -> Result<bool> {
+        self.check_running()?;
+        let room = Id::new(IdKind::Room, room)?;
+        let peer = Id::new(IdKind::Peer, peer)?;
+        let removed = self.store.remove_peer(&room, &peer, generation)?;
+        if removed {
+            self.local.remove_peer(&room.raw, &peer.raw);
+        }
+        Ok(removed)
+    }
+
+    /// Whether this node holds the reaper lease now (its local deadline has not passed).
+    /// Always `false` in memory-only mode.
+    pub fn is_leader(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.leader.is_leader())
+    }
+
+    /// The event channel. Every clone of the receiver takes events from the same queue, so
+    /// read it from one place. Bounded ([`EVENT_CAPACITY`]); events that find it full are
+    /// dropped and counted.
+    pub fn events(&self) -> Receiver<Event> {
+        self.events_rx.clone()
+    }
+
+    /// Emits [`Event::Ready`] with the current room and peer counts. Call it once the host's
+    /// start-up pins and peers are written; operators' tooling waits for it.
+    pub fn ready(&self) {
+        self.events.emit(Event::Ready {
+            rooms: self.local.room_count(),
+            peers: self.local.peer_count(),
+        });
+    }
+
+    /// A snapshot of the node's state and counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats {
+            instance_id: self.id.clone(),
+            redis: self.shared.is_some(),
+            is_leader: false,
+            epoch: None,
+            rooms: self.local.room_count(),
+            peers: self.local.peer_count(),
+            heartbeats: 0,
+            heartbeat_failures: 0,
+            last_heartbeat_age: None,
+            redis_errors: 0,
+            last_error: None,
+            instances_reaped: 0,
+            rooms_reaped: 0,
+            peers_reaped: 0,
+            events_dropped: self.events.dropped(),
+        };
+        if let Some(sh) = &self.shared {
+            let c = &sh.counters;
+            let term = sh.leader.current();
+            s.is_leader = term.is_some();
+            s.epoch = term.map(|t| t.epoch);
+            s.heartbeats = c.heartbeats.load(Ordering::Relaxed);
+            s.heartbeat_failures = c.heartbeat_failures.load(Ordering::Relaxed);
+            s.last_heartbeat_age = c.last_heartbeat.lock().map(|t| t.elapsed());
+            s.redis_errors = c.redis_errors.load(Ordering::Relaxed);
+            s.last_error = c.last_error.lock().clone();
+            s.instances_reaped = c.instances_reaped.load(Ordering::Relaxed);
+            s.rooms_reaped = c.rooms_reaped.load(Ordering::Relaxed);
+            s.peers_reaped = c.peers_reaped.load(Ordering::Relaxed);
+        }
+        s
+    }
+
+    /// Stops the worker threads, releases the lease (owner CAS) and emits [`Event::Stopped`].
+    /// Pins and peers stay in Redis: they are reaped once this instance is seen dead, unless
+    /// the host closed them. Idempotent; also run by `Drop`. Later calls on the node return
+    /// [`Error::Stopped`].
+    ///
+    /// # Errors
+    /// None today; the signature leaves room for reporting a failed release.
+    pub fn shutdown(&self) -> Result<()> {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.join_workers();
+        self.events.emit(Event::Stopped);
+        Ok(())
+    }
+
+    /// Stops the worker threads with no cleanup at all, as `kill -9` would: the lease is not
+    /// released and nothing is written. For demos and tests of the reaper.
+    pub fn simulate_crash(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(sh) = &self.shared {
+            sh.crashed.store(true, Ordering::Relaxed);
+        }
+        self.join_workers();
+    }
+
+    fn join_workers(&self) {
+        let Some(w) = self.workers.lock().take() else {
+            return;
+        };
+        drop(w.shutdown);
+        for h in w.handles {
+            let name = h.thread().name().unwrap_or("worker").to_owned();
+            if h.join().is_err() {
+                log::error!("thread {name} panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
+    let bad = |reason: String| Error::InvalidArgument {
+        what: "peer field",
+        reason,
+    };
+    if fields.len() > MAX_PEER_FIELDS {
+        return Err(bad(format!(
+            "{} fields given; at most {MAX_PEER_FIELDS} are allowed",
+            fields.len()
+        )));
+    }
+    for (k, _) in fields {
+        if k.is_empty() || k.len() > 256 || k.chars().any(char::is_control) {
+            return Err(bad(format!(
+                "name {k:?} must be 1 to 256 bytes without control characters"
+            )));
+        }
+        if RESERVED_PEER_FIELDS.contains(k) {
+            return Err(bad(format!("name {k:?} is reserved by sfu-redis")));
+        }
+    }
+    Ok(())
+}
+
+fn spawn_workers(shared: &Arc<Shared>) -> Result<Workers> {
+    let (shutdown_tx, shutdown_rx) = bounded::<()>(0);
+    let (demoted_tx, demoted_rx) = bounded::<()>(1);
+    let mut handles = Vec::new();
+    let mut spawn = |name: &str, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+        let h = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(f)
+            .map_err(|e| Error::Io {
+                op: format!("spawn thread {name}"),
+                source: e,
+            })?;
+        handles.push(h);
+        Ok(())
+    };
+    let (sh, rx) = (Arc::clone(shared), shutdown_rx.clone());
+    spawn("sfu-heartbeat", Box::new(move || heartbeat::run(&sh, &rx)))?;
+    let (sh, rx) = (Arc::clone(shared), shutdown_rx.clone());
+    spawn(
+        "sfu-lease",
+        Box::new(move || crate::lease::run(&sh, &rx, &demoted_tx)),
+    )?;
+    let (sh, rx) = (Arc::clone(shared), shutdown_rx);
+    spawn(
+        "sfu-reaper",
+        Box::new(move || reaper::run(&sh, &rx, &demoted_rx)),
+    )?;
+    Ok(Workers {
+        shutdown: shutdown_tx,
+        handles,
+    })
+}

@@ -1,0 +1,362 @@
+//! The reaper: find candidates, wait the two-phase delay (abortable), re-check each, and reap
+//! the really dead in bounded batches, re-checking leadership before every batch.
+//!
+//! Order for one dead instance D (each step idempotent, so a new leader can redo a reap that
+//! its predecessor left half done):
+//! 1. `reap_begin.lua`: D has no heartbeat key and a stale score -> score set to 0 ("being
+//!    reaped"), server time t0 returned.
+//! 2. Rooms: `SSCAN` D's room index; `reap_room.lua` for each room of the batch, pipelined
+//!    (owner CAS; a room pinned after t0 belongs to a new life of D and is kept); then the
+//!    deleted records' index entries and the batch's room-index entries go (index after
+//!    record).
+//! 3. Peers: `SSCAN` D's peer index; `reap_peer.lua` for each, pipelined; then index entries.
+//! 4. `reap_finish.lua`: indexes empty -> D's sorted-set entry goes.
+
+use std::time::Instant;
+
+use crossbeam_channel::{after, select, tick, Receiver, TryRecvError};
+use redis::Connection;
+
+use crate::conn::Link;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::keys::{decode_id, split_peer_member};
+use crate::node::Shared;
+use crate::rooms::{add_unindex, PEER_BATCH};
+use crate::scripts::{self, SCRIPTS};
+
+/// Index members (rooms or peers) handled per batch: one `SSCAN` and one pipelined round trip
+/// of scripts.
+pub const REAP_BATCH: usize = 500;
+
+/// Most candidates examined per round.
+const MAX_CANDIDATES: usize = 1000;
+
+/// Counts of one reaped instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReapCounts {
+    /// Rooms deleted.
+    pub rooms: u64,
+    /// Peer records deleted.
+    pub peers: u64,
+    /// Rooms taken over by another instance (left alone).
+    pub skipped_rooms: u64,
+    /// Index members that could not be reaped (bad data), left in place and reported.
+    pub failed: u64,
+}
+
+/// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
+/// server time, this instance excluded.
+pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String>> {
+    let mut inv = SCRIPTS.candidates.prepare_invoke();
+    inv.key(sh.keys.heartbeats())
+        .arg(sh.timings.stale_threshold.as_millis() as u64)
+        .arg(MAX_CANDIDATES);
+    let (_now, ids): (i64, Vec<String>) = scripts::call(con, "find stale instances", &inv)?;
+    Ok(ids.into_iter().filter(|i| *i != sh.me).collect())
+}
+
+/// Phase two for one candidate: `Some(t0)` if it is really dead (now marked as being reaped).
+pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
+    let mut inv = SCRIPTS.reap_begin.prepare_invoke();
+    inv.key(sh.keys.heartbeats())
+        .key(sh.keys.heartbeat(dead))
+        .arg(dead)
+        .arg(sh.timings.stale_threshold.as_millis() as u64);
+    let (status, now): (String, i64) = scripts::call(con, "re-check candidate", &inv)?;
+    Ok((status == "dead").then_some(now))
+}
+
+/// Reaps the rooms of `dead` (wire form) listed in its index.
+fn reap_rooms(
+    sh: &Shared,
+    con: &mut Connection,
+    dead: &str,
+    t0: i64,
+    leading: &dyn Fn() -> bool,
+    counts: &mut ReapCounts,
+) -> Result<()> {
+    let op = "reap rooms";
+    let index = sh.keys.instance_rooms(dead);
+    let mut cursor = 0u64;
+    loop {
+        if !leading() {
+            return Err(lost_lease());
+        }
+        let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
+            .arg(&index)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(REAP_BATCH)
+            .query(con)
+            .map_err(|e| Error::redis(op, e))?;
+        let mut pending: Vec<(String, String)> =
+            members.into_iter().map(|r| (r, "0".to_owned())).collect();
+        while !pending.is_empty() {
+            let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
+            let mut pipe = redis::pipe();
+            for ((_, c), rk) in pending.iter().zip(&keys) {
+                let mut inv = SCRIPTS.reap_room.prepare_invoke();
+                inv.key(&rk.owner)
+                    .key(&rk.meta)
+                    .key(&rk.peers)
+                    .key(&rk.guests)
+                    .key(&rk.guest_state)
+                    .arg(dead)
+                    .arg(t0)
+                    .arg(c)
+                    .arg(PEER_BATCH);
+                pipe.invoke_script(&inv);
+            }
+            let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+            let mut cleanup = redis::pipe();
+            let mut unindexed = Vec::new();
+            let mut again = Vec::new();
+            for ((room, _), r) in pending.into_iter().zip(replies) {
+                match scripts::decode::<(String, String, Vec<String>)>(op, r) {
+                    Ok((status, next_cursor, removed)) => {
+                        counts.peers += (removed.len() / 2) as u64;
+                        add_unindex(sh, &mut cleanup, &room, &removed);
+                        if next_cursor != "0" {
+                            again.push((room, next_cursor));
+                            continue;
+                        }
+                        match status.as_str() {
+                            "reaped" => counts.rooms += 1,
+                            "skipped" => counts.skipped_rooms += 1,
+                            "gone" => {}
+                            // Pinned again by a new life of the same instance: keep indexed.
+                            _ => continue,
+                        }
+                        unindexed.push(room);
+                    }
+                    Err(e) => {
+                        counts.failed += 1;
+                        sh.note_error(&e);
+                        log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
+                    }
+                }
+            }
+            if !unindexed.is_empty() {
+                cleanup.srem(&index, &unindexed).ignore();
+            }
+            if !cleanup.is_empty() {
+                cleanup.query::<()>(con).map_err(|e| Error::redis(op, e))?;
+            }
+            pending = again;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Reaps the peer records of `dead` (wire form) listed in its peer index.
+fn reap_peers(
+    sh: &Shared,
+    con: &mut Connection,
+    dead: &str,
+    t0: i64,
+    leading: &dyn Fn() -> bool,
+    counts: &mut ReapCounts,
+) -> Result<()> {
+    let op = "reap peers";
+    let index = sh.keys.instance_peers(dead);
+    let mut cursor = 0u64;
+    loop {
+        if !leading() {
+            return Err(lost_lease());
+        }
+        let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
+            .arg(&index)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(REAP_BATCH)
+            .query(con)
+            .map_err(|e| Error::redis(op, e))?;
+        let mut unindexed = Vec::new();
+        let mut parsed = Vec::new();
+        for m in members {
+            match split_peer_member(&m) {
+                Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
+                None => {
+                    log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
+                    unindexed.push(m);
+                }
+            }
+        }
+        let mut pipe = redis::pipe();
+        let keys: Vec<_> = parsed
+            .iter()
+            .map(|(room, peer, _)| (sh.keys.peer(room, peer), sh.keys.room(room)))
+            .collect();
+        for ((_, peer, _), (record, rk)) in parsed.iter().zip(&keys) {
+            let mut inv = SCRIPTS.reap_peer.prepare_invoke();
+            inv.key(record)
+                .key(&rk.peers)
+                .key(&rk.guests)
+                .key(&rk.guest_state)
+                .arg(dead)
+                .arg(t0)
+                .arg(peer);
+            pipe.invoke_script(&inv);
+        }
+        let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+        for ((_, _, member), r) in parsed.into_iter().zip(replies) {
+            match scripts::decode::<String>(op, r).as_deref() {
+                Ok("reaped") => {
+                    counts.peers += 1;
+                    unindexed.push(member);
+                }
+                Ok("gone") | Ok("moved") => unindexed.push(member),
+                Ok("new_life") => {}
+                Ok(other) => {
+                    counts.failed += 1;
+                    log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
+                }
+                Err(e) => {
+                    counts.failed += 1;
+                    sh.note_error(e);
+                    log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
+                }
+            }
+        }
+        if !unindexed.is_empty() {
+            redis::cmd("SREM")
+                .arg(&index)
+                .arg(&unindexed)
+                .query::<()>(con)
+                .map_err(|e| Error::redis(op, e))?;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+fn lost_lease() -> Error {
+    Error::NotLeader
+}
+
+/// True once the shutdown channel is closed.
+fn stopping(shutdown: &Receiver<()>) -> bool {
+    matches!(shutdown.try_recv(), Err(TryRecvError::Disconnected))
+}
+
+/// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
+/// again or gone. `leading` is consulted before every batch.
+pub(crate) fn reap_instance(
+    sh: &Shared,
+    con: &mut Connection,
+    dead: &str,
+    leading: &dyn Fn() -> bool,
+) -> Result<Option<ReapCounts>> {
+    let Some(t0) = begin(sh, con, dead)? else {
+        return Ok(None);
+    };
+    let mut counts = ReapCounts::default();
+    reap_rooms(sh, con, dead, t0, leading, &mut counts)?;
+    reap_peers(sh, con, dead, t0, leading, &mut counts)?;
+    let mut inv = SCRIPTS.reap_finish.prepare_invoke();
+    inv.key(sh.keys.heartbeats())
+        .key(sh.keys.heartbeat(dead))
+        .key(sh.keys.instance_rooms(dead))
+        .key(sh.keys.instance_peers(dead))
+        .arg(dead);
+    let (status, rooms_left, peers_left): (String, i64, i64) =
+        scripts::call(con, "finish reap", &inv)?;
+    if status == "incomplete" {
+        log::warn!(
+            "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped; retried next round"
+        );
+    }
+    Ok(Some(counts))
+}
+
+/// One reap round (the caller checked that this node leads).
+fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
+    let errors_before = sh.counters.troubles();
+    let cands = match link.run(&sh.redis, |c| candidates(sh, c)) {
+        Ok(c) if c.is_empty() => return,
+        Ok(c) => c,
+        Err(e) => {
+            sh.note_error(&e);
+            log::warn!("cannot list reap candidates: {e}");
+            return;
+        }
+    };
+    sh.events.emit(Event::Candidates {
+        instances: cands
+            .iter()
+            .map(|w| decode_id(w).unwrap_or_else(|_| w.clone()))
+            .collect(),
+    });
+    // Two-phase: wait, abortable by shutdown or by losing the lease.
+    select! {
+        recv(shutdown) -> _ => return,
+        recv(demoted) -> _ => {
+            log::info!("lost the lease during the two-phase wait; round abandoned");
+            return;
+        }
+        recv(after(sh.timings.two_phase_delay)) -> _ => {}
+    }
+    let leading = || sh.leader.is_leader() && !sh.is_crashed();
+    if !leading() {
+        return;
+    }
+    if sh.counters.troubles() > errors_before {
+        log::warn!("this node saw Redis errors or slowness during the two-phase window; skipping this round");
+        return;
+    }
+    for dead in cands {
+        if !leading() || stopping(shutdown) {
+            break;
+        }
+        let started = Instant::now();
+        match link.run(&sh.redis, |c| reap_instance(sh, c, &dead, &leading)) {
+            Ok(Some(c)) => {
+                sh.counters.reaped(&c);
+                log::info!(
+                    "reaped {dead}: {} rooms, {} peers, {} skipped rooms in {} ms",
+                    c.rooms,
+                    c.peers,
+                    c.skipped_rooms,
+                    started.elapsed().as_millis()
+                );
+                sh.events.emit(Event::InstanceReaped {
+                    dead: decode_id(&dead).unwrap_or(dead),
+                    rooms: c.rooms,
+                    peers: c.peers,
+                    skipped_rooms: c.skipped_rooms,
+                });
+            }
+            Ok(None) => log::info!("candidate {dead} is alive again (or gone); not reaped"),
+            Err(e) => {
+                sh.note_error(&e);
+                log::warn!("reap of {dead} interrupted: {e}");
+                break;
+            }
+        }
+    }
+}
+
+/// The reaper thread: a round every `reap_interval` while this node leads.
+pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
+    let ticker = tick(sh.timings.reap_interval);
+    let mut link = Link::new();
+    loop {
+        select! {
+            recv(shutdown) -> _ => break,
+            recv(ticker) -> _ => {}
+        }
+        while demoted.try_recv().is_ok() {}
+        if sh.is_crashed() {
+            break;
+        }
+        if sh.leader.is_leader() {
+            round(sh, &mut link, shutdown, demoted);
+        }
+    }
+}

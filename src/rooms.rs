@@ -1,0 +1,216 @@
+//! Rooms on Redis: pin (with takeover of a stale pin), close, owner, and the heartbeat's
+//! pipelined pin refresh.
+//!
+//! Cross-slot order (DESIGN.md "Rules"): the instance's room index (`{ctl}`) is written before
+//! the pin (`{R}`), and cleaned after the room is deleted, so a crash in between leaves at most
+//! an index entry pointing at nothing, never a room that no index reaches.
+
+use redis::{Connection, Pipeline};
+
+use crate::error::{Error, Result};
+use crate::keys::{decode_id, encode_id, peer_member, IdKind};
+use crate::node::Shared;
+use crate::scripts::{self, SCRIPTS};
+use crate::store::PinOutcome;
+
+/// Peer records deleted per script call when a room is closed or reaped.
+pub(crate) const PEER_BATCH: usize = 256;
+
+/// Pins `room` (wire form) for this instance. A pin held by an instance whose heartbeat key is
+/// gone is taken over (owner CAS on that dead owner).
+pub(crate) fn pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> {
+    let op = "pin room";
+    let rk = sh.keys.room(room);
+    let index = sh.keys.instance_rooms(&sh.me);
+    let ttl = sh.timings.pin_ttl.as_millis() as u64;
+    let mut stale_owner = String::new();
+    loop {
+        let mut inv = SCRIPTS.pin_room.prepare_invoke();
+        inv.key(&rk.owner)
+            .key(&rk.meta)
+            .arg(&sh.me)
+            .arg(ttl)
+            .arg(&stale_owner);
+        let mut pipe = redis::pipe();
+        pipe.sadd(&index, room).ignore().invoke_script(&inv);
+        let mut replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+        let (status, other): (String, String) =
+            scripts::decode(op, replies.pop().unwrap_or(Ok(redis::Value::Nil)))?;
+        return Ok(match status.as_str() {
+            "pinned" => PinOutcome::Pinned,
+            "ours" => PinOutcome::AlreadyOurs,
+            "took_over" => PinOutcome::TookOver {
+                previous: decode_id(&other)?,
+            },
+            "held" => {
+                // Phase two of a takeover: is the holder's heartbeat gone?
+                let alive: bool = redis::cmd("EXISTS")
+                    .arg(sh.keys.heartbeat(&other))
+                    .query(con)
+                    .map_err(|e| Error::redis(op, e))?;
+                if !alive && stale_owner.is_empty() {
+                    stale_owner = other;
+                    continue;
+                }
+                let _: () = redis::cmd("SREM")
+                    .arg(&index)
+                    .arg(room)
+                    .query(con)
+                    .map_err(|e| Error::redis(op, e))?;
+                PinOutcome::Held {
+                    owner: decode_id(&other)?,
+                }
+            }
+            s => return Err(Error::bad_data(op, format!("pin_room.lua replied {s:?}"))),
+        });
+    }
+}
+
+/// Deletes `room` (wire form) and its peers if this instance owns it.
+pub(crate) fn close(sh: &Shared, con: &mut Connection, room: &str, room_id: &str) -> Result<()> {
+    let op = "close room";
+    let rk = sh.keys.room(room);
+    let mut cursor = "0".to_owned();
+    loop {
+        let mut inv = SCRIPTS.close_room.prepare_invoke();
+        inv.key(&rk.owner)
+            .key(&rk.meta)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(&sh.me)
+            .arg(&cursor)
+            .arg(PEER_BATCH);
+        let (status, next, removed): (String, String, Vec<String>) = scripts::call(con, op, &inv)?;
+        unindex_peers(sh, con, room, &removed)?;
+        match status.as_str() {
+            "more" => cursor = next,
+            "closed" => break,
+            "not_owner" => {
+                return Err(Error::NotOwner {
+                    room: room_id.to_owned(),
+                    owner: if next.is_empty() {
+                        None
+                    } else {
+                        decode_id(&next).ok()
+                    },
+                })
+            }
+            s => return Err(Error::bad_data(op, format!("close_room.lua replied {s:?}"))),
+        }
+    }
+    redis::cmd("SREM")
+        .arg(sh.keys.instance_rooms(&sh.me))
+        .arg(room)
+        .query::<()>(con)
+        .map_err(|e| Error::redis(op, e))
+}
+
+/// The instance named by the room's pin, if any.
+pub(crate) fn owner(sh: &Shared, con: &mut Connection, room: &str) -> Result<Option<String>> {
+    let op = "read room owner";
+    let v: Option<String> = redis::cmd("GET")
+        .arg(sh.keys.room(room).owner)
+        .query(con)
+        .map_err(|e| Error::redis(op, e))?;
+    v.map(|w| decode_id(&w)).transpose()
+}
+
+/// Removes `<room>/<peer>` from each instance's peer index, for records a script just deleted
+/// (`removed` = `[peer, instance, peer, instance, ...]`, wire form). Index after record.
+pub(crate) fn unindex_peers(
+    sh: &Shared,
+    con: &mut Connection,
+    room: &str,
+    removed: &[String],
+) -> Result<()> {
+    let mut pipe = redis::pipe();
+    add_unindex(sh, &mut pipe, room, removed);
+    if pipe.is_empty() {
+        return Ok(());
+    }
+    pipe.query::<()>(con)
+        .map_err(|e| Error::redis("remove peers from instance index", e))
+}
+
+/// Adds the `SREM`s of [`unindex_peers`] to `pipe`.
+pub(crate) fn add_unindex(sh: &Shared, pipe: &mut Pipeline, room: &str, removed: &[String]) {
+    for pair in removed.chunks_exact(2) {
+        if !pair[1].is_empty() {
+            pipe.srem(
+                sh.keys.instance_peers(&pair[1]),
+                peer_member(room, &pair[0]),
+            )
+            .ignore();
+        }
+    }
+}
+
+/// What the heartbeat found for one of its pins.
+#[derive(Debug)]
+pub(crate) enum Refreshed {
+    /// Still ours; extended.
+    Ok,
+    /// It was gone and nobody took it: pinned again.
+    Repinned,
+    /// Another instance owns it now (`Some`), or the room is gone (`None`).
+    Lost(Option<String>),
+    /// The refresh of this one room failed (bad data); retried next tick.
+    Failed(Error),
+}
+
+/// Refreshes every pin in `rooms` (callers' ids) in one pipelined round trip. With `restore`
+/// (after Redis lost its data) the rooms are first re-added to this instance's room index in
+/// the same pipeline, and rooms whose metadata is gone are pinned again.
+pub(crate) fn refresh_pins(
+    sh: &Shared,
+    con: &mut Connection,
+    rooms: &[String],
+    restore: bool,
+) -> Result<Vec<(String, Refreshed)>> {
+    let op = "refresh pins";
+    let ttl = sh.timings.pin_ttl.as_millis() as u64;
+    let wires: Vec<(String, String)> = rooms
+        .iter()
+        .filter_map(|r| encode_id(IdKind::Room, r).ok().map(|w| (r.clone(), w)))
+        .collect();
+    let mut pipe = redis::pipe();
+    if restore && !wires.is_empty() {
+        let index = sh.keys.instance_rooms(&sh.me);
+        for chunk in wires.chunks(1000) {
+            pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>())
+                .ignore();
+        }
+    }
+    let keys: Vec<_> = wires.iter().map(|(_, w)| sh.keys.room(w)).collect();
+    let invs: Vec<_> = keys
+        .iter()
+        .map(|rk| {
+            let mut inv = SCRIPTS.pin_refresh.prepare_invoke();
+            inv.key(&rk.owner)
+                .key(&rk.meta)
+                .arg(&sh.me)
+                .arg(ttl)
+                .arg(if restore { "1" } else { "0" });
+            inv
+        })
+        .collect();
+    for inv in &invs {
+        pipe.invoke_script(inv);
+    }
+    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    Ok(wires
+        .into_iter()
+        .zip(replies)
+        .map(|((room, _), r)| {
+            let outcome = match scripts::decode::<(String, String)>(op, r) {
+                Ok((s, _)) if s == "ok" => Refreshed::Ok,
+                Ok((s, _)) if s == "repinned" => Refreshed::Repinned,
+                Ok((s, _)) if s == "gone" => Refreshed::Lost(None),
+                Ok((_, owner)) => Refreshed::Lost(decode_id(&owner).ok()),
+                Err(e) => Refreshed::Failed(e),
+            };
+            (room, outcome)
+        })
+        .collect())
+}
