@@ -7,17 +7,18 @@
 -- ARGV[1] instance id (wire form)
 --
 -- Reply: {status, rooms_left, peers_left}; status is
---   'done'        indexes empty: the sorted-set entry (score 0) and heartbeat key are removed;
---   'incomplete'  index members remain (data that could not be reaped): the entry keeps score 0
---                 so the next round retries, and the audit reports what is left;
+--   'done'        indexes empty: the sorted-set entry (score 0) is removed;
+--   'incomplete'  index members remain that could not be reaped (bad data, reported by the
+--                 reaper): the entry is removed all the same, so a broken record does not make
+--                 every later round re-reap the instance; the audit (fsck) reports what is left;
 --   'alive'       the instance registered again meanwhile (new life): nothing touched.
 --
--- Protects: invariant 2 (nothing of a dead instance remains, or it stays a candidate).
+-- Protects: invariant 2 (the instance itself is gone; leftovers are reported, not hidden).
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', 0, 0} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) ~= 0 then return {'alive', 0, 0} end
 local rooms = redis.call('SCARD', KEYS[3])
 local peers = redis.call('SCARD', KEYS[4])
-if rooms + peers > 0 then return {'incomplete', rooms, peers} end
 redis.call('ZREM', KEYS[1], ARGV[1])
+if rooms + peers > 0 then return {'incomplete', rooms, peers} end
 return {'done', 0, 0}

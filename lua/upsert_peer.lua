@@ -10,7 +10,9 @@
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] peer id (wire form)
 -- ARGV[3] guest id (wire form) or ''
--- ARGV[4..] host fields: name, value, name, value, ...
+-- ARGV[4] '' for a new generation, or the generation to write back (restoring a record after
+--         Redis lost its data; the room's counter is raised to at least it)
+-- ARGV[5..] host fields: name, value, name, value, ...
 --
 -- Steps, atomically: (1) if the record named another guest whose pointer still names this
 -- peer, drop that pointer (and that guest's state); (2) if the new guest's pointer names another
@@ -19,7 +21,8 @@
 -- the room, so a delayed remove of an older connection never matches); (4) index it.
 --
 -- Reply: {generation, previous_instance, superseded_peer, superseded_instance} ('' = none), or
--- {'not_owner', owner, record_instance} when the caller does not own the room (nothing written). The caller removes
+-- {'not_owner', owner, record_instance} when the caller does not own the room (nothing
+-- written). The caller removes
 -- '<room>/<peer>' from the previous instance's peer index and the superseded peer from its
 -- instance's index (index after record).
 --
@@ -53,9 +56,17 @@ if guest ~= '' then
   end
   redis.call('HSET', KEYS[3], guest, peer)
 end
-local gen = redis.call('HINCRBY', KEYS[6], 'peer_seq', 1)
+local gen
+if ARGV[4] == '' then
+  gen = redis.call('HINCRBY', KEYS[6], 'peer_seq', 1)
+else
+  gen = tonumber(ARGV[4])
+  if (tonumber(redis.call('HGET', KEYS[6], 'peer_seq')) or 0) < gen then
+    redis.call('HSET', KEYS[6], 'peer_seq', gen)
+  end
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'instance', me, 'guest', guest, 'generation', gen, 'updated_ms', now,
-  unpack(ARGV, 4))
+  unpack(ARGV, 5))
 redis.call('SADD', KEYS[2], peer)
 return {gen, old_inst, sup, sup_inst}

@@ -335,6 +335,12 @@ impl ConfigBuilder {
     /// [`Timings::validate`].
     pub fn build(self) -> Result<Config> {
         if let Some(url) = &self.redis_url {
+            if url.starts_with("rediss://") {
+                return Err(Error::config(
+                    "redis_url",
+                    "TLS (rediss://) is not supported by this build; use redis:// (for example through a TLS tunnel)",
+                ));
+            }
             if let Err(e) = redis::Client::open(url.as_str()) {
                 return Err(Error::config(
                     "redis_url",
@@ -377,27 +383,36 @@ pub fn default_instance_id() -> String {
 }
 
 /// `url` with any password replaced by `***`, for logs and messages
-/// (`redis://user:***@host:6379/0`). A URL that does not parse is reduced to its scheme.
+/// (`redis://user:***@host:6379/0`). The user-info part runs to the *last* `@` (a password may
+/// hold `/`, `?`, `#` or `@`), and `pass`/`password` query parameters (unix-socket URLs) are
+/// redacted too. A string without `://` is reduced to a placeholder.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparsable Redis URL>".into();
     };
-    let (authority, path) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    let rest = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            // `redis://password@host` is read by some clients as a bare password.
+            None => format!("***@{host}"),
+        },
+        None => rest.to_owned(),
     };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{path}")
-            } else {
-                // `redis://password@host` is read by some clients as a bare password.
-                format!("{scheme}://***@{host}{path}")
+    let Some((before, query)) = rest.split_once('?') else {
+        return format!("{scheme}://{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _))
+                if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+            {
+                format!("{k}=***")
             }
-        }
-        None => format!("{scheme}://{authority}{path}"),
-    }
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{before}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -426,5 +441,13 @@ mod tests {
         assert_eq!(redact_url("redis://s3cret@h"), "redis://***@h");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
         assert!(!redact_url("garbage s3cret").contains("s3cret"));
+        assert_eq!(
+            redact_url("redis://u:S3c/r?e#t@h:1/0"),
+            "redis://u:***@h:1/0"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&pass=s3cret"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***"
+        );
     }
 }

@@ -133,18 +133,27 @@ impl Pool {
     }
 
     /// Runs `f` on an idle connection (or a new one); the connection goes back to the pool
-    /// unless the call broke it.
+    /// unless the call broke it. If a pooled connection turns out dead (the server restarted
+    /// or closed it while idle: EOF, reset, broken pipe), every idle connection is dropped and
+    /// `f` runs once more on a new one; the failed request never reached a live server, and
+    /// every operation of this crate is safe to repeat.
     pub(crate) fn run<T>(
         &self,
         redis: &Redis,
-        f: impl FnOnce(&mut Connection) -> Result<T>,
+        mut f: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
         let taken = self.idle.lock().pop();
+        let pooled = taken.is_some();
         let mut con = match taken {
             Some(c) => c,
             None => redis.connect()?,
         };
-        let out = f(&mut con);
+        let mut out = f(&mut con);
+        if pooled && matches!(&out, Err(e) if is_dead_connection(e)) {
+            self.idle.lock().clear();
+            con = redis.connect()?;
+            out = f(&mut con);
+        }
         let keep = match &out {
             Ok(_) => true,
             Err(e) => keep_connection(e),
@@ -157,6 +166,12 @@ impl Pool {
         }
         out
     }
+}
+
+/// The connection was closed under us (not a timeout: a timed-out request may have run).
+fn is_dead_connection(e: &Error) -> bool {
+    matches!(e, Error::Redis { source, .. }
+        if !source.is_timeout() && (source.is_connection_dropped() || source.is_io_error()))
 }
 
 /// Capped, jittered exponential backoff: `base`, doubling up to `cap`, each delay drawn

@@ -41,32 +41,35 @@ impl LocalRedis {
     /// # Errors
     /// As [`LocalRedis::start`].
     pub fn start_with(extra: &[&str]) -> Result<LocalRedis> {
-        let dir = std::env::temp_dir().join(format!(
-            "sfu-redis-{}-{:08x}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir_all(&dir).map_err(|e| io(format!("create {}", dir.display()), e))?;
-        let mut last = None;
-        // A port found free can be taken before the server binds it; try a few.
+        let mut first_error = None;
+        // A port found free can be taken before the server binds it; try a few. Each attempt
+        // has its own dir (a failed attempt's `Drop` removes it).
         for _ in 0..5 {
-            let port = free_port()?;
+            let dir = std::env::temp_dir().join(format!(
+                "sfu-redis-{}-{:08x}",
+                std::process::id(),
+                fastrand::u32(..)
+            ));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| io(format!("create {}", dir.display()), e))?;
             let mut server = LocalRedis {
                 child: None,
-                port,
-                dir: dir.clone(),
+                port: free_port()?,
+                dir,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
                 Err(e) => {
-                    server.kill();
-                    last = Some(e);
+                    let not_installed = matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+                    first_error.get_or_insert(e);
+                    if not_installed {
+                        break;
+                    }
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        Err(last.unwrap_or(Error::Stopped))
+        Err(first_error.unwrap_or(Error::Stopped))
     }
 
     fn spawn(&mut self) -> Result<()> {
@@ -113,8 +116,11 @@ impl LocalRedis {
                 }
             }
             if let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(200)) {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Ok(());
+                match redis::cmd("PING").query::<String>(&mut con) {
+                    // An error reply (NOAUTH with --requirepass) also means it is up.
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.code().is_some() => return Ok(()),
+                    Err(_) => {}
                 }
             }
             if Instant::now() > deadline {

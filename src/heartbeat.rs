@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, encode_id, IdKind};
 use crate::node::Shared;
+use crate::peers;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::{self, SCRIPTS};
 
@@ -78,6 +79,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     let results = link.run(&sh.redis, |c| {
         rooms::refresh_pins(sh, c, &rooms, beat == Beat::Restored)
     })?;
+    let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
             Refreshed::Ok => {}
@@ -85,6 +87,9 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
             Refreshed::Lost(new_owner) => {
                 if sh.local.has_room(&room) {
                     sh.local.remove_room(&room);
+                    if let Ok(w) = encode_id(IdKind::Room, &room) {
+                        lost.push(w);
+                    }
                     sh.events.emit(Event::RoomLost { room, new_owner });
                 }
             }
@@ -93,6 +98,20 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
                 log::warn!("room {room:?}: pin refresh failed: {e}");
             }
         }
+    }
+    if !lost.is_empty() {
+        // The pin is another instance's (or gone) now: our index entry goes after it.
+        link.run(&sh.redis, |c| {
+            redis::cmd("SREM")
+                .arg(sh.keys.instance_rooms(&sh.me))
+                .arg(&lost)
+                .query::<()>(c)
+                .map_err(|e| Error::redis("unindex lost rooms", e))
+        })?;
+    }
+    if beat == Beat::Restored {
+        let restored = link.run(&sh.redis, |c| peers::restore(sh, c, &sh.local.peers()))?;
+        log::warn!("restored {restored} peer records after Redis lost its data");
     }
     sh.counters.heartbeat_ok();
     Ok(())

@@ -19,7 +19,7 @@
 //! | `P:room:{<R>}:guests` | HASH | guest id -> current peer id |
 //! | `P:room:{<R>}:guest-state` | HASH | guest id -> state (written by the host) |
 //! | `P:room:{<R>}:peer:<peer>` | HASH | `instance`, `guest`, `generation`, `updated_ms`, host fields |
-//! | `P:events` | channel | leader changes, reaps |
+//! | `P:events` | channel | `leader_acquired`, `leader_lost` (shutdown), `instance_reaped` as JSON |
 //!
 //! **Ids are data, not syntax.** Any non-empty UTF-8 id of at most [`MAX_ID_BYTES`] bytes
 //! without control characters is accepted. In Redis an id always appears in its *wire form*:
@@ -27,8 +27,6 @@
 //! form never contains `:`, `/`, `{`, `}`, `*` or spaces, so ids can neither collide, break the
 //! hash tag nor split a `<room>/<peer>` member. Ids stored as values (owners, index members,
 //! record fields) use the wire form too.
-
-use std::borrow::Cow;
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -110,26 +108,19 @@ impl Id {
 /// # Errors
 /// [`Error::BadData`] when `wire` is not the wire form of a valid id (somebody else wrote it).
 pub fn decode_id(wire: &str) -> Result<String> {
-    let valid_wire = !wire.is_empty()
-        && wire
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-%".contains(&b));
-    let decoded: Option<Cow<'_, str>> = if valid_wire {
-        percent_decode_str(wire).decode_utf8().ok()
-    } else {
-        None
-    };
-    match decoded {
-        Some(id)
-            if !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.chars().any(char::is_control) =>
-        {
-            Ok(id.into_owned())
-        }
-        _ => Err(Error::bad_data(
-            "decode id",
-            format!("{wire:?} is not an id written by sfu-redis"),
-        )),
-    }
+    // Only the canonical wire form is accepted: decoding then encoding again must give `wire`
+    // back (so `%ZZ`, `%41` or `a:b` are refused).
+    percent_decode_str(wire)
+        .decode_utf8()
+        .ok()
+        .filter(|id| matches!(encode_id(IdKind::Room, id), Ok(w) if w == wire))
+        .map(|id| id.into_owned())
+        .ok_or_else(|| {
+            Error::bad_data(
+                "decode id",
+                format!("{wire:?} is not an id written by sfu-redis"),
+            )
+        })
 }
 
 /// Normalizes one prefix segment to `[A-Za-z0-9._-]`: any other character becomes `_`.
@@ -355,6 +346,8 @@ mod tests {
         assert!(decode_id("a:b").is_err());
         assert!(decode_id("%ZZ").is_err());
         assert!(decode_id("%FF").is_err());
+        assert!(decode_id("%41").is_err());
+        assert!(decode_id("").is_err());
     }
 
     #[test]

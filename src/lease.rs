@@ -44,7 +44,7 @@ impl LeaderState {
         self.current().is_some()
     }
 
-    fn set(&self, t: Option<Term>) {
+    pub(crate) fn set(&self, t: Option<Term>) {
         *self.term.lock() = t;
     }
 
@@ -181,7 +181,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
                         epoch,
                         deadline: deadline(sent, t.lease_ttl),
                     }));
-                    sh.events.emit(Event::LeaderAcquired { epoch });
+                    sh.announce(&mut link, Event::LeaderAcquired { epoch });
                     next = sent + t.lease_refresh;
                 }
                 Ok(Acquire::Held(holder)) => {
@@ -210,8 +210,11 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
     }
     if was_leader {
         let _ = demoted.try_send(());
-        sh.events.emit(Event::LeaderLost {
-            reason: LeaderLostReason::Shutdown,
-        });
+        sh.announce(
+            &mut link,
+            Event::LeaderLost {
+                reason: LeaderLostReason::Shutdown,
+            },
+        );
     }
 }

@@ -23,6 +23,7 @@ mod conn;
 pub mod devserver;
 mod error;
 mod event;
+pub mod faultproxy;
 mod heartbeat;
 pub mod keys;
 mod lease;
@@ -41,3 +42,8 @@ pub use event::{Event, LeaderLostReason};
 pub use node::{Node, Stats, EVENT_CAPACITY};
 pub use reaper::{ReapCounts, REAP_BATCH};
 pub use store::{PinOutcome, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
+
+/// Compiles the README's Rust examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -10,7 +10,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{Config, Timings};
-use crate::conn::{Pool, Redis};
+use crate::conn::{Link, Pool, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
 use crate::heartbeat::{self, Mode};
@@ -97,6 +97,24 @@ impl Shared {
         *self.counters.last_error.lock() = Some(e.to_string());
     }
 
+    /// Emits `e` locally and publishes it (as JSON, with `"instance"`) on the prefix's
+    /// `P:events` channel, best effort: other processes (dashboards, `redis-cli subscribe`) see
+    /// leader changes and reaps without reading every node's output.
+    pub(crate) fn announce(&self, link: &mut Link, e: Event) {
+        let payload = e.to_json(&self.id).to_string();
+        let sent = link.run(&self.redis, |c| {
+            redis::cmd("PUBLISH")
+                .arg(self.keys.events_channel())
+                .arg(&payload)
+                .query::<i64>(c)
+                .map_err(|err| Error::redis("publish event", err))
+        });
+        if let Err(err) = sent {
+            log::debug!("could not publish {}: {err}", e.name());
+        }
+        self.events.emit(e);
+    }
+
     /// Set by [`Node::simulate_crash`]: threads stop without any cleanup.
     pub(crate) fn is_crashed(&self) -> bool {
         self.crashed.load(Ordering::Relaxed)
@@ -110,7 +128,9 @@ struct RedisStore(Arc<Shared>);
 impl Store for RedisStore {
     fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
         let sh = &*self.0;
-        sh.pool.run(&sh.redis, |c| rooms::pin(sh, c, &room.wire))
+        let owned = sh.local.has_room(&room.raw);
+        sh.pool
+            .run(&sh.redis, |c| rooms::pin(sh, c, &room.wire, owned))
     }
 
     fn close_room(&self, room: &Id) -> Result<()> {
@@ -524,6 +544,10 @@ impl Node {
             if h.join().is_err() {
                 log::error!("thread {name} panicked");
             }
+        }
+        // A stopped (or crashed) node acts as nothing, whatever its last term's deadline.
+        if let Some(sh) = &self.shared {
+            sh.leader.set(None);
         }
     }
 }

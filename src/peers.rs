@@ -5,13 +5,13 @@
 //! record is written (`{R}`), and leaves other instances' indexes only after their record was
 //! deleted.
 
-use redis::{Connection, Value};
+use redis::{Connection, ScriptInvocation, Value};
 
 use crate::error::{Error, Result};
-use crate::keys::{decode_id, peer_member};
+use crate::keys::{decode_id, encode_id, peer_member, IdKind, RoomKeys};
 use crate::node::Shared;
 use crate::scripts::{self, SCRIPTS};
-use crate::store::Upserted;
+use crate::store::{LocalPeer, Upserted};
 
 /// Upserts peer `peer` of `room` (wire forms) for this instance; returns its generation.
 pub(crate) fn upsert(
@@ -24,23 +24,10 @@ pub(crate) fn upsert(
     fields: &[(&str, &str)],
 ) -> Result<Upserted> {
     let op = "upsert peer";
-    let rk = sh.keys.room(room);
-    let record = sh.keys.peer(room, peer);
     let index = sh.keys.instance_peers(&sh.me);
     let member = peer_member(room, peer);
-    let mut inv = SCRIPTS.upsert_peer.prepare_invoke();
-    inv.key(&record)
-        .key(&rk.peers)
-        .key(&rk.guests)
-        .key(&rk.guest_state)
-        .key(&rk.owner)
-        .key(&rk.meta)
-        .arg(&sh.me)
-        .arg(peer)
-        .arg(guest.unwrap_or(""));
-    for (k, v) in fields {
-        inv.arg(*k).arg(*v);
-    }
+    let keys = UpsertKeys::new(sh, room, peer);
+    let inv = keys.invocation(sh, peer, guest, None, fields);
     let mut pipe = redis::pipe();
     pipe.sadd(&index, &member).ignore().invoke_script(&inv);
     let mut replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
@@ -93,6 +80,113 @@ pub(crate) fn upsert(
             decode_id(&sup).ok()
         },
     })
+}
+
+/// The keys of `upsert_peer.lua` for one peer.
+struct UpsertKeys {
+    record: String,
+    room: RoomKeys,
+}
+
+impl UpsertKeys {
+    fn new(sh: &Shared, room: &str, peer: &str) -> Self {
+        UpsertKeys {
+            record: sh.keys.peer(room, peer),
+            room: sh.keys.room(room),
+        }
+    }
+
+    fn invocation<'a>(
+        &'a self,
+        sh: &Shared,
+        peer: &str,
+        guest: Option<&str>,
+        generation: Option<u64>,
+        fields: &[(&str, &str)],
+    ) -> ScriptInvocation<'a> {
+        let mut inv = SCRIPTS.upsert_peer.prepare_invoke();
+        inv.key(&self.record)
+            .key(&self.room.peers)
+            .key(&self.room.guests)
+            .key(&self.room.guest_state)
+            .key(&self.room.owner)
+            .key(&self.room.meta)
+            .arg(&sh.me)
+            .arg(peer)
+            .arg(guest.unwrap_or(""))
+            .arg(generation.map(|g| g.to_string()).unwrap_or_default());
+        for (k, v) in fields {
+            inv.arg(*k).arg(*v);
+        }
+        inv
+    }
+}
+
+/// Writes back every peer this node holds, with its generation, after Redis lost its data (one
+/// pipelined round trip). Peers of rooms that are no longer ours are skipped. Returns how many
+/// records were written.
+pub(crate) fn restore(
+    sh: &Shared,
+    con: &mut Connection,
+    peers: &[(String, String, LocalPeer)],
+) -> Result<usize> {
+    let op = "restore peers";
+    let wired: Vec<_> = peers
+        .iter()
+        .filter_map(|(r, p, l)| {
+            let room = encode_id(IdKind::Room, r).ok()?;
+            let peer = encode_id(IdKind::Peer, p).ok()?;
+            let guest = match &l.guest {
+                Some(g) => Some(encode_id(IdKind::Guest, g).ok()?),
+                None => None,
+            };
+            Some((room, peer, guest, l))
+        })
+        .collect();
+    let keys: Vec<_> = wired
+        .iter()
+        .map(|(room, peer, _, _)| UpsertKeys::new(sh, room, peer))
+        .collect();
+    let fields: Vec<Vec<(&str, &str)>> = wired
+        .iter()
+        .map(|(_, _, _, l)| {
+            l.fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        })
+        .collect();
+    let invs: Vec<_> = wired
+        .iter()
+        .zip(&keys)
+        .zip(&fields)
+        .map(|(((_, peer, guest, l), k), f)| {
+            k.invocation(sh, peer, guest.as_deref(), Some(l.generation), f)
+        })
+        .collect();
+    let index = sh.keys.instance_peers(&sh.me);
+    let mut pipe = redis::pipe();
+    for ((room, peer, _, _), inv) in wired.iter().zip(&invs) {
+        pipe.sadd(&index, peer_member(room, peer))
+            .ignore()
+            .invoke_script(inv);
+    }
+    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let mut written = 0;
+    let mut unindex = redis::pipe();
+    for ((room, peer, _, _), r) in wired.iter().zip(replies) {
+        match scripts::decode::<Vec<Value>>(op, r) {
+            Ok(v) if matches!(v.first(), Some(Value::Int(_))) => written += 1,
+            Ok(_) => {
+                unindex.srem(&index, peer_member(room, peer)).ignore();
+            }
+            Err(e) => log::warn!("could not restore peer {peer} of room {room}: {e}"),
+        }
+    }
+    if !unindex.is_empty() {
+        unindex.query::<()>(con).map_err(|e| Error::redis(op, e))?;
+    }
+    Ok(written)
 }
 
 /// Removes peer `peer` of `room` (wire forms) if its record still has `generation`.

@@ -10,7 +10,8 @@
 //!    deleted records' index entries and the batch's room-index entries go (index after
 //!    record).
 //! 3. Peers: `SSCAN` D's peer index; `reap_peer.lua` for each, pipelined; then index entries.
-//! 4. `reap_finish.lua`: indexes empty -> D's sorted-set entry goes.
+//! 4. `reap_finish.lua`: D's sorted-set entry goes (members that could not be reaped stay in
+//!    its indexes for the audit to report).
 
 use std::time::Instant;
 
@@ -269,7 +270,7 @@ pub(crate) fn reap_instance(
         scripts::call(con, "finish reap", &inv)?;
     if status == "incomplete" {
         log::warn!(
-            "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped; retried next round"
+            "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped (bad data); left for the audit"
         );
     }
     Ok(Some(counts))
@@ -325,12 +326,15 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
                     c.skipped_rooms,
                     started.elapsed().as_millis()
                 );
-                sh.events.emit(Event::InstanceReaped {
-                    dead: decode_id(&dead).unwrap_or(dead),
-                    rooms: c.rooms,
-                    peers: c.peers,
-                    skipped_rooms: c.skipped_rooms,
-                });
+                sh.announce(
+                    link,
+                    Event::InstanceReaped {
+                        dead: decode_id(&dead).unwrap_or(dead),
+                        rooms: c.rooms,
+                        peers: c.peers,
+                        skipped_rooms: c.skipped_rooms,
+                    },
+                );
             }
             Ok(None) => log::info!("candidate {dead} is alive again (or gone); not reaped"),
             Err(e) => {
@@ -352,7 +356,8 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
             recv(ticker) -> _ => {}
         }
         while demoted.try_recv().is_ok() {}
-        if sh.is_crashed() {
+        // `select!` picks at random among ready channels: a tick may win over a shutdown.
+        if sh.is_crashed() || stopping(shutdown) {
             break;
         }
         if sh.leader.is_leader() {

@@ -17,11 +17,29 @@ use crate::store::PinOutcome;
 pub(crate) const PEER_BATCH: usize = 256;
 
 /// Pins `room` (wire form) for this instance. A pin held by an instance whose heartbeat key is
-/// gone is taken over (owner CAS on that dead owner).
-pub(crate) fn pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> {
+/// gone is taken over (owner CAS on that dead owner). When the pin is not ours afterwards
+/// (held elsewhere, or the script failed on bad data), the index entry written first is removed
+/// again, unless this node already owned the room (`owned`).
+pub(crate) fn pin(
+    sh: &Shared,
+    con: &mut Connection,
+    room: &str,
+    owned: bool,
+) -> Result<PinOutcome> {
+    let index = sh.keys.instance_rooms(&sh.me);
+    let out = try_pin(sh, con, room, &index);
+    if !owned && !matches!(&out, Ok(o) if o.is_owned()) {
+        let undo: redis::RedisResult<()> = redis::cmd("SREM").arg(&index).arg(room).query(con);
+        if let Err(e) = undo {
+            log::warn!("could not remove room {room} from this instance's index: {e}");
+        }
+    }
+    out
+}
+
+fn try_pin(sh: &Shared, con: &mut Connection, room: &str, index: &str) -> Result<PinOutcome> {
     let op = "pin room";
     let rk = sh.keys.room(room);
-    let index = sh.keys.instance_rooms(&sh.me);
     let ttl = sh.timings.pin_ttl.as_millis() as u64;
     let mut stale_owner = String::new();
     loop {
@@ -32,7 +50,7 @@ pub(crate) fn pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOu
             .arg(ttl)
             .arg(&stale_owner);
         let mut pipe = redis::pipe();
-        pipe.sadd(&index, room).ignore().invoke_script(&inv);
+        pipe.sadd(index, room).ignore().invoke_script(&inv);
         let mut replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
         let (status, other): (String, String) =
             scripts::decode(op, replies.pop().unwrap_or(Ok(redis::Value::Nil)))?;
@@ -52,11 +70,6 @@ pub(crate) fn pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOu
                     stale_owner = other;
                     continue;
                 }
-                let _: () = redis::cmd("SREM")
-                    .arg(&index)
-                    .arg(room)
-                    .query(con)
-                    .map_err(|e| Error::redis(op, e))?;
                 PinOutcome::Held {
                     owner: decode_id(&other)?,
                 }

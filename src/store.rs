@@ -117,6 +117,15 @@ impl Local {
             .insert((room.to_owned(), peer.to_owned()), p);
     }
 
+    /// Every peer, as `(room, peer, record)`.
+    pub(crate) fn peers(&self) -> Vec<(String, String, LocalPeer)> {
+        self.peers
+            .lock()
+            .iter()
+            .map(|((r, p), l)| (r.clone(), p.clone(), l.clone()))
+            .collect()
+    }
+
     pub(crate) fn remove_peer(&self, room: &str, peer: &str) {
         self.peers
             .lock()

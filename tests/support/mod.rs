@@ -1,11 +1,20 @@
 //! Test support: a real `redis-server` per test on a random port (see
 //! `sfu_redis::devserver::LocalRedis`), whose log is printed when the test panics, plus
 //! helpers to build nodes with fast timings and poll with deadlines.
-#![allow(dead_code, unreachable_pub)]
+//!
+//! Beyond that: an [`EventLog`] that records every event a node emits, a dump of every key
+//! (with set members, hash fields and sorted-set entries) to prove that nothing refers to a
+//! reaped instance, a checker of the peer indexes against the peer records, a writer of a dead
+//! instance's data following the key schema (README / `sfu_redis::keys`), and a TCP
+//! [`FaultProxy`] that stalls one node's connections (a network stall of one instance only).
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use sfu_redis::devserver::LocalRedis;
+pub use sfu_redis::faultproxy::{Direction, FaultProxy};
+use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace, ParsedKey};
 use sfu_redis::{Config, Event, Node, Timings};
 
 /// A private server for one test; prints its log if the test panics.
@@ -15,14 +24,25 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    /// A server started with extra `redis-server` arguments (not `--requirepass`: the
+    /// readiness check of `LocalRedis` cannot authenticate; use `CONFIG SET requirepass`).
+    pub fn start_with(args: &[&str]) -> Server {
         let _ = env_logger::builder().is_test(true).try_init();
         Server {
-            redis: LocalRedis::start().expect("start redis-server"),
+            redis: LocalRedis::start_with(args).expect("start redis-server"),
         }
     }
 
     pub fn url(&self) -> String {
         self.redis.url()
+    }
+
+    /// A fault-injecting TCP proxy in front of this server (`sfu_redis::faultproxy`).
+    pub fn proxy(&self) -> FaultProxy {
+        FaultProxy::start(("127.0.0.1", self.redis.port())).expect("start fault proxy")
     }
 
     pub fn con(&self) -> redis::Connection {
@@ -38,17 +58,27 @@ impl Server {
     }
 
     pub fn config_with(&self, stage: &str, instance: &str, t: Timings) -> Config {
-        Config::builder()
-            .redis_url(Some(&self.url()))
-            .stage(stage)
-            .instance_id(instance)
-            .timings(t)
-            .build()
-            .expect("valid config")
+        config_for(&self.url(), stage, instance, t)
     }
 
     pub fn node(&self, stage: &str, instance: &str) -> Node {
         Node::start(self.config(stage, instance)).expect("start node")
+    }
+
+    pub fn node_with(&self, stage: &str, instance: &str, t: Timings) -> Node {
+        Node::start(self.config_with(stage, instance, t)).expect("start node")
+    }
+
+    /// Starts a node and waits until it holds the lease (start it before any other node of
+    /// its stage). Its event log has seen the `leader_acquired` event.
+    pub fn leader(&self, stage: &str, instance: &str, t: Timings) -> (Node, EventLog) {
+        let node = self.node_with(stage, instance, t);
+        let mut log = EventLog::new(&node);
+        log.wait(LONG, "leader_acquired", |e| {
+            matches!(e, Event::LeaderAcquired { .. })
+        });
+        wait_for(LONG, "is_leader", || node.is_leader().then_some(()));
+        (node, log)
     }
 
     /// Every key of the server (tests use small data sets).
@@ -60,6 +90,247 @@ impl Server {
         keys.sort();
         keys
     }
+
+    /// Redis server time, ms.
+    pub fn server_ms(&self) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut self.con()).unwrap();
+        s * 1000 + us / 1000
+    }
+
+    /// Every key matching `pattern` with its whole content.
+    pub fn dump(&self, pattern: &str) -> BTreeMap<String, Val> {
+        let mut con = self.con();
+        let mut out = BTreeMap::new();
+        for key in self.keys(pattern) {
+            let t: String = redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
+            let v = match t.as_str() {
+                "none" => continue, // expired meanwhile
+                "string" => Val::Str(get_string(&mut con, &key)),
+                "hash" => Val::Hash(
+                    redis::cmd("HGETALL")
+                        .arg(&key)
+                        .query::<BTreeMap<String, String>>(&mut con)
+                        .unwrap(),
+                ),
+                "set" => Val::Set(
+                    redis::cmd("SMEMBERS")
+                        .arg(&key)
+                        .query::<BTreeSet<String>>(&mut con)
+                        .unwrap(),
+                ),
+                "zset" => Val::ZSet(
+                    redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query::<Vec<(String, i64)>>(&mut con)
+                        .unwrap(),
+                ),
+                "list" => Val::List(
+                    redis::cmd("LRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .query::<Vec<String>>(&mut con)
+                        .unwrap(),
+                ),
+                other => Val::Other(other.to_owned()),
+            };
+            out.insert(key, v);
+        }
+        out
+    }
+
+    /// Makes `instance` (caller's id) look dead: heartbeat key deleted and its sorted-set score
+    /// set to `score_ms` (server ms), atomically. Only touches an existing sorted-set entry.
+    pub fn make_stale(&self, ks: &KeySpace, instance: &str, score_ms: i64) {
+        let w = wire(IdKind::Instance, instance);
+        let _: () = redis::pipe()
+            .atomic()
+            .del(ks.heartbeat(&w))
+            .ignore()
+            .cmd("ZADD")
+            .arg(ks.heartbeats())
+            .arg("XX")
+            .arg(score_ms)
+            .arg(&w)
+            .ignore()
+            .query(&mut self.con())
+            .unwrap();
+    }
+
+    /// Writes, following the key schema, the data a dead instance `instance` left: its
+    /// sorted-set entry (score `score_ms`, no heartbeat key), and for each room its pin (if
+    /// `pin_px` is set; `None` = the pin has expired), metadata, peer records, guest pointers
+    /// and guest states, and both instance indexes. Ids are callers' ids.
+    pub fn fabricate_dead(
+        &self,
+        ks: &KeySpace,
+        instance: &str,
+        score_ms: i64,
+        pin_px: Option<u64>,
+        rooms: &[FakeRoom<'_>],
+    ) {
+        let i = wire(IdKind::Instance, instance);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        // Index first, record second (the library's cross-slot order).
+        for (room, peers) in rooms {
+            let r = wire(IdKind::Room, room);
+            pipe.sadd(ks.instance_rooms(&i), &r).ignore();
+            for (peer, _) in *peers {
+                let p = wire(IdKind::Peer, peer);
+                pipe.sadd(ks.instance_peers(&i), peer_member(&r, &p))
+                    .ignore();
+            }
+        }
+        for (room, peers) in rooms {
+            let r = wire(IdKind::Room, room);
+            let rk = ks.room(&r);
+            if let Some(px) = pin_px {
+                pipe.cmd("SET")
+                    .arg(&rk.owner)
+                    .arg(&i)
+                    .arg("PX")
+                    .arg(px)
+                    .ignore();
+            }
+            pipe.cmd("HSET")
+                .arg(&rk.meta)
+                .arg("owner")
+                .arg(&i)
+                .arg("pinned_ms")
+                .arg(score_ms - 1000)
+                .arg("peer_seq")
+                .arg(peers.len())
+                .ignore();
+            for (n, (peer, guest)) in peers.iter().enumerate() {
+                let p = wire(IdKind::Peer, peer);
+                let g = guest.map(|g| wire(IdKind::Guest, g)).unwrap_or_default();
+                pipe.cmd("HSET")
+                    .arg(ks.peer(&r, &p))
+                    .arg("instance")
+                    .arg(&i)
+                    .arg("guest")
+                    .arg(&g)
+                    .arg("generation")
+                    .arg(n + 1)
+                    .arg("updated_ms")
+                    .arg(score_ms - 500)
+                    .arg("name")
+                    .arg(format!("host field of {peer}"))
+                    .ignore();
+                pipe.sadd(&rk.peers, &p).ignore();
+                if !g.is_empty() {
+                    pipe.hset(&rk.guests, &g, &p).ignore();
+                    pipe.hset(&rk.guest_state, &g, "joined").ignore();
+                }
+            }
+        }
+        pipe.cmd("ZADD")
+            .arg(ks.heartbeats())
+            .arg(score_ms)
+            .arg(&i)
+            .ignore();
+        let _: () = pipe.query(&mut self.con()).unwrap();
+    }
+
+    /// Everything wrong with the peer indexes of one prefix, as readable lines (empty = every
+    /// index holds exactly what the records say; invariant 4). Also checks that every room's
+    /// owner (metadata) lists the room in its room index (no room that no index reaches).
+    pub fn index_problems(&self, ks: &KeySpace) -> Vec<String> {
+        let dump = self.dump(&ks.scan_pattern());
+        let mut problems = Vec::new();
+        let hash = |k: &str| match dump.get(k) {
+            Some(Val::Hash(h)) => Some(h.clone()),
+            _ => None,
+        };
+        let set = |k: &str| match dump.get(k) {
+            Some(Val::Set(s)) => s.clone(),
+            _ => BTreeSet::new(),
+        };
+        for (key, val) in &dump {
+            let Some(parsed) = ks.parse(key) else {
+                problems.push(format!("{key}: not a key of the schema"));
+                continue;
+            };
+            match parsed {
+                ParsedKey::Peer(r, p) => {
+                    let Val::Hash(rec) = val else {
+                        problems.push(format!("{key}: peer record is not a hash"));
+                        continue;
+                    };
+                    let inst = rec.get("instance").cloned().unwrap_or_default();
+                    if !set(&ks.instance_peers(&inst)).contains(&peer_member(&r, &p)) {
+                        problems.push(format!("{key}: not in the peer index of {inst:?}"));
+                    }
+                    if !set(&ks.room(&r).peers).contains(&p) {
+                        problems.push(format!("{key}: not in its room's peer set"));
+                    }
+                    let g = rec.get("guest").cloned().unwrap_or_default();
+                    if !g.is_empty()
+                        && hash(&ks.room(&r).guests).and_then(|h| h.get(&g).cloned())
+                            != Some(p.clone())
+                    {
+                        problems.push(format!("{key}: guest {g:?} does not point at it"));
+                    }
+                }
+                ParsedKey::RoomPeers(r) => {
+                    for p in set(key) {
+                        if hash(&ks.peer(&r, &p)).is_none() {
+                            problems.push(format!("{key}: member {p:?} has no record"));
+                        }
+                    }
+                }
+                ParsedKey::RoomGuests(r) => {
+                    for (g, p) in hash(key).unwrap_or_default() {
+                        let guest = hash(&ks.peer(&r, &p)).and_then(|h| h.get("guest").cloned());
+                        if guest.as_deref() != Some(g.as_str()) {
+                            problems.push(format!(
+                                "{key}: guest {g:?} -> {p:?}, whose record says guest {guest:?}"
+                            ));
+                        }
+                    }
+                }
+                ParsedKey::RoomGuestState(r) => {
+                    let guests = hash(&ks.room(&r).guests).unwrap_or_default();
+                    for g in hash(key).unwrap_or_default().keys() {
+                        if !guests.contains_key(g) {
+                            problems.push(format!("{key}: state of guest {g:?} with no pointer"));
+                        }
+                    }
+                }
+                ParsedKey::InstancePeers(i) => {
+                    for m in set(key) {
+                        let (r, p) = m.split_once('/').unwrap_or(("", ""));
+                        let inst = hash(&ks.peer(r, p)).and_then(|h| h.get("instance").cloned());
+                        if inst.as_deref() != Some(i.as_str()) {
+                            problems.push(format!(
+                                "{key}: member {m:?} whose record says instance {inst:?}"
+                            ));
+                        }
+                    }
+                }
+                ParsedKey::RoomMeta(r) => {
+                    if let Some(owner) = hash(key).and_then(|h| h.get("owner").cloned()) {
+                        if !set(&ks.instance_rooms(&owner)).contains(&r) {
+                            problems.push(format!(
+                                "{key}: owner {owner:?} does not list the room in its index"
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        problems
+    }
+}
+
+fn get_string(con: &mut redis::Connection, key: &str) -> String {
+    let v: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(con).unwrap();
+    String::from_utf8_lossy(&v.unwrap_or_default()).into_owned()
 }
 
 impl Drop for Server {
@@ -72,6 +343,71 @@ impl Drop for Server {
             );
         }
     }
+}
+
+/// A room of a fabricated dead instance: its id and its peers' ids with their guests.
+pub type FakeRoom<'a> = (&'a str, &'a [(&'a str, Option<&'a str>)]);
+
+/// A config for `url` (any Redis URL, e.g. a [`FaultProxy`]'s) with prefix `sfu:<stage>:main`.
+pub fn config_for(url: &str, stage: &str, instance: &str, t: Timings) -> Config {
+    Config::builder()
+        .redis_url(Some(url))
+        .stage(stage)
+        .instance_id(instance)
+        .timings(t)
+        .build()
+        .expect("valid config")
+}
+
+/// The key space of stage `stage` (`sfu:<stage>:main`).
+pub fn ks(stage: &str) -> KeySpace {
+    KeySpace::new("sfu", stage, "main").unwrap()
+}
+
+/// The wire form of a valid id.
+pub fn wire(kind: IdKind, id: &str) -> String {
+    encode_id(kind, id).expect("valid id")
+}
+
+/// One key's content, as [`Server::dump`] read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Val {
+    Str(String),
+    Hash(BTreeMap<String, String>),
+    Set(BTreeSet<String>),
+    ZSet(Vec<(String, i64)>),
+    List(Vec<String>),
+    Other(String),
+}
+
+/// Every place in `dump` where one of `needles` appears: a key name, a string value, a set
+/// member, a hash field or value, or a sorted-set member. Needles are wire forms.
+pub fn references(dump: &BTreeMap<String, Val>, needles: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (key, val) in dump {
+        let mut check = |what: &str, s: &str| {
+            for n in needles {
+                if s.contains(n.as_str()) {
+                    found.push(format!("{key}: {what} {s:?} contains {n:?}"));
+                }
+            }
+        };
+        check("key", key);
+        match val {
+            Val::Str(s) => check("value", s),
+            Val::Hash(h) => {
+                for (f, v) in h {
+                    check("field", f);
+                    check("value", v);
+                }
+            }
+            Val::Set(s) => s.iter().for_each(|m| check("member", m)),
+            Val::ZSet(z) => z.iter().for_each(|(m, _)| check("member", m)),
+            Val::List(l) => l.iter().for_each(|m| check("element", m)),
+            Val::Other(_) => {}
+        }
+    }
+    found
 }
 
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
@@ -105,6 +441,126 @@ pub fn wait_event(
             Err(_) => panic!("timed out after {timeout:?} waiting for event: {what}"),
         }
     }
+}
+
+/// Records every event of one node, so a test can both wait for an event and later assert
+/// that some other event never happened. Use it as the only reader of that node's events.
+pub struct EventLog {
+    rx: crossbeam_channel::Receiver<Event>,
+    seen: Vec<Event>,
+}
+
+impl EventLog {
+    pub fn new(node: &Node) -> EventLog {
+        EventLog {
+            rx: node.events(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a new event matching `pred` (every event received is recorded).
+    pub fn wait(&mut self, timeout: Duration, what: &str, pred: impl Fn(&Event) -> bool) -> Event {
+        self.try_wait(timeout, &pred).unwrap_or_else(|| {
+            panic!(
+                "timed out after {timeout:?} waiting for event: {what}; seen: {:?}",
+                self.seen
+            )
+        })
+    }
+
+    /// Like [`EventLog::wait`], `None` on timeout.
+    pub fn try_wait(&mut self, timeout: Duration, pred: impl Fn(&Event) -> bool) -> Option<Event> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(e) => {
+                    self.seen.push(e.clone());
+                    if pred(&e) {
+                        return Some(e);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Records every event already queued; returns all events seen so far.
+    pub fn drain(&mut self) -> &[Event] {
+        self.seen.extend(self.rx.try_iter());
+        &self.seen
+    }
+
+    /// How many events were seen so far (a mark for [`EventLog::since`]).
+    pub fn mark(&mut self) -> usize {
+        self.drain().len()
+    }
+
+    /// Events seen since `mark`.
+    pub fn since(&mut self, mark: usize) -> &[Event] {
+        &self.drain()[mark..]
+    }
+}
+
+/// True for a `candidates` event that lists `id`.
+pub fn candidates_with(e: &Event, id: &str) -> bool {
+    matches!(e, Event::Candidates { instances } if instances.iter().any(|i| i == id))
+}
+
+/// True for an `instance_reaped` event of `id`.
+pub fn reaped(e: &Event, id: &str) -> bool {
+    matches!(e, Event::InstanceReaped { dead, .. } if dead == id)
+}
+
+/// Waits for an event matching `pred` on any of `logs`; returns the log's index and the event.
+pub fn wait_any(
+    logs: &mut [&mut EventLog],
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&Event) -> bool,
+) -> (usize, Event) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        for (i, log) in logs.iter_mut().enumerate() {
+            if let Some(e) = log.try_wait(Duration::from_millis(20), &pred) {
+                return (i, e);
+            }
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for event on any node: {what}");
+        }
+    }
+}
+
+/// The keys of the given rooms and the given instances' indexes in stage `stage`, with their
+/// contents: what live instances own and must keep. Pins (`owner` keys) are left out, as they
+/// may lapse and be re-pinned in between; check them with `room_owner`.
+pub fn room_view(
+    s: &Server,
+    stage: &str,
+    rooms: &[&str],
+    instances: &[&str],
+) -> BTreeMap<String, Val> {
+    let ks = ks(stage);
+    let room_prefixes: Vec<String> = rooms
+        .iter()
+        .map(|r| format!("{}:room:{{{}}}:", ks.prefix(), wire(IdKind::Room, r)))
+        .collect();
+    let index_keys: BTreeSet<String> = instances
+        .iter()
+        .flat_map(|i| {
+            let w = wire(IdKind::Instance, i);
+            [ks.instance_rooms(&w), ks.instance_peers(&w)]
+        })
+        .collect();
+    s.dump(&ks.scan_pattern())
+        .into_iter()
+        .filter(|(k, _)| {
+            index_keys.contains(k)
+                || (room_prefixes.iter().any(|p| k.starts_with(p.as_str()))
+                    && !k.ends_with(":owner"))
+        })
+        .collect()
 }
 
 /// Generous bound for anything that takes a few reap cycles with `Timings::fast()`.

@@ -1,1 +1,293 @@
-fn main() {}
+//! `sfu-redis`: run an SFU instance's liveness layer (`node`), show the fleet (`status`), or
+//! watch heartbeats, leader election and the two-phase reaper at work (`demo`).
+//!
+//! Exit codes: 0 success, 1 runtime failure (Redis unreachable, a demo check failed),
+//! 2 invalid usage or configuration, 130 demo interrupted.
+
+/// `println!` that ignores a closed stdout (`sfu-redis demo | head` must not panic: the demo
+/// still has to stop its nodes and delete its keys).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+mod demo;
+mod node;
+mod status;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use serde_json::Value;
+use sfu_redis::{Config, ConfigBuilder, Event};
+
+/// Liveness and cleanup of a multi-instance SFU's Redis metadata.
+#[derive(Debug, Parser)]
+#[command(name = "sfu-redis", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one SFU instance (heartbeat, lease, reaper) until SIGINT/SIGTERM, printing its events
+    /// on stdout.
+    Node(node::NodeArgs),
+    /// Show the fleet of one prefix as Redis sees it: leader, epoch, instances.
+    Status(status::StatusArgs),
+    /// Run three in-process instances, crash two of them and watch the survivor clean up;
+    /// checks the result and exits non-zero if a check fails.
+    Demo(demo::DemoArgs),
+}
+
+/// Where Redis is and which key prefix (`<namespace>:<stage>:<branch>`) to use.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RedisArgs {
+    /// Redis URL, redis://[user:password@]host:port[/db]; empty means memory-only mode.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// First key prefix segment.
+    #[arg(
+        long,
+        env = "SFU_NAMESPACE",
+        hide_env_values = true,
+        default_value = "sfu",
+        value_name = "NAME"
+    )]
+    pub namespace: String,
+    /// Second key prefix segment (dev, staging, prod, ...).
+    #[arg(
+        long,
+        env = "SFU_STAGE",
+        hide_env_values = true,
+        default_value = "dev",
+        value_name = "NAME"
+    )]
+    pub stage: String,
+    /// Third key prefix segment.
+    #[arg(
+        long,
+        env = "SFU_BRANCH",
+        hide_env_values = true,
+        default_value = "main",
+        value_name = "NAME"
+    )]
+    pub branch: String,
+}
+
+impl RedisArgs {
+    /// A config builder with these connection and prefix settings.
+    pub fn builder(&self) -> ConfigBuilder {
+        Config::builder()
+            .redis_url(self.redis_url.as_deref())
+            .namespace(&self.namespace)
+            .stage(&self.stage)
+            .branch(&self.branch)
+    }
+}
+
+/// Why a subcommand failed, and with which exit code.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// Invalid usage or configuration: exit 2.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// A runtime failure: exit 1.
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Failure {
+            code: 1,
+            message: message.into(),
+        }
+    }
+
+    /// A failed [`sfu_redis::ConfigBuilder::build`]: exit 2, naming the flag that sets the
+    /// field at fault.
+    pub fn config(e: &sfu_redis::Error) -> Self {
+        let mut message = e.to_string();
+        if let sfu_redis::Error::InvalidConfig { field, .. } = e {
+            if let Some(flag) = flag_for_field(field) {
+                message.push_str(&format!(" (see {flag})"));
+            }
+        }
+        Failure::usage(message)
+    }
+}
+
+/// The command-line flag that sets a configuration field.
+fn flag_for_field(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "redis_url" => "--redis-url / REDIS_URL",
+        "namespace" => "--namespace / SFU_NAMESPACE",
+        "stage" => "--stage / SFU_STAGE",
+        "branch" => "--branch / SFU_BRANCH",
+        "instance_id" => "--instance-id / SFU_INSTANCE_ID",
+        "heartbeat_interval" => "--heartbeat-interval-ms",
+        "heartbeat_ttl" => "--heartbeat-ttl-ms",
+        "stale_threshold" => "--stale-factor",
+        "pin_ttl" => "--pin-ttl-ms",
+        "lease_ttl" => "--lease-ttl-ms",
+        "lease_refresh" => "--lease-refresh-ms",
+        "two_phase_delay" => "--two-phase-delay-ms",
+        "reap_interval" => "--reap-interval-ms",
+        "command_timeout" => "--command-timeout-ms",
+        _ => return None,
+    })
+}
+
+/// Parses `--stale-factor`: a finite number greater than zero.
+pub(crate) fn parse_factor(s: &str) -> Result<f64, String> {
+    let f: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if f.is_finite() && f > 0.0 {
+        Ok(f)
+    } else {
+        Err(format!("{s:?} must be a finite number greater than zero"))
+    }
+}
+
+/// `ttl x factor`, rounded to whole milliseconds.
+pub(crate) fn scaled(ttl: Duration, factor: f64) -> Result<Duration, Failure> {
+    let ms = (ttl.as_millis() as f64 * factor).round();
+    if ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64 {
+        Ok(Duration::from_millis(ms as u64))
+    } else {
+        Err(Failure::usage(format!(
+            "invalid configuration `stale_threshold`: heartbeat_ttl x {factor} is out of range (see --stale-factor)"
+        )))
+    }
+}
+
+/// `what: e`, adding `on <redacted url>` unless the error already names it.
+pub(crate) fn with_place(what: &str, url: Option<&str>, e: &sfu_redis::Error) -> String {
+    let msg = e.to_string();
+    match url.map(sfu_redis::redact_url) {
+        Some(safe) if !msg.contains(&safe) => format!("{what} on {safe}: {msg}"),
+        _ => format!("{what}: {msg}"),
+    }
+}
+
+/// A receiver that reports "disconnected" once SIGINT or SIGTERM arrives. A second signal
+/// exits at once with 130.
+pub(crate) fn signal_channel() -> Result<Receiver<()>, Failure> {
+    let (tx, rx) = bounded::<()>(0);
+    let mut tx = Some(tx);
+    ctrlc::set_handler(move || {
+        if tx.take().is_none() {
+            eprintln!("sfu-redis: second signal; exiting without cleanup");
+            std::process::exit(130);
+        }
+    })
+    .map_err(|e| Failure::runtime(format!("cannot install the SIGINT/SIGTERM handler: {e}")))?;
+    Ok(rx)
+}
+
+/// True once [`signal_channel`]'s signal arrived.
+pub(crate) fn signalled(rx: &Receiver<()>) -> bool {
+    matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
+}
+
+/// An event's fields (without `event` and `instance`) as `k=v` pairs for people, in a
+/// readable order: `dead=sfu-a rooms=3 peers=9 skipped_rooms=0`.
+pub(crate) fn event_fields(event: &Event) -> String {
+    const ORDER: [&str; 10] = [
+        "dead",
+        "rooms",
+        "peers",
+        "skipped_rooms",
+        "room",
+        "new_owner",
+        "room_ids",
+        "instances",
+        "epoch",
+        "reason",
+    ];
+    let Value::Object(map) = event.to_json("") else {
+        return String::new();
+    };
+    let mut keys: Vec<&String> = map
+        .keys()
+        .filter(|k| *k != "event" && *k != "instance")
+        .collect();
+    keys.sort_by_key(|k| {
+        (
+            ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()),
+            k.as_str(),
+        )
+    });
+    keys.iter()
+        .map(|k| format!("{k}={}", plain(&map[k.as_str()])))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A JSON value for people: strings unquoted, null as `-`, lists as `[a,b]`.
+fn plain(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) => format!(
+            "[{}]",
+            items.iter().map(plain).collect::<Vec<_>>().join(",")
+        ),
+        other => other.to_string(),
+    }
+}
+
+fn init_logging() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .target(env_logger::Target::Stderr)
+        .init();
+}
+
+/// Empty environment variables count as unset, as in `Config::from_env` (an empty
+/// `SFU_STAGE` means `dev`, an empty `SFU_INSTANCE_ID` a generated id). An explicitly empty
+/// flag (`--stage ""`) is still refused.
+fn drop_empty_env() {
+    for var in [
+        "REDIS_URL",
+        "SFU_NAMESPACE",
+        "SFU_STAGE",
+        "SFU_BRANCH",
+        "SFU_INSTANCE_ID",
+    ] {
+        if std::env::var_os(var).is_some_and(|v| v.to_string_lossy().trim().is_empty()) {
+            // Still single-threaded: nothing else reads the environment concurrently.
+            std::env::remove_var(var);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    drop_empty_env();
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Node(args) => node::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("sfu-redis: error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! `sfu-redis node`: one SFU instance, running until SIGINT/SIGTERM.
+//!
+//! stdout carries only events: one JSON object per line with `--json` (the library's
+//! [`Event::to_json`]), otherwise one human line per event. Everything else goes to stderr.
+
+use std::io::{Stdout, Write};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use crossbeam_channel::select;
+use sfu_redis::keys::{encode_id, IdKind};
+use sfu_redis::{redact_url, Event, Node, PinOutcome, Timings};
+
+use crate::{
+    event_fields, parse_factor, scaled, signal_channel, signalled, with_place, Failure, RedisArgs,
+};
+
+#[derive(Debug, Args)]
+pub(crate) struct NodeArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// This instance's id [default: <host>-<pid>-<random hex>].
+    #[arg(
+        long,
+        env = "SFU_INSTANCE_ID",
+        hide_env_values = true,
+        value_name = "ID"
+    )]
+    instance_id: Option<String>,
+    /// Rooms to pin at start, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
+    rooms: Vec<String>,
+    /// Peers to upsert in each pinned room: ids <room>-p<k>, guest ids <room>-g<k>, k = 1..=N.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    peers_per_room: u32,
+    #[command(flatten)]
+    timings: TimingArgs,
+    /// Print each event as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Timing overrides. Without `--heartbeat-interval-ms`/`--heartbeat-ttl-ms` the defaults are
+/// the library's (10 s / 30 s); with either, every timing is derived from the two first
+/// (`Timings::from_heartbeat`), then each explicitly given flag is applied on top.
+#[derive(Debug, Args)]
+struct TimingArgs {
+    /// Heartbeat period [default: 10000].
+    #[arg(long, value_name = "MS")]
+    heartbeat_interval_ms: Option<u64>,
+    /// TTL of the heartbeat key [default: 30000].
+    #[arg(long, value_name = "MS")]
+    heartbeat_ttl_ms: Option<u64>,
+    /// Stale threshold as a multiple of the heartbeat TTL [default: 1.5].
+    #[arg(long, value_name = "FACTOR", value_parser = parse_factor)]
+    stale_factor: Option<f64>,
+    /// TTL of a room pin [default: 3 x heartbeat TTL].
+    #[arg(long, value_name = "MS")]
+    pin_ttl_ms: Option<u64>,
+    /// TTL of the reaper lease [default: 3 x heartbeat TTL].
+    #[arg(long, value_name = "MS")]
+    lease_ttl_ms: Option<u64>,
+    /// Lease refresh / acquire period [default: heartbeat TTL].
+    #[arg(long, value_name = "MS")]
+    lease_refresh_ms: Option<u64>,
+    /// Wait between finding reap candidates and re-checking them [default: 2 x heartbeat TTL].
+    #[arg(long, value_name = "MS")]
+    two_phase_delay_ms: Option<u64>,
+    /// Period of the leader's reap rounds [default: heartbeat TTL / 2].
+    #[arg(long, value_name = "MS")]
+    reap_interval_ms: Option<u64>,
+    /// Timeout of every Redis call [default: min(2000, heartbeat interval / 2)].
+    #[arg(long, value_name = "MS")]
+    command_timeout_ms: Option<u64>,
+}
+
+impl TimingArgs {
+    /// The timings these flags ask for (validated later, by the config builder).
+    fn resolve(&self) -> Result<Timings, Failure> {
+        let ms = Duration::from_millis;
+        let defaults = Timings::default();
+        let mut t = defaults;
+        if self.heartbeat_interval_ms.is_some() || self.heartbeat_ttl_ms.is_some() {
+            t = Timings::from_heartbeat(
+                self.heartbeat_interval_ms
+                    .map_or(defaults.heartbeat_interval, ms),
+                self.heartbeat_ttl_ms.map_or(defaults.heartbeat_ttl, ms),
+            );
+        }
+        if let Some(f) = self.stale_factor {
+            t.stale_threshold = scaled(t.heartbeat_ttl, f)?;
+        }
+        let overrides = [
+            (self.pin_ttl_ms, &mut t.pin_ttl),
+            (self.lease_ttl_ms, &mut t.lease_ttl),
+            (self.lease_refresh_ms, &mut t.lease_refresh),
+            (self.two_phase_delay_ms, &mut t.two_phase_delay),
+            (self.reap_interval_ms, &mut t.reap_interval),
+            (self.command_timeout_ms, &mut t.command_timeout),
+        ];
+        for (flag, field) in overrides {
+            if let Some(v) = flag {
+                *field = ms(v);
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The start-up writes: each room with its peers (peer id, guest id).
+type Plan = Vec<(String, Vec<(String, String)>)>;
+
+/// Builds and checks every room, peer and guest id before anything is written.
+fn plan(rooms: &[String], peers_per_room: u32) -> Result<Plan, Failure> {
+    let check = |kind, id: &str| {
+        encode_id(kind, id).map_err(|e| Failure::usage(format!("--rooms / --peers-per-room: {e}")))
+    };
+    let mut plan = Plan::new();
+    for room in rooms {
+        check(IdKind::Room, room)?;
+        if plan.iter().any(|(r, _)| r == room) {
+            continue;
+        }
+        let mut peers = Vec::new();
+        for k in 1..=peers_per_room {
+            let peer = format!("{room}-p{k}");
+            let guest = format!("{room}-g{k}");
+            check(IdKind::Peer, &peer)?;
+            check(IdKind::Guest, &guest)?;
+            peers.push((peer, guest));
+        }
+        plan.push((room.clone(), peers));
+    }
+    Ok(plan)
+}
+
+/// Prints events on stdout, one line each, flushed.
+struct Printer {
+    json: bool,
+    start: Instant,
+    out: Stdout,
+    broken: bool,
+}
+
+impl Printer {
+    fn print(&mut self, instance: &str, event: &Event) {
+        let line = if self.json {
+            match serde_json::to_string(&event.to_json(instance)) {
+                Ok(s) => s,
+                Err(e) => {
+                    log::error!("cannot serialize event {}: {e}", event.name());
+                    return;
+                }
+            }
+        } else {
+            let line = format!(
+                "{:>10}  {:<16} {}",
+                format!("+{:.3}s", self.start.elapsed().as_secs_f64()),
+                event.name(),
+                event_fields(event)
+            );
+            line.trim_end().to_owned()
+        };
+        let mut out = self.out.lock();
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            // A closed stdout must not stop the instance; say so once.
+            if !self.broken {
+                self.broken = true;
+                log::warn!("cannot write events to stdout ({e}); the node keeps running");
+            }
+        }
+    }
+
+    fn drain(&mut self, node: &Node, events: &crossbeam_channel::Receiver<Event>) {
+        for event in events.try_iter() {
+            self.print(node.instance_id(), &event);
+        }
+    }
+}
+
+pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
+    let timings = args.timings.resolve()?;
+    let mut builder = args.redis.builder().timings(timings);
+    if let Some(id) = &args.instance_id {
+        builder = builder.instance_id(id);
+    }
+    let config = builder.build().map_err(|e| Failure::config(&e))?;
+    let plan = plan(&args.rooms, args.peers_per_room)?;
+    // Installed first, so a signal during start-up still ends in a graceful shutdown.
+    let signal = signal_channel()?;
+    let mut printer = Printer {
+        json: args.json,
+        start: Instant::now(),
+        out: std::io::stdout(),
+        broken: false,
+    };
+    let url = config.redis_url().map(str::to_owned);
+    let place = match &url {
+        Some(url) => format!("Redis {}", redact_url(url)),
+        None => "memory-only mode (no Redis URL)".to_owned(),
+    };
+    let prefix = config.keys().prefix().to_owned();
+    let node = Node::start(config)
+        .map_err(|e| Failure::runtime(with_place("cannot start the node", url.as_deref(), &e)))?;
+    let events = node.events();
+    if !args.json {
+        eprintln!(
+            "sfu-redis node {} on {place}, prefix {prefix}; Ctrl-C to stop",
+            node.instance_id()
+        );
+    }
+    if let Err(e) = start_up(&node, &plan, &signal) {
+        let _ = node.shutdown();
+        printer.drain(&node, &events);
+        return Err(Failure::runtime(format!("start-up writes failed: {e}")));
+    }
+    // An interrupted start-up is not ready; the loop below sees the signal at once.
+    if !signalled(&signal) {
+        node.ready();
+    }
+    loop {
+        select! {
+            recv(events) -> event => match event {
+                Ok(event) => printer.print(node.instance_id(), &event),
+                Err(_) => break,
+            },
+            // Disconnected when SIGINT/SIGTERM arrives.
+            recv(signal) -> _ => break,
+        }
+    }
+    log::info!("signal received; shutting down (releasing the lease)");
+    let shut = node.shutdown();
+    printer.drain(&node, &events);
+    shut.map_err(|e| Failure::runtime(format!("shutdown: {e}")))
+}
+
+/// Pins the rooms and upserts their peers; rooms another live instance holds are skipped.
+/// Stops early (without error) when a signal arrives.
+fn start_up(
+    node: &Node,
+    plan: &Plan,
+    signal: &crossbeam_channel::Receiver<()>,
+) -> Result<(), String> {
+    for (room, peers) in plan {
+        if signalled(signal) {
+            return Ok(());
+        }
+        match node
+            .pin_room(room)
+            .map_err(|e| format!("pin room {room:?}: {e}"))?
+        {
+            PinOutcome::Held { owner } => {
+                log::warn!(
+                    "room {room:?} is held by live instance {owner:?}; not pinned, its peers are skipped"
+                );
+                continue;
+            }
+            PinOutcome::TookOver { previous } => {
+                log::info!("room {room:?} taken over from {previous:?}");
+            }
+            _ => {}
+        }
+        for (peer, guest) in peers {
+            if signalled(signal) {
+                return Ok(());
+            }
+            node.upsert_peer(room, peer, Some(guest), &[])
+                .map_err(|e| format!("upsert peer {peer:?} in room {room:?}: {e}"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! Data this crate did not write (keys of the wrong type) stays contained: the call that meets
+//! it fails with `BadData`, every other room keeps working, the heartbeat keeps refreshing and
+//! the reaper keeps reaping.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use sfu_redis::{ErrorKind, Event, PinOutcome, Timings};
+use support::*;
+
+const STAGE: &str = "b";
+
+fn hset(s: &Server, key: &str) {
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg("junk")
+        .arg("1")
+        .query(&mut s.con())
+        .unwrap();
+}
+
+fn pttl(s: &Server, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn smembers(s: &Server, key: &str) -> BTreeSet<String> {
+    redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+}
+
+// A room whose owner key holds a HASH: pin_room of that room returns BadData; the other rooms
+// of the same node still pin, take peers and close; the heartbeat keeps refreshing (ticks
+// counted, heartbeat key's server time moves on). Fails if one bad key broke the connection
+// pool, the node, or the heartbeat thread.
+#[test]
+fn wrong_type_owner_key_gives_bad_data_and_nothing_else_breaks() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("good-1").unwrap();
+    hset(&s, &ks.room("bad").owner);
+    for _ in 0..3 {
+        let e = a.pin_room("bad").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BadData, "{e}");
+    }
+    assert_eq!(a.room_owner("bad").unwrap_err().kind(), ErrorKind::BadData);
+    assert_eq!(a.pin_room("good-2").unwrap(), PinOutcome::Pinned);
+    a.upsert_peer("good-2", "p", Some("g"), &[]).unwrap();
+    a.upsert_peer("good-1", "p", None, &[]).unwrap();
+    a.close_room("good-1").unwrap();
+    assert_eq!(a.stats().rooms, 1);
+    let hb = ks.heartbeat("inst-a");
+    let first: i64 = redis::cmd("GET").arg(&hb).query(&mut s.con()).unwrap();
+    let beats = a.stats().heartbeats;
+    wait_for(LONG, "the heartbeat goes on", || {
+        let now: i64 = redis::cmd("GET").arg(&hb).query(&mut s.con()).unwrap();
+        (a.stats().heartbeats >= beats + 3 && now > first).then_some(())
+    });
+    assert!(pttl(&s, &ks.room("good-2").owner) > 0);
+    // The bad key itself is left alone.
+    let t: String = redis::cmd("TYPE")
+        .arg(ks.room("bad").owner)
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(t, "hash");
+}
+
+// A failed pin must not leave the room in the node's room index: the node does not own it,
+// and when the node dies the reaper would meet the bad room in its index on every round, so the
+// reap could never finish. Checks the index right after the BadData.
+#[test]
+fn failed_pin_leaves_no_room_index_entry() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    hset(&s, &ks.room("bad").owner);
+    assert_eq!(a.pin_room("bad").unwrap_err().kind(), ErrorKind::BadData);
+    assert!(
+        !smembers(&s, &ks.instance_rooms("inst-a")).contains("bad"),
+        "room index lists a room the instance does not own"
+    );
+}
+
+// Bad data inside one owned room (its pin replaced by a hash) makes only that room's pin
+// refresh fail: the other room's pin keeps being refreshed on every tick and the heartbeat
+// goes on. Fails if one failed script in the refresh pipeline aborted the whole tick.
+#[test]
+fn bad_data_in_one_owned_room_does_not_stop_the_other_pins() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("spoiled").unwrap();
+    a.pin_room("fine").unwrap();
+    let owner = ks.room("spoiled").owner;
+    let _: () = redis::pipe()
+        .atomic()
+        .del(&owner)
+        .ignore()
+        .cmd("HSET")
+        .arg(&owner)
+        .arg("junk")
+        .arg("1")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let errors = a.stats().redis_errors;
+    // Several pin TTLs (1.8 s) pass; the fine room's pin never expires.
+    let until = std::time::Instant::now() + Timings::fast().pin_ttl * 2;
+    while std::time::Instant::now() < until {
+        assert!(
+            pttl(&s, &ks.room("fine").owner) > 0,
+            "fine room's pin expired"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(a.stats().redis_errors > errors, "the bad room is reported");
+    assert!(a.stats().last_error.is_some());
+    assert!(a.stats().last_heartbeat_age.unwrap() < std::time::Duration::from_secs(2));
+    assert_eq!(a.room_owner("fine").unwrap().as_deref(), Some("inst-a"));
+}
+
+// The reaper meets bad data in a dead instance's room: that room is left alone (and reported),
+// while the dead instance's other rooms and another dead instance are reaped in full. Fails if
+// one bad room aborted the round or the reap of the other rooms.
+#[test]
+fn reaper_skips_a_bad_room_and_reaps_the_rest() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "dead-1",
+        now - 60_000,
+        Some(60_000),
+        &[
+            ("d1-ok", &[("d1-p1", Some("d1-g1"))]),
+            ("d1-bad", &[("d1-p2", None)]),
+        ],
+    );
+    s.fabricate_dead(
+        &ks,
+        "dead-2",
+        now - 50_000,
+        None,
+        &[("d2-room", &[("d2-p1", Some("d2-g1"))])],
+    );
+    // Spoil one room of dead-1: its metadata becomes a string.
+    let meta = ks.room("d1-bad").meta;
+    let _: () = redis::pipe()
+        .atomic()
+        .del(&meta)
+        .ignore()
+        .set(&meta, "junk")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    log.wait(LONG, "dead-2 reaped", |e| reaped(e, "dead-2"));
+    let left = references(&s.dump("*"), &["dead-2".into(), "d2-".into()]);
+    assert!(left.is_empty(), "{left:#?}");
+    let left = references(
+        &s.dump("*"),
+        &["d1-ok".into(), "d1-p1".into(), "d1-g1".into()],
+    );
+    assert!(left.is_empty(), "dead-1's good room not reaped: {left:#?}");
+    // The bad room is still there and still indexed (reported, left for the audit), while
+    // dead-1 itself is gone from the sorted set: the reap finished with what it could do.
+    assert!(smembers(&s, &ks.instance_rooms("dead-1")).contains("d1-bad"));
+    wait_for(LONG, "dead-1 leaves the sorted set", || {
+        let score: Option<i64> = redis::cmd("ZSCORE")
+            .arg(ks.heartbeats())
+            .arg("dead-1")
+            .query(&mut s.con())
+            .unwrap();
+        score.is_none().then_some(())
+    });
+    assert!(leader.stats().redis_errors > 0);
+    assert!(log
+        .drain()
+        .iter()
+        .all(|e| !matches!(e, Event::ReapedSelf { .. })));
+}
+
+// An instance whose reap cannot finish (bad data in one of its rooms) is reaped once: what
+// could be reaped is, the broken room is reported and stays in the index for the audit, and the
+// instance leaves the sorted set so it is not re-reaped (and re-reported as `instance_reaped`)
+// every round forever. Without that the stuck instance stays a candidate and is "reaped" again
+// every reap_interval.
+#[test]
+fn incomplete_reap_is_reported_once_and_leaves_the_broken_room_for_the_audit() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "stuck",
+        now - 60_000,
+        None,
+        &[("stuck-bad", &[("stuck-p", None)])],
+    );
+    let meta = ks.room("stuck-bad").meta;
+    let _: () = redis::pipe()
+        .atomic()
+        .del(&meta)
+        .ignore()
+        .set(&meta, "junk")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    log.wait(LONG, "the reap", |e| reaped(e, "stuck"));
+    let mut con = s.con();
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(ks.heartbeats())
+        .arg("stuck")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(score, None, "the instance left the sorted set");
+    let still: bool = redis::cmd("SISMEMBER")
+        .arg(ks.instance_rooms("stuck"))
+        .arg("stuck-bad")
+        .query(&mut con)
+        .unwrap();
+    assert!(still, "the broken room stays indexed for the audit");
+    // Several more reap intervals: no second report.
+    std::thread::sleep(Timings::fast().reap_interval * 8);
+    let n = log.drain().iter().filter(|e| reaped(e, "stuck")).count();
+    assert_eq!(n, 1, "reported reaped {n} times");
+    assert_eq!(leader.stats().instances_reaped, 1);
+}

@@ -1,0 +1,332 @@
+//! The peer store on a real redis-server: `upsert_peer` removes stale index entries first
+//! (guest reconnects, guest changes, peers moving between instances), `remove_peer` is a no-op
+//! for an older generation, and after any sequence the indexes hold exactly what the records
+//! say (invariant 4).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sfu_redis::{ErrorKind, PinOutcome, Timings, MAX_PEER_FIELDS};
+use support::*;
+
+const STAGE: &str = "p";
+
+fn smembers(s: &Server, key: &str) -> BTreeSet<String> {
+    redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn hgetall(s: &Server, key: &str) -> BTreeMap<String, String> {
+    redis::cmd("HGETALL").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn map(items: &[(&str, &str)]) -> BTreeMap<String, String> {
+    items
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn assert_consistent(s: &Server) {
+    let problems = s.index_problems(&ks(STAGE));
+    assert!(problems.is_empty(), "index problems: {problems:#?}");
+}
+
+// Protects invariant 4 / pitfall "upsert_peer without removing old index entries leaves stale
+// mappings forever": a guest that reconnects with a new peer id replaces its old connection.
+// Afterwards the old peer record is gone, the guest points at the new peer, and the room's
+// peer set and the instance's peer index hold exactly the new peer. Without the supersede step
+// the old record, its room-set member and its `<room>/<peer>` index entry would stay forever.
+#[test]
+fn guest_reconnect_with_new_peer_id_leaves_no_stale_mapping() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let g1 = a
+        .upsert_peer("room", "conn-1", Some("alice"), &[("device", "phone")])
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(ks.room("room").guest_state)
+        .arg("alice")
+        .arg("speaking")
+        .query(&mut s.con())
+        .unwrap();
+    let g2 = a
+        .upsert_peer("room", "conn-2", Some("alice"), &[("device", "laptop")])
+        .unwrap();
+    assert!(g2 > g1, "generations grow within a room");
+    let rk = ks.room("room");
+    assert!(hgetall(&s, &ks.peer("room", "conn-1")).is_empty());
+    assert_eq!(hgetall(&s, &rk.guests), map(&[("alice", "conn-2")]));
+    assert_eq!(smembers(&s, &rk.peers), set(&["conn-2"]));
+    assert_eq!(
+        smembers(&s, &ks.instance_peers("inst-a")),
+        set(&["room/conn-2"])
+    );
+    let rec = hgetall(&s, &ks.peer("room", "conn-2"));
+    assert_eq!(rec["instance"], "inst-a");
+    assert_eq!(rec["guest"], "alice");
+    assert_eq!(rec["generation"], g2.to_string());
+    assert_eq!(rec["device"], "laptop");
+    // The guest is still the same guest: its state stays.
+    assert_eq!(hgetall(&s, &rk.guest_state), map(&[("alice", "speaking")]));
+    assert_eq!(a.stats().peers, 1);
+    // The old connection's delayed remove finds nothing to remove.
+    assert!(!a.remove_peer("room", "conn-1", g1).unwrap());
+    assert_eq!(smembers(&s, &rk.peers), set(&["conn-2"]));
+    assert_consistent(&s);
+}
+
+// Protects invariant 4: a peer that changes guest (or drops its guest) takes the old guest's
+// pointer and state with it; the new guest points at it. Without step (1) of upsert_peer.lua
+// the old guest would keep pointing at a peer that is no longer its own.
+#[test]
+fn peer_changing_guest_drops_the_old_guest_pointer() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let rk = ks.room("room");
+    a.upsert_peer("room", "conn", Some("g-old"), &[]).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&rk.guest_state)
+        .arg("g-old")
+        .arg("muted")
+        .query(&mut s.con())
+        .unwrap();
+    a.upsert_peer("room", "conn", Some("g-new"), &[]).unwrap();
+    assert_eq!(hgetall(&s, &rk.guests), map(&[("g-new", "conn")]));
+    assert!(hgetall(&s, &rk.guest_state).is_empty());
+    assert_consistent(&s);
+    // And dropping the guest altogether.
+    a.upsert_peer("room", "conn", None, &[]).unwrap();
+    assert!(hgetall(&s, &rk.guests).is_empty());
+    assert_eq!(hgetall(&s, &ks.peer("room", "conn"))["guest"], "");
+    assert_eq!(smembers(&s, &rk.peers), set(&["conn"]));
+    assert_consistent(&s);
+    // A guest pointer that already moved to another peer is not touched by the old peer.
+    a.upsert_peer("room", "p1", Some("bob"), &[]).unwrap();
+    a.upsert_peer("room", "p2", Some("carol"), &[]).unwrap();
+    a.upsert_peer("room", "p1", Some("carol"), &[]).unwrap(); // supersedes p2, drops bob
+    assert_eq!(
+        hgetall(&s, &rk.guests),
+        map(&[("carol", "p1")]),
+        "bob's pointer went with p1, p2 was superseded"
+    );
+    assert_eq!(smembers(&s, &rk.peers), set(&["conn", "p1"]));
+    assert_consistent(&s);
+}
+
+// Protects invariant 4 "a delayed remove of an old connection (older generation) is a no-op":
+// a reconnect with the same peer id gets a new generation; removing with the old generation
+// changes nothing (record, room set, guest pointer and state, instance index intact); removing
+// with the current generation cleans every index. Without the generation check the stale
+// remove would delete the live connection's record and indexes.
+#[test]
+fn remove_peer_is_a_no_op_for_an_older_generation() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let rk = ks.room("room");
+    let old = a
+        .upsert_peer("room", "conn", Some("guest"), &[("v", "1")])
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&rk.guest_state)
+        .arg("guest")
+        .arg("on")
+        .query(&mut s.con())
+        .unwrap();
+    let cur = a
+        .upsert_peer("room", "conn", Some("guest"), &[("v", "2")])
+        .unwrap();
+    assert_ne!(old, cur);
+    let snapshot = s.dump(&ks.scan_pattern());
+    let room_keys = |d: &BTreeMap<String, Val>| -> BTreeMap<String, Val> {
+        d.iter()
+            .filter(|(k, _)| k.contains(":room:") || k.contains(":instance:"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    assert!(!a.remove_peer("room", "conn", old).unwrap());
+    assert!(!a.remove_peer("room", "conn", cur + 100).unwrap());
+    assert_eq!(room_keys(&s.dump(&ks.scan_pattern())), room_keys(&snapshot));
+    assert_eq!(a.stats().peers, 1);
+
+    assert!(a.remove_peer("room", "conn", cur).unwrap());
+    assert!(hgetall(&s, &ks.peer("room", "conn")).is_empty());
+    assert!(smembers(&s, &rk.peers).is_empty());
+    assert!(hgetall(&s, &rk.guests).is_empty());
+    assert!(hgetall(&s, &rk.guest_state).is_empty());
+    assert!(smembers(&s, &ks.instance_peers("inst-a")).is_empty());
+    assert_eq!(a.stats().peers, 0);
+    // Removing twice is harmless.
+    assert!(!a.remove_peer("room", "conn", cur).unwrap());
+    // The room itself stays pinned.
+    assert_eq!(a.room_owner("room").unwrap().as_deref(), Some("inst-a"));
+    assert_consistent(&s);
+}
+
+// Protects invariant 4 across instances: when a room moves to a live instance B (its owner A
+// died) and B upserts a peer id that A had (or a guest whose pointer names A's peer), the
+// `<room>/<peer>` entries leave A's peer index, index after record. Without the
+// previous-instance / superseded-instance cleanup in peers.rs, A's index would keep entries
+// whose records now say B (or are gone), which the checker reports.
+#[test]
+fn peer_moving_to_another_instance_leaves_the_old_index() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    // Slow reaper so that A's data stays while B takes over: B is the only other node and
+    // leads, but a long two-phase delay keeps it from reaping A during the test.
+    let mut t = Timings::fast();
+    t.two_phase_delay = std::time::Duration::from_secs(60);
+    let b = s.node_with(STAGE, "inst-b", t);
+    let a = s.node_with(STAGE, "inst-a", t);
+    a.pin_room("room").unwrap();
+    a.upsert_peer("room", "same-id", None, &[]).unwrap();
+    a.upsert_peer("room", "a-conn", Some("dora"), &[]).unwrap();
+    a.upsert_peer("room", "a-stays", None, &[]).unwrap();
+    a.simulate_crash();
+    let _: () = redis::cmd("DEL")
+        .arg(ks.heartbeat("inst-a"))
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(
+        b.pin_room("room").unwrap(),
+        PinOutcome::TookOver {
+            previous: "inst-a".into()
+        }
+    );
+    b.upsert_peer("room", "same-id", None, &[]).unwrap();
+    b.upsert_peer("room", "b-conn", Some("dora"), &[]).unwrap();
+    assert_eq!(
+        smembers(&s, &ks.instance_peers("inst-a")),
+        set(&["room/a-stays"])
+    );
+    assert_eq!(
+        smembers(&s, &ks.instance_peers("inst-b")),
+        set(&["room/same-id", "room/b-conn"])
+    );
+    assert_eq!(
+        smembers(&s, &ks.room("room").peers),
+        set(&["same-id", "b-conn", "a-stays"])
+    );
+    assert_consistent(&s);
+}
+
+// Protects owner CAS on upsert and invariant 4: a node that does not own the room gets
+// NotOwner (naming the owner) and nothing is written: no record, no room-set member and no
+// stale `<room>/<peer>` entry in its own peer index (the pipeline adds it before the script
+// runs, so it must be taken back). Without that cleanup the index would point at nothing.
+#[test]
+fn upsert_into_a_room_owned_elsewhere_is_refused_and_writes_nothing() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let b = s.node(STAGE, "inst-b");
+    a.pin_room("room").unwrap();
+    a.upsert_peer("room", "a-peer", None, &[]).unwrap();
+    let e = b.upsert_peer("room", "b-peer", None, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotOwner);
+    assert!(e.to_string().contains("inst-a"), "{e}");
+    // Overwriting a peer of A is refused too, and A's record is untouched.
+    let e = b.upsert_peer("room", "a-peer", None, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotOwner);
+    assert_eq!(
+        hgetall(&s, &ks.peer("room", "a-peer"))["instance"],
+        "inst-a"
+    );
+    // A room nobody pinned.
+    let e = b.upsert_peer("free-room", "b-peer", None, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotOwner);
+    assert!(smembers(&s, &ks.instance_peers("inst-b")).is_empty());
+    assert!(hgetall(&s, &ks.peer("room", "b-peer")).is_empty());
+    assert_eq!(smembers(&s, &ks.room("room").peers), set(&["a-peer"]));
+    assert!(s
+        .keys(&format!("{}:room:{{free-room}}:*", ks.prefix()))
+        .is_empty());
+    assert_eq!(b.stats().peers, 0);
+    assert_consistent(&s);
+}
+
+// Host fields are stored on the record, reserved names and oversized field lists are refused
+// with InvalidArgument before anything is written, and a re-upsert replaces the old fields
+// (no stale field survives). Would fail if the record were merged instead of rewritten.
+#[test]
+fn host_fields_are_stored_and_reserved_names_refused() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    a.upsert_peer("room", "p", None, &[("name", "Ada"), ("role", "host")])
+        .unwrap();
+    a.upsert_peer("room", "p", None, &[("name", "Ada L.")])
+        .unwrap();
+    let rec = hgetall(&s, &ks.peer("room", "p"));
+    assert_eq!(rec.get("name").map(String::as_str), Some("Ada L."));
+    assert!(!rec.contains_key("role"), "stale host field kept: {rec:?}");
+    for bad in ["instance", "guest", "generation", "updated_ms", ""] {
+        let e = a.upsert_peer("room", "q", None, &[(bad, "x")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+    }
+    let many: Vec<(String, String)> = (0..=MAX_PEER_FIELDS)
+        .map(|i| (format!("f{i}"), "v".into()))
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (&**k, &**v)).collect();
+    let e = a.upsert_peer("room", "q", None, &many).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(hgetall(&s, &ks.peer("room", "q")).is_empty());
+    assert_consistent(&s);
+}
+
+// Invariant 4 under a random-ish sequence: many upserts, reconnects, guest changes and removes
+// (some stale) by one owner; after each step the indexes hold exactly what the records say.
+#[test]
+fn indexes_match_records_after_a_long_sequence() {
+    let s = Server::start();
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut gens: BTreeMap<String, u64> = BTreeMap::new();
+    for step in 0..150 {
+        let peer = format!("p{}", rng.usize(0..6));
+        let guest = match rng.usize(0..4) {
+            0 => None,
+            n => Some(format!("g{n}")),
+        };
+        if rng.usize(0..4) == 0 {
+            let gen = gens.get(&peer).copied().unwrap_or(0);
+            let stale = rng.bool();
+            let removed = a
+                .remove_peer(
+                    "room",
+                    &peer,
+                    if stale { gen.saturating_sub(1) } else { gen },
+                )
+                .unwrap();
+            if removed {
+                gens.remove(&peer);
+            }
+        } else {
+            let gen = a
+                .upsert_peer(
+                    "room",
+                    &peer,
+                    guest.as_deref(),
+                    &[("step", &step.to_string())],
+                )
+                .unwrap();
+            gens.insert(peer, gen);
+        }
+        if step % 10 == 9 {
+            assert_consistent(&s);
+        }
+    }
+    assert_consistent(&s);
+}

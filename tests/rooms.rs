@@ -1,0 +1,256 @@
+//! Rooms on a real redis-server: pin outcomes and the owner CAS, close, and what the heartbeat
+//! does with a pin that lapsed, was taken, or was deleted.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use sfu_redis::{Error, ErrorKind, Event, PinOutcome};
+use support::*;
+
+const STAGE: &str = "r";
+
+fn get(s: &Server, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn smembers(s: &Server, key: &str) -> BTreeSet<String> {
+    redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+}
+
+// Protects the pin owner CAS (invariant 1): a room is pinned once, re-pinning by its owner is
+// `AlreadyOurs`, and a live owner's room is `Held` by anyone else, who writes nothing (not
+// even an entry in its own room index, which the pipeline adds before the script runs).
+// Without the CAS the second instance would overwrite the live owner's pin.
+#[test]
+fn pin_outcomes_and_owner() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let b = s.node(STAGE, "inst-b");
+    assert_eq!(a.pin_room("room").unwrap(), PinOutcome::Pinned);
+    assert_eq!(a.pin_room("room").unwrap(), PinOutcome::AlreadyOurs);
+    let held = b.pin_room("room").unwrap();
+    assert_eq!(
+        held,
+        PinOutcome::Held {
+            owner: "inst-a".into()
+        }
+    );
+    assert!(!held.is_owned());
+    assert_eq!(get(&s, &ks.room("room").owner).as_deref(), Some("inst-a"));
+    assert_eq!(b.room_owner("room").unwrap().as_deref(), Some("inst-a"));
+    assert_eq!(b.room_owner("nobody's").unwrap(), None);
+    assert!(smembers(&s, &ks.instance_rooms("inst-b")).is_empty());
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        BTreeSet::from(["room".to_owned()])
+    );
+    assert_eq!((a.stats().rooms, b.stats().rooms), (1, 0));
+}
+
+// Protects the close owner CAS: a non-owner's close is refused with NotOwner (naming the
+// owner) and deletes nothing; the owner's close deletes the room's keys, every peer record (in
+// batches: 600 peers > one batch of 256), every `<room>/<peer>` index entry and the room-index
+// entry. A second close is NotOwner with no owner. Without the CAS the non-owner would delete
+// a live room; without the batched loop peers beyond the first batch would be orphans.
+#[test]
+fn close_room_is_owner_only_and_removes_everything() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let b = s.node(STAGE, "inst-b");
+    a.pin_room("big").unwrap();
+    a.pin_room("other").unwrap();
+    a.upsert_peer("other", "keep", None, &[]).unwrap();
+    for i in 0..600 {
+        let guest = format!("g{}", i % 50);
+        a.upsert_peer(
+            "big",
+            &format!("p{i}"),
+            (i % 2 == 0).then_some(&*guest),
+            &[],
+        )
+        .unwrap();
+    }
+    let before = s.dump(&ks.scan_pattern());
+    let e = b.close_room("big").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotOwner);
+    assert!(
+        matches!(&e, Error::NotOwner { owner: Some(o), .. } if o == "inst-a"),
+        "{e:?}"
+    );
+    let room_part = |d: &std::collections::BTreeMap<String, Val>| {
+        d.iter()
+            .filter(|(k, _)| k.contains(":room:") || k.contains(":instance:"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(room_part(&s.dump(&ks.scan_pattern())), room_part(&before));
+
+    a.close_room("big").unwrap();
+    assert!(s
+        .keys(&format!("{}:room:{{big}}:*", ks.prefix()))
+        .is_empty());
+    assert_eq!(
+        smembers(&s, &ks.instance_peers("inst-a")),
+        BTreeSet::from(["other/keep".to_owned()])
+    );
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        BTreeSet::from(["other".to_owned()])
+    );
+    assert_eq!((a.stats().rooms, a.stats().peers), (1, 1));
+    let e = a.close_room("big").unwrap_err();
+    assert!(matches!(&e, Error::NotOwner { owner: None, .. }), "{e:?}");
+    assert!(s.index_problems(&ks).is_empty());
+}
+
+// DESIGN "Behaviour details": a tick that finds its own pin gone re-pins the room if nobody
+// took it over, without reporting it lost. Fails if the heartbeat only PEXPIREd (the pin would
+// stay gone and any instance could take the room) or reported room_lost.
+#[test]
+fn lapsed_pin_is_pinned_again_by_the_owner() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("room").unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(ks.room("room").owner)
+        .query(&mut s.con())
+        .unwrap();
+    wait_for(LONG, "the pin back", || {
+        (get(&s, &ks.room("room").owner).as_deref() == Some("inst-a")).then_some(())
+    });
+    assert!(!log
+        .drain()
+        .iter()
+        .any(|e| matches!(e, Event::RoomLost { .. })));
+    assert_eq!(a.stats().rooms, 1);
+}
+
+// Protects the refresh owner CAS: when another instance's id is in the pin, the owner's tick
+// reports `room_lost` naming the new owner, forgets the room, and never overwrites the pin.
+// Without the CAS the tick's refresh would write its own id back over the new owner's.
+#[test]
+fn pin_taken_by_another_instance_is_reported_lost_and_not_overwritten() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("room").unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(ks.room("room").owner)
+        .arg("usurper")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut s.con())
+        .unwrap();
+    let e = log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
+    assert_eq!(
+        e,
+        Event::RoomLost {
+            room: "room".into(),
+            new_owner: Some("usurper".into())
+        }
+    );
+    assert_eq!(a.stats().rooms, 0);
+    let beats = a.stats().heartbeats;
+    wait_for(LONG, "more ticks", || {
+        (a.stats().heartbeats >= beats + 3).then_some(())
+    });
+    assert_eq!(get(&s, &ks.room("room").owner).as_deref(), Some("usurper"));
+    assert_eq!(
+        a.upsert_peer("room", "p", None, &[]).unwrap_err().kind(),
+        ErrorKind::NotOwner
+    );
+}
+
+// A room deleted under its owner (closed or reaped elsewhere: pin and metadata gone) is
+// reported lost with no new owner and never written back by the heartbeat. Fails if the
+// refresh re-pinned rooms whose metadata is gone outside of a data-loss recovery.
+#[test]
+fn deleted_room_is_reported_lost_and_not_resurrected() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("room").unwrap();
+    let rk = ks.room("room");
+    let _: () = redis::cmd("DEL")
+        .arg(&rk.owner)
+        .arg(&rk.meta)
+        .query(&mut s.con())
+        .unwrap();
+    let e = log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
+    assert_eq!(
+        e,
+        Event::RoomLost {
+            room: "room".into(),
+            new_owner: None
+        }
+    );
+    let beats = a.stats().heartbeats;
+    wait_for(LONG, "more ticks", || {
+        (a.stats().heartbeats >= beats + 3).then_some(())
+    });
+    assert!(s
+        .keys(&format!("{}:room:{{room}}:*", ks.prefix()))
+        .is_empty());
+}
+
+// A live instance's pin is refreshed by its heartbeat: after several pin TTLs the room is
+// still pinned (PTTL keeps being reset), so nobody can take it over.
+#[test]
+fn heartbeat_keeps_pins_alive() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let b = s.node(STAGE, "inst-b");
+    a.pin_room("room").unwrap();
+    let ttl = sfu_redis::Timings::fast().pin_ttl;
+    let until = std::time::Instant::now() + ttl * 2;
+    while std::time::Instant::now() < until {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(ks.room("room").owner)
+            .query(&mut s.con())
+            .unwrap();
+        assert!(pttl > 0, "pin expired under a live owner");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(matches!(
+        b.pin_room("room").unwrap(),
+        PinOutcome::Held { .. }
+    ));
+}
+
+// The instance's room index should list the rooms it owns. After the heartbeat finds a room
+// lost (taken by another instance, or deleted), the room stays in the index until the instance
+// dies: `sfu-redis status` (`fleet_status`) then over-counts the instance's rooms, and a
+// long-lived instance's index grows with every room it ever lost. Expects the index (and the
+// status count) to drop the lost room.
+#[test]
+fn lost_room_leaves_the_room_index() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("kept").unwrap();
+    a.pin_room("taken").unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(ks.room("taken").owner)
+        .arg("usurper")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut s.con())
+        .unwrap();
+    log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
+    let status = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
+    let me = status.instances.iter().find(|i| i.id == "inst-a").unwrap();
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        BTreeSet::from(["kept".to_owned()])
+    );
+    assert_eq!(me.rooms, 1);
+}
