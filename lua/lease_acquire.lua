@@ -5,8 +5,10 @@
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] lease_ttl, ms
 --
--- Reply: {1, epoch, repaired} on success, {0, holder, ''} when another holder has it.
---   The caller's own unexpired lease (a refresh whose reply was lost) is extended as a new term.
+-- Reply: {1, epoch, repaired} on success, {0, holder, ''} when the lease is held, even by the
+--   caller itself: a node that demoted (a refresh failed or came late) waits for its old lease
+--   to expire instead of extending it, so a node that can send but not receive (a one-way
+--   partition) cannot keep the lease alive forever without ever acting as leader.
 --   A lease key without a TTL, or of the wrong type without a TTL, was not written by this
 --   protocol and would block every election forever: it is replaced, and repaired names what
 --   was there ('string' or the type). A wrong-typed key with a TTL is waited out (holder is
@@ -19,10 +21,6 @@ if key_type ~= 'none' then
   local pttl = redis.call('PTTL', KEYS[1])
   if key_type == 'string' then
     local cur = redis.call('GET', KEYS[1])
-    if cur == ARGV[1] and pttl > 0 then
-      redis.call('PEXPIRE', KEYS[1], ARGV[2])
-      return {1, redis.call('INCR', KEYS[2]), ''}
-    end
     if pttl >= 0 then return {0, cur, ''} end
   elseif pttl >= 0 then
     return {0, '<' .. key_type .. '>', ''}

@@ -168,6 +168,18 @@ impl fmt::Display for Error {
                         f,
                         " (connection refused; is Redis running at the configured URL?)"
                     )?;
+                } else if source.code() == Some("NOPERM") {
+                    write!(
+                        f,
+                        " (permission denied by the Redis ACL: the user must be allowed this prefix's keys `~<prefix>:*`, its channel `&<prefix>:*` and the scripting commands)"
+                    )?;
+                } else if source.kind() == redis::ErrorKind::AuthenticationFailed
+                    || matches!(source.code(), Some("WRONGPASS" | "NOAUTH"))
+                {
+                    write!(
+                        f,
+                        " (authentication failed; check the user and password of the Redis URL)"
+                    )?;
                 }
                 Ok(())
             }

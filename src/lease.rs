@@ -28,13 +28,80 @@ pub(crate) struct Term {
     pub deadline: Instant,
 }
 
-/// The current term, shared between the lease thread (writer) and everyone else.
+/// One leadership term of this node, on the local monotonic clock ([`crate::Node::terms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TermRecord {
+    /// The term's fencing token.
+    pub epoch: u64,
+    /// When this node started acting as leader (after the acquire reply arrived).
+    pub started: Instant,
+    /// The local deadline as last extended by a refresh.
+    pub deadline: Instant,
+    /// When the lease thread demoted the node, if it did.
+    pub demoted: Option<Instant>,
+}
+
+impl TermRecord {
+    /// When the node stopped acting as leader: the demotion or the deadline, whichever came
+    /// first; `None` while the term is still running.
+    pub fn ended(&self) -> Option<Instant> {
+        match self.demoted {
+            Some(d) => Some(d.min(self.deadline)),
+            None if Instant::now() >= self.deadline => Some(self.deadline),
+            None => None,
+        }
+    }
+}
+
+/// Terms kept in [`LeaderState`]'s history.
+const HISTORY: usize = 64;
+
+/// The current term, shared between the lease thread (writer) and everyone else, and a short
+/// history of terms for audits and tests.
 #[derive(Debug, Default)]
 pub(crate) struct LeaderState {
     term: Mutex<Option<Term>>,
+    history: Mutex<std::collections::VecDeque<TermRecord>>,
 }
 
 impl LeaderState {
+    /// The last terms, oldest first.
+    pub(crate) fn history(&self) -> Vec<TermRecord> {
+        self.history.lock().iter().copied().collect()
+    }
+
+    /// A new term starts now.
+    fn begin(&self, t: Term) {
+        let mut h = self.history.lock();
+        if h.len() == HISTORY {
+            h.pop_front();
+        }
+        h.push_back(TermRecord {
+            epoch: t.epoch,
+            started: Instant::now(),
+            deadline: t.deadline,
+            demoted: None,
+        });
+        *self.term.lock() = Some(t);
+    }
+
+    /// A refresh confirmed the lease: the deadline moves.
+    fn extend(&self, t: Term) {
+        if let Some(last) = self.history.lock().back_mut() {
+            last.deadline = t.deadline;
+        }
+        *self.term.lock() = Some(t);
+    }
+
+    /// The node stops acting as leader (if it was).
+    pub(crate) fn end(&self) {
+        if self.term.lock().take().is_some() {
+            if let Some(last) = self.history.lock().back_mut() {
+                last.demoted.get_or_insert(Instant::now());
+            }
+        }
+    }
+
     /// The term, if its deadline has not passed.
     pub(crate) fn current(&self) -> Option<Term> {
         (*self.term.lock()).filter(|t| Instant::now() < t.deadline)
@@ -42,10 +109,6 @@ impl LeaderState {
 
     pub(crate) fn is_leader(&self) -> bool {
         self.current().is_some()
-    }
-
-    pub(crate) fn set(&self, t: Option<Term>) {
-        *self.term.lock() = t;
     }
 
     fn raw(&self) -> Option<Term> {
@@ -120,7 +183,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
     let mut backoff = Backoff::new(t.lease_refresh / 8, t.lease_refresh);
     let mut next = Instant::now();
     let demote = |reason: LeaderLostReason| {
-        sh.leader.set(None);
+        sh.leader.end();
         let _ = demoted.try_send(());
         sh.events.emit(Event::LeaderLost { reason });
     };
@@ -148,10 +211,10 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
         if let Some(term) = sh.leader.raw() {
             match link.run(&sh.redis, |c| refresh(sh, c)) {
                 Ok(true) if Instant::now() < term.deadline => {
-                    sh.leader.set(Some(Term {
+                    sh.leader.extend(Term {
                         epoch: term.epoch,
                         deadline: deadline(sent, t.lease_ttl),
-                    }));
+                    });
                     next = sent + t.lease_refresh;
                 }
                 Ok(true) => {
@@ -177,10 +240,10 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
                     if let Some(r) = repaired {
                         log::warn!("replaced a lease key of type {r} that had no TTL");
                     }
-                    sh.leader.set(Some(Term {
+                    sh.leader.begin(Term {
                         epoch,
                         deadline: deadline(sent, t.lease_ttl),
-                    }));
+                    });
                     sh.announce(&mut link, Event::LeaderAcquired { epoch });
                     next = sent + t.lease_refresh;
                 }
@@ -203,7 +266,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
         return;
     }
     let was_leader = sh.leader.raw().is_some();
-    sh.leader.set(None);
+    sh.leader.end();
     // Always try: a refresh that failed on our side may still have extended the lease.
     if let Err(e) = link.run(&sh.redis, |c| release(sh, c)) {
         log::warn!("could not release the lease on shutdown (it will expire): {e}");

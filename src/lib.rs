@@ -9,6 +9,7 @@
 //!   read [`Event`]s and [`Stats`].
 //! - [`keys`]: the key schema (prefix `<namespace>:<stage>:<branch>`, hash tags, id encoding).
 //! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
+//! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`).
 //! - [`devserver`]: a private `redis-server` for demos, tests and benchmarks.
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
@@ -18,6 +19,7 @@
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod audit;
 pub mod config;
 mod conn;
 pub mod devserver;
@@ -39,6 +41,7 @@ mod store;
 pub use config::{redact_url, Config, ConfigBuilder, Timings};
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
+pub use lease::TermRecord;
 pub use node::{Node, Stats, EVENT_CAPACITY};
 pub use reaper::{ReapCounts, REAP_BATCH};
 pub use store::{PinOutcome, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};

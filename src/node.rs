@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
 use crate::heartbeat::{self, Mode};
 use crate::keys::{Id, IdKind, KeySpace};
-use crate::lease::LeaderState;
+use crate::lease::{LeaderState, TermRecord};
 use crate::memory::MemoryStore;
 use crate::reaper::{self, ReapCounts};
 use crate::store::{
@@ -454,6 +454,16 @@ impl Node {
         self.shared.as_ref().is_some_and(|s| s.leader.is_leader())
     }
 
+    /// This node's last leadership terms (up to 64, oldest first) on the local monotonic
+    /// clock: when each started, its deadline, and when it ended. For audits and tests of
+    /// invariant 3 (no two nodes' terms overlap). Empty in memory-only mode.
+    pub fn terms(&self) -> Vec<TermRecord> {
+        self.shared
+            .as_ref()
+            .map(|s| s.leader.history())
+            .unwrap_or_default()
+    }
+
     /// The event channel. Every clone of the receiver takes events from the same queue, so
     /// read it from one place. Bounded ([`EVENT_CAPACITY`]); events that find it full are
     /// dropped and counted.
@@ -547,7 +557,7 @@ impl Node {
         }
         // A stopped (or crashed) node acts as nothing, whatever its last term's deadline.
         if let Some(sh) = &self.shared {
-            sh.leader.set(None);
+            sh.leader.end();
         }
     }
 }

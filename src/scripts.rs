@@ -28,6 +28,9 @@ pub(crate) struct Scripts {
     pub reap_room: Script,
     pub reap_peer: Script,
     pub reap_finish: Script,
+    pub audit_room_index: Script,
+    pub audit_delete_room: Script,
+    pub audit_enqueue: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -45,10 +48,13 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reap_room: Script::new(include_str!("../lua/reap_room.lua")),
     reap_peer: Script::new(include_str!("../lua/reap_peer.lua")),
     reap_finish: Script::new(include_str!("../lua/reap_finish.lua")),
+    audit_room_index: Script::new(include_str!("../lua/audit_room_index.lua")),
+    audit_delete_room: Script::new(include_str!("../lua/audit_delete_room.lua")),
+    audit_enqueue: Script::new(include_str!("../lua/audit_enqueue.lua")),
 });
 
 impl Scripts {
-    fn all(&self) -> [&Script; 14] {
+    fn all(&self) -> [&Script; 17] {
         [
             &self.heartbeat,
             &self.pin_room,
@@ -64,6 +70,9 @@ impl Scripts {
             &self.reap_room,
             &self.reap_peer,
             &self.reap_finish,
+            &self.audit_room_index,
+            &self.audit_delete_room,
+            &self.audit_enqueue,
         ]
     }
 }

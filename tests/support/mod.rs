@@ -9,6 +9,8 @@
 //! [`FaultProxy`] that stalls one node's connections (a network stall of one instance only).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod procs;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 

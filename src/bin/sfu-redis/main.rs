@@ -14,6 +14,7 @@ macro_rules! out {
 }
 
 mod demo;
+mod fsck;
 mod node;
 mod status;
 
@@ -40,6 +41,9 @@ enum Command {
     Node(node::NodeArgs),
     /// Show the fleet of one prefix as Redis sees it: leader, epoch, instances.
     Status(status::StatusArgs),
+    /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1
+    /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.
+    Fsck(fsck::FsckArgs),
     /// Run three in-process instances, crash two of them and watch the survivor clean up;
     /// checks the result and exits non-zero if a check fails.
     Demo(demo::DemoArgs),
@@ -281,6 +285,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Node(args) => node::run(args),
         Command::Status(args) => status::run(args),
+        Command::Fsck(args) => fsck::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

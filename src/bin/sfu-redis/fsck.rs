@@ -1,0 +1,111 @@
+//! `sfu-redis fsck`: audit one prefix's keys against the data model, optionally repairing what
+//! is safe to repair while live instances keep running (`sfu_redis::audit`).
+//!
+//! Exit codes (operators' scripts depend on them): 0 clean or fully repaired, 1 problems
+//! remain, 2 error (bad flags, memory-only mode, Redis unreachable or failing).
+
+use std::time::Duration;
+
+use clap::Args;
+use sfu_redis::audit::{audit, AuditOptions, AuditReport, DEFAULT_SETTLE};
+use sfu_redis::Timings;
+
+use crate::{with_place, Failure, RedisArgs};
+
+#[derive(Debug, Args)]
+pub(crate) struct FsckArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Fix what is safe to fix while nodes keep running (problems seen in both scans only).
+    #[arg(long)]
+    repair: bool,
+    /// Delay between the two scans, ms; a problem must be seen in both. Must be longer than
+    /// the command timeout to repair; 0 = one scan, report only.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_SETTLE.as_millis() as u64)]
+    settle_ms: u64,
+    /// Timeout of each Redis call, ms (the fleet's command timeout; the settle delay must be
+    /// longer).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=30_000))]
+    command_timeout_ms: Option<u64>,
+    /// Print one JSON object: {"clean", "problems": [{"kind", "key", "detail", "repaired"}], "repaired"}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An error of `fsck`: always exit 2 (1 means "problems remain").
+fn error(message: impl Into<String>) -> Failure {
+    Failure::usage(message)
+}
+
+pub(crate) fn run(args: FsckArgs) -> Result<(), Failure> {
+    let mut timings = Timings::default();
+    if let Some(ms) = args.command_timeout_ms {
+        timings.command_timeout = Duration::from_millis(ms);
+    }
+    let config = args
+        .redis
+        .builder()
+        .timings(timings)
+        .build()
+        .map_err(|e| Failure::config(&e))?;
+    let Some(url) = config.redis_url() else {
+        return Err(error(
+            "fsck audits Redis: pass --redis-url or set REDIS_URL (memory-only mode has nothing to audit)",
+        ));
+    };
+    let options = AuditOptions {
+        repair: args.repair,
+        settle: Duration::from_millis(args.settle_ms),
+    };
+    let report =
+        audit(&config, &options).map_err(|e| error(with_place("cannot audit", Some(url), &e)))?;
+    if args.json {
+        out!("{}", report.to_json());
+    } else {
+        print_report(&report, args.repair);
+    }
+    if report.clean() {
+        Ok(())
+    } else {
+        let left = report.remaining().count();
+        Err(Failure {
+            code: 1,
+            message: format!(
+                "{left} problem{} remain{} in {}",
+                if left == 1 { "" } else { "s" },
+                if left == 1 { "s" } else { "" },
+                report.prefix
+            ),
+        })
+    }
+}
+
+/// The human report: two lines per problem, then a summary line.
+fn print_report(r: &AuditReport, repair: bool) {
+    out!("prefix   {}", r.prefix);
+    let width = r
+        .problems
+        .iter()
+        .map(|p| p.kind.as_str().len())
+        .max()
+        .unwrap_or(0);
+    for p in &r.problems {
+        let mark = if p.repaired { "repaired" } else { "found   " };
+        out!("{mark} {:<width$}  {}", p.kind.as_str(), p.key);
+        out!("{:9}{:width$}  {}", "", "", p.detail);
+    }
+    let left = r.remaining().count();
+    if r.problems.is_empty() {
+        out!("clean: no problems");
+    } else if left == 0 {
+        out!("clean: {} problems repaired", r.repaired);
+    } else if repair {
+        out!(
+            "{left} problems remain ({} repaired; the others are not safe to repair automatically)",
+            r.repaired
+        );
+    } else {
+        let fixable = r.remaining().filter(|p| p.kind.is_repairable()).count();
+        out!("{left} problems ({fixable} of a kind --repair can fix)");
+    }
+}
