@@ -456,7 +456,7 @@ fn acl_user_limited_to_its_stage() {
     assert_eq!(err.kind(), ErrorKind::Redis);
     let msg = err.to_string();
     assert!(
-        msg.contains("NOPERM") && msg.contains("permission"),
+        msg.contains("NoPerm") && msg.contains("permission denied by the Redis ACL"),
         "{msg}"
     );
     assert!(!msg.contains("acl-s3cret"), "{msg}");
