@@ -1,3 +1,4 @@
+#!lua
 -- audit_delete_room.lua: the audit's (fsck --repair) deletion of an orphaned room, in bounded
 -- batches, with an owner CAS on every call.
 --

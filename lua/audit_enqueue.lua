@@ -1,3 +1,4 @@
+#!lua
 -- audit_enqueue.lua: the audit's (fsck --repair) hand-over of an unregistered instance that
 -- left index sets behind to the reaper.
 --

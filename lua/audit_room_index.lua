@@ -1,3 +1,4 @@
+#!lua
 -- audit_room_index.lua: the audit's (fsck --repair) fix of one room-slot index entry, re-checked
 -- atomically right before it is changed.
 --

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- candidates.lua: instances whose last heartbeat is older than the stale threshold, on server
 -- time (phase one of the two-phase reap; candidates are not yet dead).
 --

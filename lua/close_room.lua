@@ -1,3 +1,4 @@
+#!lua
 -- close_room.lua: delete a room the caller owns, with its peers, in bounded batches.
 --
 -- KEYS[1] P:room:{R}:owner
@@ -11,7 +12,8 @@
 -- ARGV[3] SSCAN COUNT (batch size)
 --
 -- Reply: {status, cursor_or_owner, removed}; status is
---   'more'       a batch of peers was deleted; call again with the returned cursor;
+--   'more'       a batch of peers was deleted; call again with the returned cursor (which
+--                may be '0' again when peers were added behind the scan);
 --   'closed'     the last batch and every room key were deleted;
 --   'not_owner'  the room is not ours: second element = current owner ('' if none).
 -- removed = {peer1, instance1, peer2, instance2, ...}: peer records deleted in this call, so the
@@ -35,6 +37,10 @@ for _, p in ipairs(scan[2]) do
 end
 if scan[1] ~= '0' then
   return {'more', scan[1], removed}
+end
+-- Peers added behind the scan: scan again from the start rather than drop their records.
+if redis.call('SCARD', KEYS[3]) > 0 then
+  return {'more', '0', removed}
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return {'closed', '0', removed}

@@ -1,43 +1,74 @@
+#!lua
 -- heartbeat.lua: record that an instance is alive, on Redis server time.
 --
 -- KEYS[1] P:{ctl}:heartbeats   ZSET instance -> last heartbeat (server ms); 0 = being reaped
--- KEYS[2] P:{ctl}:hb:<I>       STRING, PX heartbeat_ttl
+-- KEYS[2] P:{ctl}:hb:<I>       STRING, PX heartbeat_ttl: the boot token of the live process
 -- KEYS[3] P:{ctl}:dataset      STRING, the dataset token
+-- KEYS[4] P:{ctl}:epoch        the last fencing token handed out
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
 -- ARGV[4] the dataset token this instance saw last ('' if none)
--- ARGV[5] a fresh random token, written if the dataset token is missing
+-- ARGV[5] a fresh random value; if the dataset token is missing it is written as
+--         '<value>:<server ms>' (lease_acquire.lua waits a lease TTL after that time)
+-- ARGV[6] this process's boot token (random per Node::start)
+-- ARGV[7] the highest epoch this instance has seen: written back if the counter is lower (it
+--         was lost with Redis's data), so the next term's epoch is higher than every term any
+--         live instance knows of (a new lease is only granted a lease TTL after the dataset
+--         was re-created, by when every live instance has heartbeated)
 --
--- Reply: {status, server_ms, token}; status is
+-- Reply: {status, server_ms, token, epoch}; status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
 --   'reaped'    this instance was missing (or is being reaped, score 0) and the token is
 --               unchanged: a leader reaped it. Nothing is written; the caller reports its rooms
---               lost and registers again as a fresh life.
+--               lost and registers again as a fresh life;
+--   'duplicate' on 'register': another live process (another boot token) holds this
+--               instance id's heartbeat key. Nothing written; the caller must not start.
+--               On 'tick' a foreign boot token is overwritten and reported the same way.
 --
 -- Protects: invariant 1 (server time only, so clock skew cannot make a live instance look
 -- stale) and the zombie rule (a reaped instance never silently writes itself back).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local token = redis.call('GET', KEYS[3])
+-- Reads that tolerate a key of the wrong type (bad data must not stop the heartbeat: the
+-- writes below replace such a key).
+local function get(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then return false end
+  return v
+end
+local token = get(KEYS[3])
+local epoch = get(KEYS[4])
+if not epoch or tonumber(epoch) == nil then epoch = '0' end
+local holder = get(KEYS[2])
+if ARGV[3] == 'register' and holder and holder ~= ARGV[6] then
+  return {'duplicate', now, token or '', epoch}
+end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token}
+      return {'reaped', now, token, epoch}
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or ''}
+    return {'reaped', now, token or '', epoch}
   end
 end
 if not token then
-  token = ARGV[5]
+  token = ARGV[5] .. ':' .. string.format('%d', now)
+  redis.call('DEL', KEYS[3])
   redis.call('SET', KEYS[3], token)
 end
+if status == 'ok' and holder and holder ~= ARGV[6] then status = 'duplicate' end
+if tonumber(ARGV[7]) > tonumber(epoch) then
+  redis.call('DEL', KEYS[4])
+  redis.call('SET', KEYS[4], ARGV[7])
+  epoch = ARGV[7]
+end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('SET', KEYS[2], now, 'PX', ARGV[2])
-return {status, now, token}
+redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
+return {status, now, token, epoch}

@@ -1,3 +1,4 @@
+#!lua
 -- lease_refresh.lua: extend the lease only if it still holds our id (owner CAS PEXPIRE).
 --
 -- KEYS[1] P:{ctl}:leader

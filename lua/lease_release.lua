@@ -1,3 +1,4 @@
+#!lua
 -- lease_release.lua: give up the lease on shutdown, only if it still holds our id (owner CAS
 -- DEL), so another instance takes over without waiting for the TTL.
 --

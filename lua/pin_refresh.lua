@@ -1,3 +1,4 @@
+#!lua
 -- pin_refresh.lua: extend one of the caller's pins (sent pipelined, one per owned room, on
 -- each heartbeat tick).
 --

@@ -1,3 +1,4 @@
+#!lua
 -- pin_room.lua: make the calling instance the owner of a room.
 --
 -- KEYS[1] P:room:{R}:owner   STRING, PX pin_ttl: the pin

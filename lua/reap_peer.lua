@@ -1,3 +1,4 @@
+#!lua
 -- reap_peer.lua: remove one peer record a dead instance left behind.
 --
 -- KEYS[1] P:room:{R}:peer:<p>   HASH, the peer record

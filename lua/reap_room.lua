@@ -1,3 +1,4 @@
+#!lua
 -- reap_room.lua: remove what a dead instance left in one room, in bounded batches.
 --
 -- KEYS[1] P:room:{R}:owner
@@ -17,7 +18,8 @@
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: {status, cursor, removed}; cursor ~= '0' means "call again with this cursor";
+-- Reply: {status, cursor, removed}; cursor ~= '0' means "call again with this cursor"
+-- ('again': start over from '0', peers were added behind the scan);
 -- status is
 --   'reaped'    the room was the dead instance's and is (being) deleted;
 --   'gone'      nothing of the room was left;
@@ -70,6 +72,10 @@ if scan[1] ~= '0' then
   return {status, scan[1], removed}
 end
 if status == 'reaped' or status == 'gone' then
+  -- Peers added behind the scan: scan again rather than drop their records with the set.
+  if redis.call('SCARD', KEYS[3]) > 0 then
+    return {status, 'again', removed}
+  end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 end
 return {status, '0', removed}

@@ -1,3 +1,4 @@
+#!lua
 -- remove_peer.lua: delete a peer record and its room indexes, if it is still that generation.
 --
 -- KEYS[1] P:room:{R}:peer:<p>
@@ -6,10 +7,12 @@
 -- KEYS[4] P:room:{R}:guest-state
 -- ARGV[1] peer id (wire form)
 -- ARGV[2] generation returned by upsert_peer.lua
+-- ARGV[3] the calling instance (wire form)
 --
--- Reply: {removed (1/0), instance}: 0 when the record is gone or has another generation (a
--- delayed remove of an older connection is a no-op). The caller then removes '<room>/<peer>'
--- from that instance's peer index.
+-- Reply: {1, ''} removed (the caller then removes '<room>/<peer>' from its peer index);
+-- {0, ''} when the record is gone or has another generation (a delayed remove of an older
+-- connection is a no-op); {0, owner} when the record belongs to another instance (nothing
+-- touched: only the instance that hosts a peer removes it).
 --
 -- Protects: invariant 4.
 local gen = redis.call('HGET', KEYS[1], 'generation')
@@ -17,6 +20,9 @@ if gen == false or gen ~= ARGV[2] then
   return {0, ''}
 end
 local inst = redis.call('HGET', KEYS[1], 'instance') or ''
+if inst ~= ARGV[3] then
+  return {0, inst}
+end
 local g = redis.call('HGET', KEYS[1], 'guest')
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
@@ -24,4 +30,4 @@ if g and g ~= '' and redis.call('HGET', KEYS[3], g) == ARGV[1] then
   redis.call('HDEL', KEYS[3], g)
   redis.call('HDEL', KEYS[4], g)
 end
-return {1, inst}
+return {1, ''}

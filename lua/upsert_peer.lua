@@ -1,3 +1,4 @@
+#!lua
 -- upsert_peer.lua: write a peer record and its room indexes, removing stale entries first.
 --
 -- KEYS[1] P:room:{R}:peer:<p>   HASH, the peer record
@@ -18,7 +19,7 @@
 -- peer, drop that pointer (and that guest's state); (2) if the new guest's pointer names another
 -- peer (a quick reconnect with a new peer id), delete that superseded peer's record and room
 -- entry; (3) write the record with a new generation from the room's counter (unique within
--- the room, so a delayed remove of an older connection never matches); (4) index it.
+-- the room across all its lives, so a delayed remove of an older connection never matches); (4) index it.
 --
 -- Reply: {generation, previous_instance, superseded_peer, superseded_instance} ('' = none), or
 -- {'not_owner', owner, record_instance} when the caller does not own the room (nothing
@@ -58,6 +59,12 @@ if guest ~= '' then
 end
 local gen
 if ARGV[4] == '' then
+  -- The room's counter starts at the server time in microseconds, so generations keep
+  -- growing across lives of the room (closed or reaped, then pinned again): a late remove of
+  -- a connection from an earlier life can never match a new record.
+  if redis.call('HEXISTS', KEYS[6], 'peer_seq') == 0 then
+    redis.call('HSET', KEYS[6], 'peer_seq', t[1] .. string.format('%06d', tonumber(t[2])))
+  end
   gen = redis.call('HINCRBY', KEYS[6], 'peer_seq', 1)
 else
   gen = tonumber(ARGV[4])

@@ -1,7 +1,7 @@
 //! Configuration: where Redis is, which prefix to use, who this instance is, and the timings.
 //!
 //! Every duration is a [`Duration`]. Values are validated when a [`Config`] is built; an error
-//! names the field at fault (DESIGN.md "Timings").
+//! names the field at fault (docs/DESIGN.md "Timings").
 
 use std::time::Duration;
 
@@ -78,8 +78,11 @@ impl Timings {
     /// - `stale_threshold >= heartbeat_ttl` (a live instance's score must not look stale);
     /// - `pin_ttl > heartbeat_interval` (pins are refreshed on each tick);
     /// - `lease_refresh < lease_ttl / 2` (two refreshes fit in one lease);
+    /// - `heartbeat_interval + command_timeout < lease_ttl` (after Redis lost its data every
+    ///   live node heartbeats, writing back the highest epoch it knows, before a new lease can
+    ///   be granted);
     /// - `command_timeout < lease_refresh` and `command_timeout < heartbeat_ttl` (a hung call
-    ///   must fail before the deadline it serves, DESIGN.md "Lessons from other systems").
+    ///   must fail before the deadline it serves, docs/DESIGN.md "Lessons from other systems").
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field.
@@ -111,6 +114,18 @@ impl Timings {
                     "{} ms must be shorter than heartbeat_ttl ({} ms)",
                     ms(self.heartbeat_interval),
                     ms(self.heartbeat_ttl)
+                ),
+            ));
+        }
+        if self.heartbeat_interval + self.command_timeout >= self.lease_ttl {
+            // After Redis lost its data, every live node must heartbeat (and so write back the
+            // highest epoch it knows) before a new lease can be granted, a lease TTL later.
+            return Err(Error::config(
+                "lease_ttl",
+                format!(
+                    "{} ms must be longer than heartbeat_interval + command_timeout ({} ms)",
+                    ms(self.lease_ttl),
+                    ms(self.heartbeat_interval + self.command_timeout)
                 ),
             ));
         }
@@ -165,6 +180,9 @@ impl Timings {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     redis_url: Option<String>,
+    /// Namespace, stage and branch as given (trimmed), before escaping: [`Config::to_builder`]
+    /// needs them, since escaping an escaped segment again would give another prefix.
+    segments: [String; 3],
     keys: KeySpace,
     instance_id: String,
     timings: Timings,
@@ -208,13 +226,12 @@ impl Config {
 
     /// A builder holding this configuration, to change some of it.
     pub fn to_builder(&self) -> ConfigBuilder {
-        let mut segs = self.keys.prefix().splitn(3, ':');
-        let mut seg = || segs.next().unwrap_or_default().to_owned();
+        let [namespace, stage, branch] = self.segments.clone();
         ConfigBuilder {
             redis_url: self.redis_url.clone(),
-            namespace: seg(),
-            stage: seg(),
-            branch: seg(),
+            namespace,
+            stage,
+            branch,
             instance_id: Some(self.instance_id.clone()),
             timings: self.timings,
         }
@@ -243,7 +260,9 @@ impl Config {
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` shows the Redis URL through [`redact_url`], like [`Config`]'s.
+#[derive(Clone)]
 pub struct ConfigBuilder {
     redis_url: Option<String>,
     namespace: String,
@@ -251,6 +270,19 @@ pub struct ConfigBuilder {
     branch: String,
     instance_id: Option<String>,
     timings: Timings,
+}
+
+impl std::fmt::Debug for ConfigBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigBuilder")
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("namespace", &self.namespace)
+            .field("stage", &self.stage)
+            .field("branch", &self.branch)
+            .field("instance_id", &self.instance_id)
+            .field("timings", &self.timings)
+            .finish()
+    }
 }
 
 impl Default for ConfigBuilder {
@@ -297,7 +329,8 @@ impl ConfigBuilder {
         self
     }
 
-    /// First prefix segment (default `sfu`).
+    /// First prefix segment (default `sfu`). Each segment is trimmed and escaped into
+    /// `[A-Za-z0-9._-]` so that distinct names never share a prefix (see [`KeySpace::new`]).
     pub fn namespace(mut self, v: &str) -> Self {
         v.clone_into(&mut self.namespace);
         self
@@ -362,6 +395,7 @@ impl ConfigBuilder {
         self.timings.validate()?;
         Ok(Config {
             redis_url: self.redis_url,
+            segments: [self.namespace, self.stage, self.branch].map(|s| s.trim().to_owned()),
             keys,
             instance_id,
             timings: self.timings,
@@ -370,7 +404,7 @@ impl ConfigBuilder {
 }
 
 /// `<host>-<pid>-<nonce>`: the host name, the process id and 8 random hex digits drawn at each
-/// call, so a restarted process with the same host and pid is a new identity (DESIGN.md
+/// call, so a restarted process with the same host and pid is a new identity (docs/DESIGN.md
 /// "Lessons from other systems").
 pub fn default_instance_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -382,37 +416,105 @@ pub fn default_instance_id() -> String {
     format!("{host}-{}-{:08x}", std::process::id(), fastrand::u32(..))
 }
 
-/// `url` with any password replaced by `***`, for logs and messages
-/// (`redis://user:***@host:6379/0`). The user-info part runs to the *last* `@` (a password may
-/// hold `/`, `?`, `#` or `@`), and `pass`/`password` query parameters (unix-socket URLs) are
-/// redacted too. A string without `://` is reduced to a placeholder.
+/// The URL schemes redis-rs accepts; only these are echoed in a placeholder.
+const KNOWN_SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// `url` with every password replaced by `***`, for logs and messages
+/// (`redis://user:***@host:6379/0`).
+///
+/// The URL is parsed with the `url` crate, the parser redis-rs itself uses, so what is hidden
+/// is what redis-rs would send as a password:
+///
+/// - the password of the user info (`user:***@`); a user info without `:` (`redis://secret@host`)
+///   is hidden whole (`***@`), as some clients read it as a password;
+/// - the value of every query parameter whose percent-decoded name is `pass` or `password`, in
+///   any case (`redis+unix:///tmp/r.sock?p%61ss=***`; redis-rs reads `pass` on Unix sockets);
+/// - a fragment other than `#insecure` (a password holding an unencoded `#` ends up there).
+///
+/// A URL that does not parse, has a scheme redis-rs does not know, has no `//` authority, or
+/// holds an `@` outside its user info
+/// (a password with an unencoded `/`, `?`, `#` or `@` that moved part of it into the host,
+/// path or query) is replaced whole by a placeholder that holds no part of the input except
+/// a known scheme (`<redis:// URL not shown: ...>`).
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparsable Redis URL>".into();
+    let placeholder = |scheme: Option<&str>, why: &str| match scheme {
+        Some(s) if KNOWN_SCHEMES.contains(&s) => format!("<{s}:// URL not shown: {why}>"),
+        _ => format!("<Redis URL not shown: {why}>"),
     };
-    let rest = match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            // `redis://password@host` is read by some clients as a bare password.
-            None => format!("***@{host}"),
-        },
-        None => rest.to_owned(),
+    let mut u = match url::Url::parse(url) {
+        Ok(u) => u,
+        Err(_) => {
+            let scheme = url
+                .trim()
+                .split_once("://")
+                .map(|(s, _)| s.to_ascii_lowercase());
+            return placeholder(scheme.as_deref(), "it does not parse");
+        }
     };
-    let Some((before, query)) = rest.split_once('?') else {
-        return format!("{scheme}://{rest}");
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _))
-                if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
-            {
-                format!("{k}=***")
-            }
-            _ => kv.to_owned(),
+    let scheme = u.scheme().to_owned();
+    let scheme = Some(scheme.as_str());
+    if !KNOWN_SCHEMES.contains(&u.scheme()) {
+        return placeholder(
+            None,
+            "its scheme is not redis, rediss, valkey, valkeys or unix",
+        );
+    }
+    if u.cannot_be_a_base() {
+        return placeholder(scheme, "it has no `//` after the scheme");
+    }
+    const MOVED: &str =
+        "it holds an `@` outside the user info (percent-encode `@`, `/`, `?` and `#` in a password)";
+    let has_host = u.host_str().is_some_and(|h| !h.is_empty());
+    if u.path().contains('@')
+        || u.fragment().is_some_and(|f| f.contains('@'))
+        || (has_host && u.query().is_some_and(|q| q.contains('@')))
+    {
+        return placeholder(scheme, MOVED);
+    }
+    if u.password().is_some() {
+        if u.set_password(Some("***")).is_err() {
+            return placeholder(scheme, "its user info cannot be redacted");
+        }
+    } else if !u.username().is_empty() && u.set_username("***").is_err() {
+        return placeholder(scheme, "its user info cannot be redacted");
+    }
+    if let Some(query) = u.query() {
+        let query = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if is_password_parameter(name) => format!("{name}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        if query.contains('@') {
+            return placeholder(scheme, MOVED);
+        }
+        u.set_query(Some(&query));
+    }
+    if u.fragment().is_some_and(|f| f != "insecure") {
+        u.set_fragment(Some("***"));
+    }
+    u.to_string()
+}
+
+/// Whether a raw (percent-encoded) query parameter name decodes, as redis-rs decodes it
+/// (`application/x-www-form-urlencoded`), to `pass` or `password` in any case.
+fn is_password_parameter(raw_name: &str) -> bool {
+    // `raw_name` holds no `&` or `=`: it is one name, decoded whole.
+    url::form_urlencoded::parse(raw_name.as_bytes())
+        .next()
+        .is_some_and(|(name, _)| {
+            name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password")
         })
-        .collect();
-    format!("{scheme}://{before}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -436,18 +538,147 @@ mod tests {
 
     #[test]
     fn redaction_hides_passwords() {
-        assert_eq!(redact_url("redis://u:s3cret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact_url("redis://:s3cret@h:1"), "redis://:***@h:1");
-        assert_eq!(redact_url("redis://s3cret@h"), "redis://***@h");
-        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
-        assert!(!redact_url("garbage s3cret").contains("s3cret"));
-        assert_eq!(
-            redact_url("redis://u:S3c/r?e#t@h:1/0"),
-            "redis://u:***@h:1/0"
-        );
-        assert_eq!(
-            redact_url("redis+unix:///tmp/r.sock?db=1&pass=s3cret"),
-            "redis+unix:///tmp/r.sock?db=1&pass=***"
-        );
+        let cases = [
+            ("redis://u:s3cret@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://:s3cret@h:1", "redis://:***@h:1"),
+            ("redis://s3cret@h", "redis://***@h"),
+            ("redis://h:1", "redis://h:1"),
+            ("redis://127.0.0.1:6379/2", "redis://127.0.0.1:6379/2"),
+            ("redis://[::1]:6379", "redis://[::1]:6379"),
+            (
+                "redis://u:s3cret@[::1]:6379/3",
+                "redis://u:***@[::1]:6379/3",
+            ),
+            ("redis://:s3cret@[fe80::1]", "redis://:***@[fe80::1]"),
+            // Percent-encoded delimiters in the password.
+            ("redis://u:s3%40cr%2Fe%3Ft%23@h:1", "redis://u:***@h:1"),
+            // An unencoded `@` in the password: the user info runs to the last `@`.
+            ("redis://u:s3c@ret@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://s3c@ret@h", "redis://***@h"),
+            ("redis://h:1/?protocol=resp3", "redis://h:1/?protocol=resp3"),
+            ("redis://h#insecure", "redis://h#insecure"),
+            ("redis://h#s3cret", "redis://h#***"),
+            // Unix sockets: the password is the `pass` query parameter.
+            ("redis+unix:///tmp/r.sock", "redis+unix:///tmp/r.sock"),
+            (
+                "redis+unix:///tmp/r.sock?db=1&pass=s3cret",
+                "redis+unix:///tmp/r.sock?db=1&pass=***",
+            ),
+            (
+                "redis+unix:///tmp/r.sock?pass=abc@TAIL",
+                "redis+unix:///tmp/r.sock?pass=***",
+            ),
+            (
+                "redis+unix:///tmp/r.sock?pass=s3/cr?et@x&db=2",
+                "redis+unix:///tmp/r.sock?pass=***&db=2",
+            ),
+            (
+                "unix:///tmp/r.sock?user=u&p%61ss=s3cret",
+                "unix:///tmp/r.sock?user=u&p%61ss=***",
+            ),
+            (
+                "unix:///tmp/r.sock?PASSWORD=s3cret&Pass=s3cret&pass=",
+                "unix:///tmp/r.sock?PASSWORD=***&Pass=***&pass=***",
+            ),
+            (
+                "unix:///tmp/r.sock?pass=s3c#ret",
+                "unix:///tmp/r.sock?pass=***#***",
+            ),
+            (
+                "valkey+unix:///tmp/r.sock?pa%73%73word=s3cret",
+                "valkey+unix:///tmp/r.sock?pa%73%73word=***",
+            ),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+    }
+
+    /// URLs that cannot be shown in part: a placeholder, with at most a known scheme.
+    #[test]
+    fn redaction_of_broken_urls_is_a_placeholder() {
+        let cases = [
+            "garbage s3cret",
+            "s3cret",
+            "",
+            "redis://u:s3c/ret@h:1/0",
+            "redis://u:s3c?ret@h:1/0",
+            "redis://u:s3c#ret@h:1/0",
+            "redis://u:123/s3cret@h",
+            "redis://u:123?s3cret@h",
+            "redis://u:123#s3cret@h",
+            "redis://s3c/ret@h",
+            "redis://h/?x=s3cret@h",
+            "redis:s3cret@h",
+            "redis:///s3cret@h",
+            "redis://:s3cret@[not-a-host",
+            "redis://:s3cret@",
+            "unix:///tmp/s3cret@x",
+            "unix:///tmp/r.sock?user=s3cret@x",
+            "s3cret://u:p@h",
+            "http://u:s3cret@h?pass=s3cret",
+        ];
+        for url in cases {
+            let shown = redact_url(url);
+            assert!(
+                shown.starts_with('<') && shown.ends_with('>'),
+                "{url}: {shown}"
+            );
+            for part in ["s3c", "ret", "123", "not-a-host", "u:", "@x", "@h", "tmp"] {
+                assert!(!shown.contains(part), "{url}: {shown}");
+            }
+        }
+        assert!(redact_url("redis://u:s3c/ret@h").starts_with("<redis:// URL"));
+        assert!(redact_url("garbage s3cret").starts_with("<Redis URL"));
+    }
+
+    /// Whatever redis-rs would send as the password never shows up.
+    #[test]
+    fn redaction_hides_what_redis_rs_reads_as_the_password() {
+        let urls = [
+            "redis://u:pw-1@h:1/0",
+            "redis://:pw%40-2@h",
+            "redis://u:pw@-3@h",
+            "redis://[::1]:1?pass=pw-x&password=pw-y",
+            "redis+unix:///tmp/r.sock?pass=pw-4@T",
+            "redis+unix:///tmp/r.sock?p%61ss=pw-5",
+            "unix:///tmp/r.sock?db=0&pass=pw/6?x",
+            "unix:///tmp/r.sock?pass=pw-7&pass=pw-8",
+            "unix:///tmp/r.sock?pass=pw+9",
+        ];
+        for url in urls {
+            let info = redis::IntoConnectionInfo::into_connection_info(url).unwrap();
+            let shown = redact_url(url);
+            if let Some(password) = info.redis_settings().password() {
+                assert!(!shown.contains(password), "{url}: {shown}");
+            }
+            assert!(!shown.contains("pw"), "{url}: {shown}");
+        }
+    }
+
+    #[test]
+    fn debug_prints_hide_the_password() {
+        let url = "redis://u:s3cret@127.0.0.1:6379/0";
+        let b = Config::builder().redis_url(Some(url)).stage("a/b");
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("u:***@127.0.0.1"), "{shown}");
+        let c = b.build().unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(!format!("{:?}", c.to_builder()).contains("s3cret"));
+    }
+
+    #[test]
+    fn to_builder_keeps_the_prefix() {
+        let c = Config::builder()
+            .namespace(" acme ")
+            .stage("prod_eu")
+            .branch("feature/login")
+            .build()
+            .unwrap();
+        assert_eq!(c.keys().prefix(), "acme:prod__eu:feature_2Flogin");
+        let again = c.to_builder().build().unwrap();
+        assert_eq!(again.keys(), c.keys());
+        assert_eq!(again, c);
     }
 }

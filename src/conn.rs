@@ -1,7 +1,7 @@
 //! Blocking connections: timeouts on every call, scripts preloaded on connect, reconnect with
 //! capped, jittered exponential backoff.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::Connection;
@@ -100,18 +100,27 @@ impl Link {
 }
 
 /// A server's error reply leaves the connection in sync; anything else (I/O, timeout, parse)
-/// does not.
+/// does not. A reply saying the server is no master (`READONLY`, `MASTERDOWN`: a failover
+/// happened behind the address) keeps the connection in sync but pointing at the wrong
+/// server: it is dropped, so the next connection finds the new master.
 fn keep_connection(e: &Error) -> bool {
     match e {
-        Error::Redis { source, .. } => source.code().is_some() && !source.is_timeout(),
-        Error::BadData { .. } | Error::NotOwner { .. } => true,
+        Error::Redis { source, .. } => {
+            source.code().is_some() && !source.is_timeout() && !is_not_master(source)
+        }
+        Error::BadData { .. } | Error::NotOwner { .. } | Error::NotPeerOwner { .. } => true,
         _ => false,
     }
 }
 
+/// `READONLY` / `MASTERDOWN`: the command was refused, so it did not run.
+fn is_not_master(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
 /// A small pool of idle connections for host threads' calls.
 pub(crate) struct Pool {
-    idle: Mutex<Vec<Connection>>,
+    idle: Mutex<Vec<(Connection, Instant)>>,
     max_idle: usize,
 }
 
@@ -124,6 +133,10 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// A connection idle longer than this is checked with `PING` before it carries a request, so
+/// a server restarted (or a connection closed) meanwhile costs a reconnect, not a failed call.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
 impl Pool {
     pub(crate) fn new(max_idle: usize) -> Self {
         Pool {
@@ -132,24 +145,34 @@ impl Pool {
         }
     }
 
-    /// Runs `f` on an idle connection (or a new one); the connection goes back to the pool
-    /// unless the call broke it. If a pooled connection turns out dead (the server restarted
-    /// or closed it while idle: EOF, reset, broken pipe), every idle connection is dropped and
-    /// `f` runs once more on a new one; the failed request never reached a live server, and
-    /// every operation of this crate is safe to repeat.
+    /// An idle connection that answers, or a new one.
+    fn checkout(&self, redis: &Redis) -> Result<Connection> {
+        loop {
+            let taken = self.idle.lock().pop();
+            let Some((mut con, since)) = taken else {
+                return redis.connect();
+            };
+            if since.elapsed() < PROBE_AFTER || redis::cmd("PING").query::<String>(&mut con).is_ok()
+            {
+                return Ok(con);
+            }
+            // Dead (server restarted, connection closed): the others are likely dead too.
+            self.idle.lock().clear();
+        }
+    }
+
+    /// Runs `f` on a pooled (or new) connection; the connection goes back to the pool unless
+    /// the call broke it. A request is never sent twice after it may have run: the only
+    /// retry is after `READONLY`/`MASTERDOWN` (a failover: the command was refused), on a new
+    /// connection, with every idle one dropped.
     pub(crate) fn run<T>(
         &self,
         redis: &Redis,
         mut f: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let taken = self.idle.lock().pop();
-        let pooled = taken.is_some();
-        let mut con = match taken {
-            Some(c) => c,
-            None => redis.connect()?,
-        };
+        let mut con = self.checkout(redis)?;
         let mut out = f(&mut con);
-        if pooled && matches!(&out, Err(e) if is_dead_connection(e)) {
+        if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
             self.idle.lock().clear();
             con = redis.connect()?;
             out = f(&mut con);
@@ -161,17 +184,13 @@ impl Pool {
         if keep {
             let mut idle = self.idle.lock();
             if idle.len() < self.max_idle {
-                idle.push(con);
+                idle.push((con, Instant::now()));
             }
+        } else if matches!(&out, Err(e) if e.is_connection_error()) {
+            self.idle.lock().clear();
         }
         out
     }
-}
-
-/// The connection was closed under us (not a timeout: a timed-out request may have run).
-fn is_dead_connection(e: &Error) -> bool {
-    matches!(e, Error::Redis { source, .. }
-        if !source.is_timeout() && (source.is_connection_dropped() || source.is_io_error()))
 }
 
 /// Capped, jittered exponential backoff: `base`, doubling up to `cap`, each delay drawn

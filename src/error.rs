@@ -83,6 +83,16 @@ pub enum Error {
         /// Its current owner, if any.
         owner: Option<String>,
     },
+    /// A peer record belongs to another instance (kind [`ErrorKind::NotOwner`]): only the
+    /// instance that hosts a peer removes it.
+    NotPeerOwner {
+        /// The room (caller's id).
+        room: String,
+        /// The peer (caller's id).
+        peer: String,
+        /// The instance its record names.
+        owner: String,
+    },
     /// See [`ErrorKind::Stopped`].
     Stopped,
     /// See [`ErrorKind::NotLeader`].
@@ -105,7 +115,7 @@ impl Error {
             Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             Error::Redis { .. } => ErrorKind::Redis,
             Error::BadData { .. } => ErrorKind::BadData,
-            Error::NotOwner { .. } => ErrorKind::NotOwner,
+            Error::NotOwner { .. } | Error::NotPeerOwner { .. } => ErrorKind::NotOwner,
             Error::Stopped => ErrorKind::Stopped,
             Error::NotLeader => ErrorKind::NotLeader,
             Error::Io { .. } => ErrorKind::Io,
@@ -122,6 +132,16 @@ impl Error {
     pub fn is_connection_error(&self) -> bool {
         matches!(self, Error::Redis { source, .. }
             if source.is_io_error() || source.is_connection_dropped() || source.is_connection_refusal())
+    }
+
+    /// False when a request may or may not have run: it was sent and the connection timed out
+    /// or broke before the reply. A server's error reply, bad data or a refusal before
+    /// anything was sent are known outcomes.
+    pub(crate) fn outcome_known(&self) -> bool {
+        match self {
+            Error::Redis { source, .. } => source.code().is_some() && !source.is_timeout(),
+            _ => true,
+        }
     }
 
     pub(crate) fn redis(op: impl Into<Cow<'static, str>>, source: redis::RedisError) -> Self {
@@ -191,6 +211,10 @@ impl fmt::Display for Error {
                 ),
                 None => write!(f, "room {room:?} is not pinned by this instance"),
             },
+            Error::NotPeerOwner { room, peer, owner } => write!(
+                f,
+                "peer {peer:?} of room {room:?} belongs to instance {owner:?}, not to this one"
+            ),
             Error::Stopped => write!(f, "the node has been shut down"),
             Error::NotLeader => write!(f, "this node does not hold the reaper lease (any more)"),
             Error::Io { op, source } => write!(f, "{op}: {source}"),

@@ -136,30 +136,43 @@ impl Event {
 }
 
 /// The sending side of a node's bounded event channel; a full channel drops the event and
-/// counts it rather than blocking a worker thread.
+/// counts it rather than blocking a worker thread. [`EventSink::close`] (after `Stopped`)
+/// disconnects the channel, so a host's `for event in receiver` loop ends.
 #[derive(Debug)]
 pub(crate) struct EventSink {
-    tx: Sender<Event>,
+    instance: String,
+    tx: parking_lot::Mutex<Option<Sender<Event>>>,
     dropped: AtomicU64,
 }
 
 impl EventSink {
-    pub(crate) fn new(tx: Sender<Event>) -> Self {
+    pub(crate) fn new(instance: &str, tx: Sender<Event>) -> Self {
         EventSink {
-            tx,
+            instance: instance.to_owned(),
+            tx: parking_lot::Mutex::new(Some(tx)),
             dropped: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn emit(&self, e: Event) {
-        log::info!("event {}", e.to_json(""));
-        match self.tx.try_send(e) {
+        log::info!("event {}", e.to_json(&self.instance));
+        let tx = self.tx.lock();
+        let Some(tx) = tx.as_ref() else {
+            return;
+        };
+        match tx.try_send(e) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(e)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 log::warn!("event channel full; dropped {}", e.name());
             }
         }
+    }
+
+    /// Emits `last` and disconnects: nothing is sent after it.
+    pub(crate) fn close(&self, last: Event) {
+        self.emit(last);
+        self.tx.lock().take();
     }
 
     pub(crate) fn dropped(&self) -> u64 {

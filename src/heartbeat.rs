@@ -1,7 +1,14 @@
 //! The heartbeat: one script call on Redis server time, then one pipelined pin refresh for
 //! every owned room (two round trips per tick whatever the number of rooms), on a named thread
 //! that never exits on errors.
+//!
+//! The same tick notices what happened to this instance while it could not see Redis:
+//! - Redis lost its data (`restored`): pins, indexes and peer records are written back, and a
+//!   lease this node held is given up (the lease key is gone with the data);
+//! - a leader reaped it (`reaped`, a zombie): every room is reported lost, forgotten and never
+//!   written back; its own leftovers are cleaned; it registers again as a fresh life.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crossbeam_channel::{select, Receiver};
@@ -9,10 +16,11 @@ use redis::Connection;
 
 use crate::conn::{Backoff, Link};
 use crate::error::{Error, Result};
-use crate::event::Event;
+use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind};
 use crate::node::Shared;
 use crate::peers;
+use crate::reaper;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::{self, SCRIPTS};
 
@@ -32,10 +40,22 @@ pub(crate) enum Beat {
     Restored,
     /// A leader reaped this instance while it was unresponsive; nothing written.
     Reaped,
+    /// Another live process uses this instance id (its heartbeat key holds another boot
+    /// token). On register nothing was written.
+    Duplicate,
 }
 
-/// Sends one heartbeat (`heartbeat.lua`) and remembers the dataset token.
-pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat> {
+/// One heartbeat's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Beaten {
+    pub beat: Beat,
+    /// Redis server time, ms.
+    pub server_ms: i64,
+}
+
+/// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
+/// seen.
+pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
     let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
@@ -43,6 +63,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
     inv.key(sh.keys.heartbeats())
         .key(sh.keys.heartbeat(&sh.me))
         .key(sh.keys.dataset())
+        .key(sh.keys.epoch())
         .arg(&sh.me)
         .arg(sh.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
@@ -50,66 +71,82 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
             Mode::Tick => "tick",
         })
         .arg(&known)
-        .arg(&fresh);
-    let (status, _now, token): (String, i64, String) = scripts::call(con, op, &inv)?;
+        .arg(&fresh)
+        .arg(&sh.boot)
+        .arg(sh.max_epoch.load(Ordering::Relaxed));
+    let (status, server_ms, token, epoch): (String, i64, String, String) =
+        scripts::call(con, op, &inv)?;
     let beat = match status.as_str() {
         "ok" => Beat::Ok,
         "restored" => Beat::Restored,
         "reaped" => Beat::Reaped,
+        "duplicate" => Beat::Duplicate,
         s => return Err(Error::bad_data(op, format!("heartbeat.lua replied {s:?}"))),
     };
-    if beat != Beat::Reaped {
+    if beat == Beat::Restored && sh.leader.is_leader() {
+        // The lease went with the data: stop acting now. (No new term starts anywhere until a
+        // lease TTL after the dataset was re-created: lease_acquire.lua.)
+        sh.leader.end();
+        sh.events.emit(Event::LeaderLost {
+            reason: LeaderLostReason::LeaseTaken,
+        });
+    }
+    if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && mode == Mode::Tick)
+    {
         *sh.token.lock() = token;
     }
-    Ok(beat)
+    if let Ok(e) = epoch.parse::<u64>() {
+        sh.max_epoch.fetch_max(e, Ordering::Relaxed);
+    }
+    Ok(Beaten { beat, server_ms })
 }
 
 /// One tick: heartbeat, then refresh (or restore) every pin.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
-    let beat = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
-    match beat {
-        Beat::Reaped => return resume_after_reap(sh, link),
-        Beat::Restored => log::warn!(
-            "instance {} was missing from Redis and the dataset token changed: Redis lost its data; restoring pins",
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+    match beaten.beat {
+        Beat::Reaped => return resume_after_reap(sh, link, beaten.server_ms),
+        Beat::Restored => {
+            log::warn!(
+                "instance {} was missing from Redis and the dataset token changed: Redis lost its data; restoring pins and peers",
+                sh.id
+            );
+            // beat() ended a term this node held.
+        }
+        Beat::Duplicate => log::error!(
+            "another live process uses instance id {:?}; instance ids must be unique",
             sh.id
         ),
         Beat::Ok => {}
     }
+    let restore = beaten.beat == Beat::Restored;
+    settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
-    let results = link.run(&sh.redis, |c| {
-        rooms::refresh_pins(sh, c, &rooms, beat == Beat::Restored)
-    })?;
+    let results = link.run(&sh.redis, |c| rooms::refresh_pins(sh, c, &rooms, restore))?;
     let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
             Refreshed::Ok => {}
             Refreshed::Repinned => log::info!("room {room:?}: pin had lapsed; pinned again"),
-            Refreshed::Lost(new_owner) => {
-                if sh.local.has_room(&room) {
-                    sh.local.remove_room(&room);
-                    if let Ok(w) = encode_id(IdKind::Room, &room) {
-                        lost.push(w);
-                    }
-                    sh.events.emit(Event::RoomLost { room, new_owner });
-                }
-            }
+            Refreshed::Lost(new_owner) => lost.push((room, new_owner)),
             Refreshed::Failed(e) => {
-                sh.note_error(&e);
+                // Bad data in one room: reported, retried next tick; not a Redis outage, so it
+                // does not make the leader skip reap rounds.
+                sh.counters.bad_data(&e);
                 log::warn!("room {room:?}: pin refresh failed: {e}");
             }
         }
     }
     if !lost.is_empty() {
-        // The pin is another instance's (or gone) now: our index entry goes after it.
-        link.run(&sh.redis, |c| {
-            redis::cmd("SREM")
-                .arg(sh.keys.instance_rooms(&sh.me))
-                .arg(&lost)
-                .query::<()>(c)
-                .map_err(|e| Error::redis("unindex lost rooms", e))
-        })?;
+        // A pin gone under us may mean we were reaped while paused mid-tick: ask again before
+        // reporting, so a zombie reports all its rooms through `reaped_self`.
+        let again = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+        if again.beat == Beat::Reaped {
+            return resume_after_reap(sh, link, again.server_ms);
+        }
+        lose_rooms(sh, link, lost)?;
     }
-    if beat == Beat::Restored {
+    if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(sh, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
     }
@@ -117,15 +154,97 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     Ok(())
 }
 
+/// Forgets rooms another instance owns now (or that are gone), reports them, and removes them
+/// from this instance's room index (after the pin moved: index after record).
+fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>) -> Result<()> {
+    for (room, new_owner) in lost {
+        let _guard = sh.local.lock_room(&room);
+        if !sh.local.has_room(&room) {
+            continue; // closed by the host meanwhile
+        }
+        sh.local.remove_room(&room);
+        if let Ok(w) = encode_id(IdKind::Room, &room) {
+            link.run(&sh.redis, |c| {
+                redis::cmd("SREM")
+                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(&w)
+                    .query::<()>(c)
+                    .map_err(|e| Error::redis("unindex a lost room", e))
+            })?;
+        }
+        sh.events.emit(Event::RoomLost { room, new_owner });
+    }
+    Ok(())
+}
+
+/// Rooms whose `pin_room` or `close_room` ended without a known outcome (a timeout after the
+/// request was sent): a pin that did land is released (owner CAS) and the index entry removed;
+/// rooms the host pinned again meanwhile are left alone. Peers whose `remove_peer` ended so
+/// get the remove sent again (a no-op if it had run).
+fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
+    for room in sh.local.uncertain() {
+        let _guard = sh.local.lock_room(&room);
+        if sh.local.has_room(&room) {
+            sh.local.settled(&room);
+            continue;
+        }
+        let Ok(w) = encode_id(IdKind::Room, &room) else {
+            sh.local.settled(&room);
+            continue;
+        };
+        match link.run(&sh.redis, |c| rooms::close(sh, c, &w, &room)) {
+            Ok(()) => log::info!("room {room:?}: released a pin whose pin_room had timed out"),
+            Err(Error::NotOwner { .. }) => link.run(&sh.redis, |c| {
+                redis::cmd("SREM")
+                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(&w)
+                    .query::<()>(c)
+                    .map_err(|e| Error::redis("unindex an uncertain room", e))
+            })?,
+            Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("room {room:?}: {e}"),
+            Err(e) => return Err(e),
+        }
+        sh.local.settled(&room);
+    }
+    for (room, peer, generation) in sh.local.take_uncertain_peers() {
+        let (Ok(r), Ok(p)) = (
+            encode_id(IdKind::Room, &room),
+            encode_id(IdKind::Peer, &peer),
+        ) else {
+            continue;
+        };
+        let _guard = sh.local.lock_room(&room);
+        let out = link.run(&sh.redis, |c| {
+            peers::remove(sh, c, (&r, &room), (&p, &peer), generation)
+        });
+        match out {
+            Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
+            Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
+            Err(e) => {
+                sh.local.mark_uncertain_peer(&room, &peer, generation);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// This instance was reaped while it was unresponsive (a zombie): every room it held is lost.
-/// Report them, forget them (never write them back), and register again as a fresh life.
-fn resume_after_reap(sh: &Shared, link: &mut Link) -> Result<()> {
+/// Report them, forget them (never write them back), clean what the reap may have left of this
+/// id (rooms and peers written before `server_ms`), and register again as a fresh life.
+fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     log::warn!(
         "instance {} was reaped while unresponsive; {} rooms lost; registering again",
         sh.id,
         room_ids.len()
     );
+    if sh.leader.is_leader() {
+        sh.leader.end();
+        sh.events.emit(Event::LeaderLost {
+            reason: LeaderLostReason::DeadlinePassed,
+        });
+    }
     sh.events.emit(Event::ReapedSelf {
         rooms: room_ids.len(),
         room_ids: room_ids.clone(),
@@ -142,10 +261,35 @@ fn resume_after_reap(sh: &Shared, link: &mut Link) -> Result<()> {
         })
         .unwrap_or_else(|_| vec![None; room_ids.len()]);
     for (room, owner) in room_ids.into_iter().zip(owners) {
-        let new_owner = owner.and_then(|o| decode_id(&o).ok());
+        let new_owner = owner.map(|o| decode_id(&o).unwrap_or(o));
         sh.events.emit(Event::RoomLost { room, new_owner });
     }
-    link.run(&sh.redis, |c| beat(sh, c, Mode::Register))?;
+    register(sh, link, server_ms)
+}
+
+/// Registers a fresh life of this instance id and removes what an earlier life left under it
+/// (rooms and peer records written before `t0`, server ms), with the reaper's owner-CAS
+/// scripts. Rooms the host pins from now on are newer than `t0` and kept.
+pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Register))?;
+    if beaten.beat == Beat::Duplicate {
+        return Err(Error::config(
+            "instance_id",
+            format!(
+                "another live process is using instance id {:?} (its heartbeat key holds another boot token); instance ids must be unique",
+                sh.id
+            ),
+        ));
+    }
+    let cleaned = link.run(&sh.redis, |c| reaper::clean_own_leftovers(sh, c, t0))?;
+    if cleaned.rooms + cleaned.peers > 0 {
+        log::warn!(
+            "removed {} rooms and {} peer records left by an earlier life of instance {}",
+            cleaned.rooms,
+            cleaned.peers,
+            sh.id
+        );
+    }
     sh.counters.heartbeat_ok();
     Ok(())
 }

@@ -123,25 +123,39 @@ pub fn decode_id(wire: &str) -> Result<String> {
         })
 }
 
-/// Normalizes one prefix segment to `[A-Za-z0-9._-]`: any other character becomes `_`.
+/// Escapes one prefix segment into `[A-Za-z0-9._-]`, injectively (see [`KeySpace::new`]):
+/// the value is trimmed; bytes of `[A-Za-z0-9.-]` are kept, `_` becomes `__`, and every other
+/// byte (of the UTF-8 encoding) becomes `_` and two uppercase hex digits.
 fn segment(field: &'static str, value: &str) -> Result<String> {
+    /// The longest segment accepted, in bytes of UTF-8 after trimming, before escaping.
+    const MAX_SEGMENT_BYTES: usize = 64;
     let value = value.trim();
     if value.is_empty() {
         return Err(Error::config(field, "must not be empty"));
     }
-    if value.len() > 64 {
-        return Err(Error::config(field, "must be at most 64 bytes"));
+    if value.len() > MAX_SEGMENT_BYTES {
+        return Err(Error::config(
+            field,
+            format!(
+                "must be at most {MAX_SEGMENT_BYTES} bytes (it is {} bytes)",
+                value.len()
+            ),
+        ));
     }
-    Ok(value
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
+    let mut out = String::with_capacity(value.len() * 3);
+    for b in value.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-' => out.push(char::from(b)),
+            b'_' => out.push_str("__"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('_');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xF)]));
             }
-        })
-        .collect())
+        }
+    }
+    Ok(out)
 }
 
 /// The names of one room's keys. All share the hash tag `{<room>}`.
@@ -166,11 +180,32 @@ pub struct KeySpace {
 }
 
 impl KeySpace {
-    /// A key space for `<namespace>:<stage>:<branch>`; each segment is trimmed and every
-    /// character outside `[A-Za-z0-9._-]` becomes `_`.
+    /// A key space for `<namespace>:<stage>:<branch>`.
+    ///
+    /// Each segment is trimmed (leading and trailing whitespace) and then escaped into
+    /// `[A-Za-z0-9._-]`, one byte of its UTF-8 encoding at a time:
+    ///
+    /// - `A`-`Z`, `a`-`z`, `0`-`9`, `.` and `-` are kept verbatim;
+    /// - `_` is written `__`;
+    /// - every other byte is written `_` followed by its value in two uppercase hex digits.
+    ///
+    /// | segment | in the prefix |
+    /// |---|---|
+    /// | `main`, `v1.2-rc` | `main`, `v1.2-rc` |
+    /// | `feature/login` | `feature_2Flogin` |
+    /// | `feature_login` | `feature__login` |
+    /// | `a:b`, `x y` | `a_3Ab`, `x_20y` |
+    /// | `방` | `_EB_B0_A9` |
+    ///
+    /// The escaping is injective (it can be undone: `__` is `_`, `_XX` is byte `XX`), so two
+    /// segments that differ after trimming never give the same prefix: `feature/login` and
+    /// `feature_login` never see or reap each other. The prefix never holds `:` inside a
+    /// segment, `{`, `}`, `*` or spaces.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when a segment is empty or longer than 64 bytes.
+    /// [`Error::InvalidConfig`] naming the field (`namespace`, `stage` or `branch`) when a
+    /// segment is empty after trimming or longer than 64 bytes (of UTF-8, after trimming and
+    /// before escaping).
     pub fn new(namespace: &str, stage: &str, branch: &str) -> Result<Self> {
         let prefix = format!(
             "{}:{}:{}",
@@ -351,10 +386,50 @@ mod tests {
     }
 
     #[test]
-    fn prefix_segments_are_normalized() {
+    fn prefix_segments_are_escaped() {
+        let cases = [
+            ("main", "main"),
+            (" v1.2-rc\t", "v1.2-rc"),
+            ("feature/login", "feature_2Flogin"),
+            ("feature_login", "feature__login"),
+            ("feature_2Flogin", "feature__2Flogin"),
+            ("prod_eu", "prod__eu"),
+            ("a:b", "a_3Ab"),
+            ("feature/x y", "feature_2Fx_20y"),
+            ("{x}*", "_7Bx_7D_2A"),
+            ("%", "_25"),
+            ("방", "_EB_B0_A9"),
+            ("_", "__"),
+        ];
+        for (raw, escaped) in cases {
+            assert_eq!(segment("branch", raw).unwrap(), escaped, "{raw:?}");
+        }
         let ks = KeySpace::new("sfu", "prod", "feature/x y").unwrap();
-        assert_eq!(ks.prefix(), "sfu:prod:feature_x_y");
-        assert!(KeySpace::new("sfu", " ", "main").is_err());
+        assert_eq!(ks.prefix(), "sfu:prod:feature_2Fx_20y");
+        assert_ne!(
+            KeySpace::new("sfu", "dev", "feature/login").unwrap(),
+            KeySpace::new("sfu", "dev", "feature_login").unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_prefix_segments_are_refused_naming_the_field() {
+        for (ns, stage, branch, field) in [
+            ("", "dev", "main", "namespace"),
+            ("sfu", " ", "main", "stage"),
+            ("sfu", "dev", "\n", "branch"),
+            ("sfu", "dev", &"b".repeat(65), "branch"),
+            ("sfu", &"방".repeat(22), "main", "stage"),
+        ] {
+            let e = KeySpace::new(ns, stage, branch).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidConfig { field: f, .. } if *f == field),
+                "{e:?} should name {field}"
+            );
+        }
+        // The limit applies to the segment as given, not to its (longer) escaped form.
+        let ks = KeySpace::new("sfu", &"방".repeat(21), &"b".repeat(64)).unwrap();
+        assert_eq!(ks.prefix().len(), 4 + 21 * 9 + 1 + 64);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! stops acting before any other node can acquire. [`LeaderState::is_leader`] reads the clock,
 //! so a term ends on time even while the lease thread is blocked.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender};
@@ -139,8 +140,10 @@ pub(crate) fn acquire(sh: &Shared, con: &mut Connection) -> Result<Acquire> {
     let mut inv = SCRIPTS.lease_acquire.prepare_invoke();
     inv.key(sh.keys.leader())
         .key(sh.keys.epoch())
+        .key(sh.keys.dataset())
         .arg(&sh.me)
-        .arg(sh.timings.lease_ttl.as_millis() as u64);
+        .arg(sh.timings.lease_ttl.as_millis() as u64)
+        .arg(sh.max_epoch.load(Ordering::Relaxed));
     let (won, v, repaired): (i64, Value, String) = scripts::call(con, op, &inv)?;
     let text: String = redis::from_redis_value(v)
         .map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))?;
@@ -148,6 +151,7 @@ pub(crate) fn acquire(sh: &Shared, con: &mut Connection) -> Result<Acquire> {
         let epoch = text
             .parse()
             .map_err(|_| Error::bad_data(op, format!("epoch {text:?} is not a number")))?;
+        sh.max_epoch.fetch_max(epoch, Ordering::Relaxed);
         Ok(Acquire::Won {
             epoch,
             repaired: Some(repaired).filter(|r| !r.is_empty()),
@@ -249,7 +253,9 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
                 }
                 Ok(Acquire::Held(holder)) => {
                     backoff.reset();
-                    if holder.starts_with('<') || decode_id(&holder).is_err() {
+                    if holder == "<dataset new>" {
+                        log::debug!("the dataset is younger than a lease TTL (fresh or after data loss); waiting to acquire");
+                    } else if holder.starts_with('<') || decode_id(&holder).is_err() {
                         log::warn!("the lease key holds {holder:?}, not an instance id; waiting for it to expire");
                     }
                     next = Instant::now() + jitter(t.lease_refresh);

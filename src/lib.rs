@@ -44,7 +44,7 @@ pub use event::{Event, LeaderLostReason};
 pub use lease::TermRecord;
 pub use node::{Node, Stats, EVENT_CAPACITY};
 pub use reaper::{ReapCounts, REAP_BATCH};
-pub use store::{PinOutcome, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
+pub use store::{PinOutcome, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
 
 /// Compiles the README's Rust examples as doctests.
 #[cfg(doctest)]

@@ -16,7 +16,6 @@ struct Room {
     peers: HashMap<String, (Option<String>, u64)>,
     /// guest -> peer
     guests: HashMap<String, String>,
-    seq: u64,
 }
 
 /// The in-memory store.
@@ -24,13 +23,16 @@ struct Room {
 pub(crate) struct MemoryStore {
     me: String,
     rooms: Mutex<HashMap<String, Room>>,
+    /// Generations come from one counter for the whole store, so they keep growing across
+    /// lives of a room (closed, then pinned again): a late remove never matches a new record.
+    seq: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryStore {
     pub(crate) fn new(instance: &str) -> Self {
         MemoryStore {
             me: instance.to_owned(),
-            rooms: Mutex::default(),
+            ..MemoryStore::default()
         }
     }
 }
@@ -91,12 +93,11 @@ impl Store for MemoryStore {
                 }
             }
         }
-        r.seq += 1;
-        let generation = r.seq;
+        let generation = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         r.peers.insert(peer.raw.clone(), (guest, generation));
         Ok(Upserted {
             generation,
-            superseded,
+            replaced: superseded,
         })
     }
 

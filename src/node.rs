@@ -10,10 +10,11 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{Config, Timings};
-use crate::conn::{Link, Pool, Redis};
+use crate::conn::Link;
+use crate::conn::{Pool, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
-use crate::heartbeat::{self, Mode};
+use crate::heartbeat;
 use crate::keys::{Id, IdKind, KeySpace};
 use crate::lease::{LeaderState, TermRecord};
 use crate::memory::MemoryStore;
@@ -40,11 +41,19 @@ pub(crate) struct Counters {
     instances_reaped: AtomicU64,
     rooms_reaped: AtomicU64,
     peers_reaped: AtomicU64,
+    bad_data: AtomicU64,
     last_heartbeat: Mutex<Option<Instant>>,
     last_error: Mutex<Option<String>>,
 }
 
 impl Counters {
+    /// Bad data met by a worker (a key of the wrong type, a malformed record): reported, but
+    /// not a Redis outage, so it does not make the leader skip reap rounds.
+    pub(crate) fn bad_data(&self, e: &Error) {
+        self.bad_data.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock() = Some(e.to_string());
+    }
+
     pub(crate) fn heartbeat_ok(&self) {
         self.heartbeats.fetch_add(1, Ordering::Relaxed);
         *self.last_heartbeat.lock() = Some(Instant::now());
@@ -88,6 +97,12 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// The dataset token last seen by the heartbeat.
     pub token: Mutex<String>,
+    /// Random per [`Node::start`]: written in the heartbeat key, so two live processes with the
+    /// same instance id are told apart.
+    pub boot: String,
+    /// The highest epoch this node has seen (heartbeat replies, its own terms): passed to the
+    /// acquire so epochs never go backwards, even after Redis lost its data.
+    pub max_epoch: AtomicU64,
     crashed: AtomicBool,
 }
 
@@ -129,8 +144,9 @@ impl Store for RedisStore {
     fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
         let sh = &*self.0;
         let owned = sh.local.has_room(&room.raw);
-        sh.pool
-            .run(&sh.redis, |c| rooms::pin(sh, c, &room.wire, owned))
+        sh.pool.run(&sh.redis, |c| {
+            rooms::pin(sh, c, &room.wire, &room.raw, owned)
+        })
     }
 
     fn close_room(&self, room: &Id) -> Result<()> {
@@ -168,7 +184,13 @@ impl Store for RedisStore {
     fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
         let sh = &*self.0;
         sh.pool.run(&sh.redis, |c| {
-            peers::remove(sh, c, &room.wire, &peer.wire, generation)
+            peers::remove(
+                sh,
+                c,
+                (&room.wire, &room.raw),
+                (&peer.wire, &peer.raw),
+                generation,
+            )
         })
     }
 }
@@ -197,7 +219,9 @@ pub struct Stats {
     pub last_heartbeat_age: Option<Duration>,
     /// Redis errors seen by the worker threads.
     pub redis_errors: u64,
-    /// The last of those errors (never contains a password).
+    /// Bad data met by the worker threads (keys of the wrong type, malformed records).
+    pub bad_data: u64,
+    /// The last error or bad data seen (never contains a password).
     pub last_error: Option<String>,
     /// Dead instances this node reaped.
     pub instances_reaped: u64,
@@ -271,7 +295,7 @@ impl Node {
     /// [`Error::Io`] when a thread cannot be spawned.
     pub fn start(config: Config) -> Result<Node> {
         let (tx, rx) = bounded(EVENT_CAPACITY);
-        let events = Arc::new(EventSink::new(tx));
+        let events = Arc::new(EventSink::new(config.instance_id(), tx));
         let local = Arc::new(Local::default());
         let id = config.instance_id().to_owned();
         let Some(url) = config.redis_url() else {
@@ -302,12 +326,11 @@ impl Node {
             events: Arc::clone(&events),
             counters: Counters::default(),
             token: Mutex::new(String::new()),
+            boot: format!("{:016x}", fastrand::u64(..)),
+            max_epoch: AtomicU64::new(0),
             crashed: AtomicBool::new(false),
         });
-        shared.pool.run(&shared.redis, |c| {
-            heartbeat::beat(&shared, c, Mode::Register)
-        })?;
-        shared.counters.heartbeat_ok();
+        register_at_start(&shared)?;
         log::info!(
             "instance {} registered on {} under prefix {}",
             id,
@@ -350,9 +373,11 @@ impl Node {
     pub fn pin_room(&self, room: &str) -> Result<PinOutcome> {
         self.check_running()?;
         let room = Id::new(IdKind::Room, room)?;
+        let _guard = self.local.lock_room(&room.raw);
         let outcome = self.store.pin_room(&room)?;
         if outcome.is_owned() {
             self.local.add_room(&room.raw);
+            self.local.settled(&room.raw);
         }
         Ok(outcome)
     }
@@ -365,12 +390,19 @@ impl Node {
     pub fn close_room(&self, room: &str) -> Result<()> {
         self.check_running()?;
         let room = Id::new(IdKind::Room, room)?;
+        let _guard = self.local.lock_room(&room.raw);
         // Forget it first so a concurrent heartbeat cannot report it lost.
         let held = self.local.has_room(&room.raw);
         self.local.remove_room(&room.raw);
         let out = self.store.close_room(&room);
-        if held && matches!(&out, Err(e) if e.kind() != crate::ErrorKind::NotOwner) {
-            self.local.add_room(&room.raw);
+        match &out {
+            // Unknown outcome: the host was told it failed, but the close may have run. The
+            // heartbeat finishes it (owner CAS), so the room does not linger half-known.
+            Err(e) if !e.outcome_known() => self.local.mark_uncertain(&room.raw),
+            Err(e) if held && e.kind() != crate::ErrorKind::NotOwner => {
+                self.local.add_room(&room.raw)
+            }
+            _ => {}
         }
         out
     }
@@ -403,19 +435,34 @@ impl Node {
         guest: Option<&str>,
         fields: &[(&str, &str)],
     ) -> Result<u64> {
+        self.upsert_peer_detailed(room, peer, guest, fields)
+            .map(|u| u.generation)
+    }
+
+    /// [`Node::upsert_peer`], also telling which peer of the same guest the upsert replaced
+    /// (its record is gone; tear its transport down).
+    ///
+    /// # Errors
+    /// As [`Node::upsert_peer`].
+    pub fn upsert_peer_detailed(
+        &self,
+        room: &str,
+        peer: &str,
+        guest: Option<&str>,
+        fields: &[(&str, &str)],
+    ) -> Result<Upserted> {
         self.check_running()?;
         let room = Id::new(IdKind::Room, room)?;
         let peer = Id::new(IdKind::Peer, peer)?;
         let guest = guest.map(|g| Id::new(IdKind::Guest, g)).transpose()?;
         check_fields(fields)?;
-        let Upserted {
-            generation,
-            superseded,
-        } = self
+        let _guard = self.local.lock_room(&room.raw);
+        let upserted = self
             .store
             .upsert_peer(&room, &peer, guest.as_ref(), fields)?;
-        if let Some(old) = superseded {
-            self.local.remove_peer(&room.raw, &old);
+        let generation = upserted.generation;
+        if let Some(old) = &upserted.replaced {
+            self.local.remove_peer(&room.raw, old);
         }
         self.local.put_peer(
             &room.raw,
@@ -429,20 +476,38 @@ impl Node {
                 generation,
             },
         );
-        Ok(generation)
+        Ok(upserted)
     }
 
     /// Removes peer `peer` of `room` if its record still carries `generation`; a delayed
     /// remove of an older connection is a no-op and returns `false` (invariant 4).
     ///
     /// # Errors
-    /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
+    /// [`Error::NotOwner`] when the record belongs to another instance (only the instance that
+    /// hosts a peer removes it); [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`],
+    /// [`Error::Stopped`].
     pub fn remove_peer(&self, room: &str, peer: &str, generation: u64) -> Result<bool> {
         self.check_running()?;
         let room = Id::new(IdKind::Room, room)?;
         let peer = Id::new(IdKind::Peer, peer)?;
-        let removed = self.store.remove_peer(&room, &peer, generation)?;
-        if removed {
+        let _guard = self.local.lock_room(&room.raw);
+        let held = self.local.peer_generation(&room.raw, &peer.raw) == Some(generation);
+        let removed = match self.store.remove_peer(&room, &peer, generation) {
+            Ok(r) => r,
+            Err(e) => {
+                if !e.outcome_known() && held {
+                    // The remove may have run: forget the peer (a restore must never write it
+                    // back) and let the heartbeat send the remove again.
+                    self.local.remove_peer(&room.raw, &peer.raw);
+                    self.local
+                        .mark_uncertain_peer(&room.raw, &peer.raw, generation);
+                }
+                return Err(e);
+            }
+        };
+        // A no-op for the generation this node holds means its record is gone (closed or
+        // replaced elsewhere): forget it too, so a restore never writes it back.
+        if removed || held {
             self.local.remove_peer(&room.raw, &peer.raw);
         }
         Ok(removed)
@@ -466,7 +531,8 @@ impl Node {
 
     /// The event channel. Every clone of the receiver takes events from the same queue, so
     /// read it from one place. Bounded ([`EVENT_CAPACITY`]); events that find it full are
-    /// dropped and counted.
+    /// dropped and counted. [`Event::Stopped`] is the last event: the channel disconnects
+    /// after it, so `for event in node.events()` ends on shutdown.
     pub fn events(&self) -> Receiver<Event> {
         self.events_rx.clone()
     }
@@ -474,6 +540,9 @@ impl Node {
     /// Emits [`Event::Ready`] with the current room and peer counts. Call it once the host's
     /// start-up pins and peers are written; operators' tooling waits for it.
     pub fn ready(&self) {
+        if self.stopped.load(Ordering::Acquire) {
+            return;
+        }
         self.events.emit(Event::Ready {
             rooms: self.local.room_count(),
             peers: self.local.peer_count(),
@@ -493,6 +562,7 @@ impl Node {
             heartbeat_failures: 0,
             last_heartbeat_age: None,
             redis_errors: 0,
+            bad_data: 0,
             last_error: None,
             instances_reaped: 0,
             rooms_reaped: 0,
@@ -508,6 +578,7 @@ impl Node {
             s.heartbeat_failures = c.heartbeat_failures.load(Ordering::Relaxed);
             s.last_heartbeat_age = c.last_heartbeat.lock().map(|t| t.elapsed());
             s.redis_errors = c.redis_errors.load(Ordering::Relaxed);
+            s.bad_data = c.bad_data.load(Ordering::Relaxed);
             s.last_error = c.last_error.lock().clone();
             s.instances_reaped = c.instances_reaped.load(Ordering::Relaxed);
             s.rooms_reaped = c.rooms_reaped.load(Ordering::Relaxed);
@@ -528,8 +599,70 @@ impl Node {
             return Ok(());
         }
         self.join_workers();
-        self.events.emit(Event::Stopped);
+        self.events.close(Event::Stopped);
         Ok(())
+    }
+
+    /// Leaves the cluster for good: stops the worker threads (releasing the lease), closes
+    /// every room this node owns (with their peers), removes its other peer records, and
+    /// deletes its heartbeat registration, so other instances can pin its rooms at once instead
+    /// of waiting for the reaper. Then emits [`Event::Stopped`]. For a planned shutdown whose
+    /// media goes away with the process; [`Node::shutdown`] keeps the rooms (they are reaped
+    /// once the instance is seen dead). Idempotent with `shutdown`: only the first call acts.
+    ///
+    /// # Errors
+    /// The first Redis error met; what was not removed is left for the reaper.
+    pub fn leave(&self) -> Result<()> {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.join_workers();
+        let out = self.release_everything();
+        self.events.close(Event::Stopped);
+        out
+    }
+
+    fn release_everything(&self) -> Result<()> {
+        let Some(sh) = &self.shared else {
+            return Ok(());
+        };
+        let mut first_error = None;
+        for room in self.local.rooms() {
+            let Ok(id) = Id::new(IdKind::Room, &room) else {
+                continue;
+            };
+            match self.store.close_room(&id) {
+                Ok(()) | Err(Error::NotOwner { .. }) => self.local.remove_room(&room),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for (room, peer, p) in self.local.peers() {
+            let (Ok(r), Ok(pe)) = (Id::new(IdKind::Room, &room), Id::new(IdKind::Peer, &peer))
+            else {
+                continue;
+            };
+            if let Err(e) = self.store.remove_peer(&r, &pe, p.generation) {
+                first_error.get_or_insert(e);
+            }
+        }
+        let dereg = sh.pool.run(&sh.redis, |c| {
+            redis::pipe()
+                .del(sh.keys.heartbeat(&sh.me))
+                .ignore()
+                .zrem(sh.keys.heartbeats(), &sh.me)
+                .ignore()
+                .query::<()>(c)
+                .map_err(|e| Error::redis("deregister", e))
+        });
+        if let Err(e) = dereg {
+            first_error.get_or_insert(e);
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Stops the worker threads with no cleanup at all, as `kill -9` would: the lease is not
@@ -590,6 +723,35 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// First registration. A heartbeat key holding another boot token means another process uses
+/// this instance id, or a crashed one did until its key expires: retried until
+/// `heartbeat_ttl` (plus one interval) has passed, then refused.
+fn register_at_start(sh: &Shared) -> Result<()> {
+    let mut link = Link::new();
+    let give_up = Instant::now() + sh.timings.heartbeat_ttl + sh.timings.heartbeat_interval;
+    loop {
+        let t0 = link.run(&sh.redis, |c| {
+            redis::cmd("TIME")
+                .query::<(i64, i64)>(c)
+                .map(|(s, us)| s * 1000 + us / 1000)
+                .map_err(|e| Error::redis("read server time", e))
+        })?;
+        match heartbeat::register(sh, &mut link, t0) {
+            Err(Error::InvalidConfig { field, reason }) if field == "instance_id" => {
+                if Instant::now() >= give_up {
+                    return Err(Error::InvalidConfig { field, reason });
+                }
+                log::warn!(
+                    "instance id {:?} is still registered by another process; waiting for its heartbeat to expire",
+                    sh.id
+                );
+                std::thread::sleep(sh.timings.heartbeat_interval);
+            }
+            other => return other,
+        }
+    }
 }
 
 fn spawn_workers(shared: &Arc<Shared>) -> Result<Workers> {

@@ -28,10 +28,13 @@ pub(crate) fn upsert(
     let member = peer_member(room, peer);
     let keys = UpsertKeys::new(sh, room, peer);
     let inv = keys.invocation(sh, peer, guest, None, fields);
-    let mut pipe = redis::pipe();
-    pipe.sadd(&index, &member).ignore().invoke_script(&inv);
-    let mut replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-    let reply: Vec<Value> = scripts::decode(op, replies.pop().unwrap_or(Ok(Value::Nil)))?;
+    // Index first, in its own round trip: the record is written only if the index took it.
+    redis::cmd("SADD")
+        .arg(&index)
+        .arg(&member)
+        .query::<()>(con)
+        .map_err(|e| Error::redis(op, e))?;
+    let reply: Vec<Value> = scripts::call(con, op, &inv)?;
     let text = |i: usize| -> Result<String> {
         match reply.get(i) {
             Some(v) => redis::from_redis_value_ref(v)
@@ -74,7 +77,7 @@ pub(crate) fn upsert(
     }
     Ok(Upserted {
         generation,
-        superseded: if sup.is_empty() {
+        replaced: if sup.is_empty() {
             None
         } else {
             decode_id(&sup).ok()
@@ -165,11 +168,20 @@ pub(crate) fn restore(
         })
         .collect();
     let index = sh.keys.instance_peers(&sh.me);
+    if wired.is_empty() {
+        return Ok(0);
+    }
+    // Index first (one round trip, checked), records second.
     let mut pipe = redis::pipe();
-    for ((room, peer, _, _), inv) in wired.iter().zip(&invs) {
-        pipe.sadd(&index, peer_member(room, peer))
-            .ignore()
-            .invoke_script(inv);
+    for chunk in wired.chunks(1000) {
+        let members: Vec<String> = chunk.iter().map(|(r, p, _, _)| peer_member(r, p)).collect();
+        pipe.sadd(&index, members);
+    }
+    pipe.query::<Vec<i64>>(con)
+        .map_err(|e| Error::redis(op, e))?;
+    let mut pipe = redis::pipe();
+    for inv in &invs {
+        pipe.invoke_script(inv);
     }
     let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut written = 0;
@@ -177,8 +189,14 @@ pub(crate) fn restore(
     for ((room, peer, _, _), r) in wired.iter().zip(replies) {
         match scripts::decode::<Vec<Value>>(op, r) {
             Ok(v) if matches!(v.first(), Some(Value::Int(_))) => written += 1,
-            Ok(_) => {
-                unindex.srem(&index, peer_member(room, peer)).ignore();
+            Ok(v) => {
+                // not_owner: the room is not ours any more; the index entry goes unless the
+                // record (still) names us.
+                let record_instance: Option<String> =
+                    v.get(2).and_then(|x| redis::from_redis_value_ref(x).ok());
+                if record_instance.as_deref() != Some(sh.me.as_str()) {
+                    unindex.srem(&index, peer_member(room, peer)).ignore();
+                }
             }
             Err(e) => log::warn!("could not restore peer {peer} of room {room}: {e}"),
         }
@@ -193,8 +211,8 @@ pub(crate) fn restore(
 pub(crate) fn remove(
     sh: &Shared,
     con: &mut Connection,
-    room: &str,
-    peer: &str,
+    (room, room_id): (&str, &str),
+    (peer, peer_id): (&str, &str),
     generation: u64,
 ) -> Result<bool> {
     let op = "remove peer";
@@ -205,14 +223,21 @@ pub(crate) fn remove(
         .key(&rk.guests)
         .key(&rk.guest_state)
         .arg(peer)
-        .arg(generation);
-    let (removed, inst): (i64, String) = scripts::call(con, op, &inv)?;
-    if removed == 1 && !inst.is_empty() {
+        .arg(generation)
+        .arg(&sh.me);
+    let (removed, owner): (i64, String) = scripts::call(con, op, &inv)?;
+    if removed == 1 {
         let _: () = redis::cmd("SREM")
-            .arg(sh.keys.instance_peers(&inst))
+            .arg(sh.keys.instance_peers(&sh.me))
             .arg(peer_member(room, peer))
             .query(con)
             .map_err(|e| Error::redis(op, e))?;
+    } else if !owner.is_empty() {
+        return Err(Error::NotPeerOwner {
+            room: room_id.to_owned(),
+            peer: peer_id.to_owned(),
+            owner: decode_id(&owner).unwrap_or(owner),
+        });
     }
     Ok(removed == 1)
 }

@@ -44,6 +44,8 @@ pub struct ReapCounts {
     pub skipped_rooms: u64,
     /// Index members that could not be reaped (bad data), left in place and reported.
     pub failed: u64,
+    /// Index members kept because the same instance id wrote them after the reap began.
+    pub kept: u64,
 }
 
 /// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
@@ -53,8 +55,22 @@ pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String
     inv.key(sh.keys.heartbeats())
         .arg(sh.timings.stale_threshold.as_millis() as u64)
         .arg(MAX_CANDIDATES);
-    let (_now, ids): (i64, Vec<String>) = scripts::call(con, "find stale instances", &inv)?;
-    Ok(ids.into_iter().filter(|i| *i != sh.me).collect())
+    let (_now, ids): (i64, Vec<Vec<u8>>) = scripts::call(con, "find stale instances", &inv)?;
+    Ok(ids
+        .into_iter()
+        .filter_map(|raw| match String::from_utf8(raw) {
+            Ok(id) if decode_id(&id).is_ok() => Some(id),
+            Ok(id) => {
+                log::warn!("the heartbeats sorted set holds {id:?}, not an instance id; skipped (see fsck)");
+                None
+            }
+            Err(e) => {
+                log::warn!("the heartbeats sorted set holds a non-UTF-8 member {:?}; skipped (see fsck)", String::from_utf8_lossy(e.as_bytes()));
+                None
+            }
+        })
+        .filter(|i| *i != sh.me)
+        .collect())
 }
 
 /// Phase two for one candidate: `Some(t0)` if it is really dead (now marked as being reaped).
@@ -62,14 +78,19 @@ pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Opt
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
     inv.key(sh.keys.heartbeats())
         .key(sh.keys.heartbeat(dead))
+        .key(sh.keys.leader())
         .arg(dead)
-        .arg(sh.timings.stale_threshold.as_millis() as u64);
+        .arg(sh.timings.stale_threshold.as_millis() as u64)
+        .arg(&sh.me);
     let (status, now): (String, i64) = scripts::call(con, "re-check candidate", &inv)?;
+    if status == "not_leader" {
+        return Err(Error::NotLeader);
+    }
     Ok((status == "dead").then_some(now))
 }
 
 /// Reaps the rooms of `dead` (wire form) listed in its index.
-fn reap_rooms(
+pub(crate) fn reap_rooms(
     sh: &Shared,
     con: &mut Connection,
     dead: &str,
@@ -94,6 +115,9 @@ fn reap_rooms(
         let mut pending: Vec<(String, String)> =
             members.into_iter().map(|r| (r, "0".to_owned())).collect();
         while !pending.is_empty() {
+            if !leading() {
+                return Err(lost_lease());
+            }
             let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
             let mut pipe = redis::pipe();
             for ((_, c), rk) in pending.iter().zip(&keys) {
@@ -118,6 +142,10 @@ fn reap_rooms(
                     Ok((status, next_cursor, removed)) => {
                         counts.peers += (removed.len() / 2) as u64;
                         add_unindex(sh, &mut cleanup, &room, &removed);
+                        if next_cursor == "again" {
+                            again.push((room, "0".to_owned()));
+                            continue;
+                        }
                         if next_cursor != "0" {
                             again.push((room, next_cursor));
                             continue;
@@ -127,15 +155,21 @@ fn reap_rooms(
                             "skipped" => counts.skipped_rooms += 1,
                             "gone" => {}
                             // Pinned again by a new life of the same instance: keep indexed.
-                            _ => continue,
+                            _ => {
+                                counts.kept += 1;
+                                continue;
+                            }
                         }
                         unindexed.push(room);
                     }
-                    Err(e) => {
+                    Err(e) if e.kind() == crate::ErrorKind::BadData => {
                         counts.failed += 1;
-                        sh.note_error(&e);
+                        sh.counters.bad_data(&e);
                         log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
                     }
+                    // Anything else (a script cache flushed again, OOM, BUSY) is transient:
+                    // stop; the instance stays "being reaped" and the next round redoes it.
+                    Err(e) => return Err(e),
                 }
             }
             if !unindexed.is_empty() {
@@ -154,7 +188,7 @@ fn reap_rooms(
 }
 
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
-fn reap_peers(
+pub(crate) fn reap_peers(
     sh: &Shared,
     con: &mut Connection,
     dead: &str,
@@ -205,21 +239,28 @@ fn reap_peers(
         }
         let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
         for ((_, _, member), r) in parsed.into_iter().zip(replies) {
-            match scripts::decode::<String>(op, r).as_deref() {
-                Ok("reaped") => {
+            let status = match scripts::decode::<String>(op, r) {
+                Ok(status) => status,
+                Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                    counts.failed += 1;
+                    sh.counters.bad_data(&e);
+                    log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
+                    continue;
+                }
+                // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
+                // the instance stays "being reaped" and the next round redoes it.
+                Err(e) => return Err(e),
+            };
+            match status.as_str() {
+                "reaped" => {
                     counts.peers += 1;
                     unindexed.push(member);
                 }
-                Ok("gone") | Ok("moved") => unindexed.push(member),
-                Ok("new_life") => {}
-                Ok(other) => {
+                "gone" | "moved" => unindexed.push(member),
+                "new_life" => counts.kept += 1,
+                other => {
                     counts.failed += 1;
                     log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
-                }
-                Err(e) => {
-                    counts.failed += 1;
-                    sh.note_error(e);
-                    log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
                 }
             }
         }
@@ -265,15 +306,35 @@ pub(crate) fn reap_instance(
         .key(sh.keys.heartbeat(dead))
         .key(sh.keys.instance_rooms(dead))
         .key(sh.keys.instance_peers(dead))
-        .arg(dead);
+        .arg(dead)
+        .arg(counts.kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =
         scripts::call(con, "finish reap", &inv)?;
+    if status == "retry" {
+        log::info!("{dead} wrote {} index members after its reap began but did not register again; the next round reaps them", counts.kept);
+    }
     if status == "incomplete" {
         log::warn!(
             "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped (bad data); left for the audit"
         );
     }
     Ok(Some(counts))
+}
+
+/// Removes what an earlier life of this instance id left behind: rooms and peer records of its
+/// indexes written before `t0` (server ms), with the same owner-CAS scripts as a reap. Used
+/// when an instance registers (after a restart with the same id, or after it found it was
+/// reaped while paused); needs no lease, as every step is an owner CAS on this id.
+pub(crate) fn clean_own_leftovers(
+    sh: &Shared,
+    con: &mut Connection,
+    t0: i64,
+) -> Result<ReapCounts> {
+    let mut counts = ReapCounts::default();
+    let always = || true;
+    reap_rooms(sh, con, &sh.me, t0, &always, &mut counts)?;
+    reap_peers(sh, con, &sh.me, t0, &always, &mut counts)?;
+    Ok(counts)
 }
 
 /// One reap round (the caller checked that this node leads).
@@ -303,7 +364,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
         }
         recv(after(sh.timings.two_phase_delay)) -> _ => {}
     }
-    let leading = || sh.leader.is_leader() && !sh.is_crashed();
+    let leading = || sh.leader.is_leader() && !sh.is_crashed() && !stopping(shutdown);
     if !leading() {
         return;
     }
@@ -337,8 +398,15 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
                 );
             }
             Ok(None) => log::info!("candidate {dead} is alive again (or gone); not reaped"),
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                // One instance's bad data must not stop the reap of the others.
+                sh.counters.bad_data(&e);
+                log::warn!("cannot reap {dead}: {e}; skipped (see fsck)");
+            }
             Err(e) => {
-                sh.note_error(&e);
+                if e.kind() != crate::ErrorKind::NotLeader {
+                    sh.note_error(&e);
+                }
                 log::warn!("reap of {dead} interrupted: {e}");
                 break;
             }

@@ -16,19 +16,41 @@ use crate::store::PinOutcome;
 /// Peer records deleted per script call when a room is closed or reaped.
 pub(crate) const PEER_BATCH: usize = 256;
 
-/// Pins `room` (wire form) for this instance. A pin held by an instance whose heartbeat key is
-/// gone is taken over (owner CAS on that dead owner). When the pin is not ours afterwards
-/// (held elsewhere, or the script failed on bad data), the index entry written first is removed
-/// again, unless this node already owned the room (`owned`).
+/// Pins `room` (wire form, `room_id` the caller's) for this instance. A pin held by an
+/// instance whose heartbeat key is gone is taken over (owner CAS on that dead owner).
+///
+/// The room goes into this instance's index first, in its own round trip, and the pin script
+/// runs only if that write succeeded (index before record). When the pin is definitely not ours
+/// afterwards (held elsewhere, or the script refused on bad data) the index entry is removed
+/// again, unless this node already owned the room (`owned`). When the outcome is unknown (the
+/// request was sent but timed out) nothing more is sent on that connection: the room is marked
+/// uncertain and the heartbeat settles it (releases a pin that did land).
 pub(crate) fn pin(
     sh: &Shared,
     con: &mut Connection,
     room: &str,
+    room_id: &str,
     owned: bool,
 ) -> Result<PinOutcome> {
+    let op = "pin room";
     let index = sh.keys.instance_rooms(&sh.me);
-    let out = try_pin(sh, con, room, &index);
-    if !owned && !matches!(&out, Ok(o) if o.is_owned()) {
+    redis::cmd("SADD")
+        .arg(&index)
+        .arg(room)
+        .query::<()>(con)
+        .map_err(|e| Error::redis(op, e))?;
+    let out = try_pin(sh, con, room);
+    let definite = match &out {
+        Ok(o) => !o.is_owned(),
+        Err(e) => e.outcome_known(),
+    };
+    if !definite {
+        if out.is_err() && !owned {
+            sh.local.mark_uncertain(room_id);
+        }
+        return out;
+    }
+    if !owned {
         let undo: redis::RedisResult<()> = redis::cmd("SREM").arg(&index).arg(room).query(con);
         if let Err(e) = undo {
             log::warn!("could not remove room {room} from this instance's index: {e}");
@@ -37,7 +59,7 @@ pub(crate) fn pin(
     out
 }
 
-fn try_pin(sh: &Shared, con: &mut Connection, room: &str, index: &str) -> Result<PinOutcome> {
+fn try_pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> {
     let op = "pin room";
     let rk = sh.keys.room(room);
     let ttl = sh.timings.pin_ttl.as_millis() as u64;
@@ -49,16 +71,15 @@ fn try_pin(sh: &Shared, con: &mut Connection, room: &str, index: &str) -> Result
             .arg(&sh.me)
             .arg(ttl)
             .arg(&stale_owner);
-        let mut pipe = redis::pipe();
-        pipe.sadd(index, room).ignore().invoke_script(&inv);
-        let mut replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-        let (status, other): (String, String) =
-            scripts::decode(op, replies.pop().unwrap_or(Ok(redis::Value::Nil)))?;
+        let (status, other): (String, String) = scripts::call(con, op, &inv)?;
+        // Another instance's id as stored (not decoded if somebody else wrote garbage there:
+        // the pin is ours by then, or the caller only needs to know it is held).
+        let lenient = |w: String| decode_id(&w).unwrap_or(w);
         return Ok(match status.as_str() {
             "pinned" => PinOutcome::Pinned,
             "ours" => PinOutcome::AlreadyOurs,
             "took_over" => PinOutcome::TookOver {
-                previous: decode_id(&other)?,
+                previous: lenient(other),
             },
             "held" => {
                 // Phase two of a takeover: is the holder's heartbeat gone?
@@ -71,7 +92,7 @@ fn try_pin(sh: &Shared, con: &mut Connection, room: &str, index: &str) -> Result
                     continue;
                 }
                 PinOutcome::Held {
-                    owner: decode_id(&other)?,
+                    owner: lenient(other),
                 }
             }
             s => return Err(Error::bad_data(op, format!("pin_room.lua replied {s:?}"))),

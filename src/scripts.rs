@@ -121,7 +121,15 @@ pub(crate) fn call<T: FromRedisValue>(
     op: &'static str,
     inv: &ScriptInvocation<'_>,
 ) -> Result<T> {
-    inv.invoke(con).map_err(|e| Error::redis(op, e))
+    // `invoke` loads the script and retries once on NOSCRIPT; a flush landing between that
+    // load and the retry is survived by trying again (a script that got NOSCRIPT did not run).
+    let mut attempts = 0;
+    loop {
+        match inv.invoke(con) {
+            Err(e) if is_noscript(&e) && attempts < 3 => attempts += 1,
+            out => return out.map_err(|e| Error::redis(op, e)),
+        }
+    }
 }
 
 /// Decodes one pipelined reply.

@@ -1,33 +1,117 @@
 //! The fleet as Redis sees it: the leader and epoch, and each registered instance with its
-//! heartbeat age on server time, alive or stale, and its room and peer counts. What
+//! heartbeat age on server time, its [`InstanceState`], and its room and peer counts. What
 //! `sfu-redis status` prints.
+//!
+//! Status is a diagnostic tool, so it reads whatever it finds: garbage in the heartbeat sorted
+//! set (a member that is not an instance id, a score that is not a whole number of ms) or a
+//! key of the wrong type is reported as a problem of the item it concerns
+//! ([`FleetStatus::problems`], [`InstanceStatus::problems`]) and the rest is still shown. Only
+//! a failure to reach Redis fails the whole call.
+//!
+//! What it sends: the sorted set is paged with `ZSCAN ... COUNT 1000` (never one `ZRANGE` over
+//! the whole set); each instance's keys are looked up with `TYPE`/`SCARD`, pipelined for
+//! [`STATUS_BATCH`] instances at a time.
 
-use redis::Connection;
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+
+use redis::{Connection, RedisResult, Value};
+use serde_json::{json, Value as Json};
 
 use crate::config::Config;
 use crate::conn::Redis;
 use crate::error::{Error, Result};
 use crate::keys::decode_id;
+use crate::scripts;
 
-/// One registered instance.
+/// `COUNT` of each `ZSCAN` call over the heartbeat sorted set.
+const SCAN_COUNT: usize = 1000;
+
+/// Instances whose keys are looked up in one pipeline.
+pub const STATUS_BATCH: usize = 500;
+
+const OP: &str = "read fleet status";
+
+/// Where an instance stands, judged on Redis server time with the stale threshold of the
+/// [`Config`] given to [`fleet_status`] (which must match the fleet's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    /// Its heartbeat key exists and its last heartbeat is younger than the stale threshold.
+    Alive,
+    /// Its heartbeat key is gone (expired) but its last heartbeat is still younger than the
+    /// stale threshold: it missed a beat or died recently; not a reap candidate yet.
+    Late,
+    /// Its last heartbeat is at least the stale threshold old: a reap candidate (the leader
+    /// re-checks it after the two-phase delay; an instance whose heartbeat key still exists
+    /// passes that re-check).
+    Stale,
+    /// Its score is 0: a leader started reaping it and has not finished.
+    BeingReaped,
+}
+
+impl InstanceState {
+    /// `alive`, `late`, `stale` or `being_reaped` (the `state` of `status --json`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Alive => "alive",
+            InstanceState::Late => "late",
+            InstanceState::Stale => "stale",
+            InstanceState::BeingReaped => "being_reaped",
+        }
+    }
+
+    /// The state of an instance whose score is `score` (server ms), `age_ms` old, with or
+    /// without a heartbeat key.
+    fn judge(score: f64, age_ms: f64, heartbeat_key: bool, stale_ms: f64) -> Self {
+        if score == 0.0 {
+            InstanceState::BeingReaped
+        } else if age_ms.is_nan() || age_ms >= stale_ms {
+            // Also a score that is not a number at all: nothing says it is alive.
+            InstanceState::Stale
+        } else if heartbeat_key {
+            InstanceState::Alive
+        } else {
+            InstanceState::Late
+        }
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One registered instance (one member of the heartbeat sorted set).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct InstanceStatus {
-    /// Its id (wire form if it does not decode).
+    /// Its id; the member as found (lossily decoded if it is not UTF-8) if it is not the wire
+    /// form of an id (then [`problems`](Self::problems) says so).
     pub id: String,
-    /// Server ms of its last heartbeat (0 while it is being reaped).
+    /// Server ms of its last heartbeat (0 while it is being reaped). A score that is not a
+    /// whole number is truncated (saturating: `inf` gives `i64::MAX`) and flagged.
     pub last_heartbeat_ms: i64,
-    /// Server time minus that, ms.
+    /// Server time minus that, ms (saturating).
     pub age_ms: i64,
-    /// Its heartbeat key exists and its last heartbeat is within the stale threshold.
+    /// Where it stands.
+    pub state: InstanceState,
+    /// `state == Alive`: its heartbeat key exists and its last heartbeat is within the stale
+    /// threshold.
     pub alive: bool,
-    /// A leader started reaping it (score 0) and has not finished.
+    /// `state == BeingReaped`: a leader started reaping it (score 0) and has not finished.
     pub being_reaped: bool,
-    /// Members of its room index.
+    /// Members of its room index (0 when [`rooms_known`](Self::rooms_known) is false).
     pub rooms: u64,
-    /// Members of its peer index.
+    /// False when the room index could not be read (wrong type, or the member is not an id);
+    /// [`problems`](Self::problems) says why. `rooms` is `null` in the JSON then.
+    pub rooms_known: bool,
+    /// Members of its peer index (0 when [`peers_known`](Self::peers_known) is false).
     pub peers: u64,
+    /// False when the peer index could not be read; `peers` is `null` in the JSON then.
+    pub peers_known: bool,
+    /// What is wrong with this instance's entry or keys, one sentence each naming the key.
+    pub problems: Vec<String>,
 }
 
 /// The fleet of one prefix.
@@ -38,43 +122,69 @@ pub struct FleetStatus {
     pub prefix: String,
     /// Redis server time, ms.
     pub server_ms: i64,
+    /// The stale threshold the states were judged with, ms.
+    pub stale_threshold_ms: i64,
     /// The lease holder, if any (its raw value if it is not an instance id).
     pub leader: Option<String>,
     /// Remaining lease TTL, ms.
     pub leader_ttl_ms: Option<i64>,
-    /// The last epoch handed out.
+    /// The lease holder is a registered instance in state [`InstanceState::Alive`]. False
+    /// without a leader, or when the lease outlives its holder (the lease expires on its own).
+    pub leader_alive: bool,
+    /// The last epoch handed out (0 when [`epoch_known`](Self::epoch_known) is false).
     pub epoch: u64,
+    /// False when the epoch key could not be read (wrong type, not a number); `epoch` is
+    /// `null` in the JSON then.
+    pub epoch_known: bool,
     /// Registered instances, by id.
     pub instances: Vec<InstanceStatus>,
+    /// What is wrong with the control keys (heartbeat sorted set, lease, epoch), one sentence
+    /// each naming the key. Problems of one instance are in its [`InstanceStatus::problems`].
+    pub problems: Vec<String>,
 }
 
 impl FleetStatus {
     /// The JSON object printed by `sfu-redis status --json`.
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Json {
         json!({
             "prefix": self.prefix,
             "server_ms": self.server_ms,
+            "stale_threshold_ms": self.stale_threshold_ms,
             "leader": self.leader,
             "leader_ttl_ms": self.leader_ttl_ms,
-            "epoch": self.epoch,
+            "leader_alive": self.leader_alive,
+            "epoch": self.epoch_known.then_some(self.epoch),
             "instances": self.instances.iter().map(|i| json!({
                 "id": i.id,
                 "last_heartbeat_ms": i.last_heartbeat_ms,
                 "age_ms": i.age_ms,
+                "state": i.state.as_str(),
                 "alive": i.alive,
                 "being_reaped": i.being_reaped,
-                "rooms": i.rooms,
-                "peers": i.peers,
+                "rooms": i.rooms_known.then_some(i.rooms),
+                "peers": i.peers_known.then_some(i.peers),
+                "problems": i.problems,
             })).collect::<Vec<_>>(),
+            "problems": self.problems,
         })
+    }
+
+    /// True when neither the control keys nor any instance has a problem.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty() && self.instances.iter().all(|i| i.problems.is_empty())
     }
 }
 
-/// Reads the fleet status of `config`'s prefix from `config`'s Redis.
+/// Reads the fleet status of `config`'s prefix from `config`'s Redis. The states are judged
+/// with `config`'s stale threshold.
+///
+/// Data this crate did not write (a key of the wrong type, a sorted-set member that is not an
+/// id, a score that is not a whole number) does not fail the call: it is reported in
+/// [`FleetStatus::problems`] or [`InstanceStatus::problems`].
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::Redis`];
-/// [`Error::BadData`] when a control key has the wrong type.
+/// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::Redis`] when Redis
+/// cannot be reached, times out or cannot tell the time.
 pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
     let url = config
         .redis_url()
@@ -84,63 +194,398 @@ pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
     read(config, &mut con)
 }
 
-fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
-    let op = "read fleet status";
-    let ks = config.keys();
-    let wrap = |e| Error::redis(op, e);
-    type Head = (
-        (i64, i64),
-        Option<String>,
-        i64,
-        Option<u64>,
-        Vec<(String, i64)>,
-    );
-    let ((secs, micros), leader, ttl, epoch, members): Head = redis::pipe()
-        .cmd("TIME")
-        .get(ks.leader())
-        .pttl(ks.leader())
-        .get(ks.epoch())
-        .zrange_withscores(ks.heartbeats(), 0, -1)
-        .query(con)
-        .map_err(wrap)?;
-    let now = secs * 1000 + micros / 1000;
-    let mut pipe = redis::pipe();
-    for (id, _) in &members {
-        pipe.exists(ks.heartbeat(id))
-            .scard(ks.instance_rooms(id))
-            .scard(ks.instance_peers(id));
+/// One member of the heartbeat sorted set, as read.
+struct Member {
+    raw: Vec<u8>,
+    /// The id for people: decoded, else the raw member (lossy).
+    id: String,
+    /// The wire form, if the member is the wire form of an id.
+    wire: Option<String>,
+    score: f64,
+    problems: Vec<String>,
+}
+
+fn exec(con: &mut Connection, pipe: &mut redis::Pipeline, n: usize) -> Result<Vec<Reply>> {
+    let replies = scripts::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
+    if replies.len() != n {
+        return Err(Error::bad_data(
+            OP,
+            format!("{} replies to a pipeline of {n} commands", replies.len()),
+        ));
     }
-    let counts: Vec<(bool, u64, u64)> = if members.is_empty() {
-        Vec::new()
+    Ok(replies)
+}
+
+type Reply = RedisResult<Value>;
+
+/// A Redis type name for people.
+fn type_name(t: &str) -> &str {
+    match t {
+        "zset" => "sorted set",
+        other => other,
+    }
+}
+
+/// The reply of `TYPE`, or the error text.
+fn key_type(r: &Reply) -> std::result::Result<String, String> {
+    match r {
+        Ok(v) => redis::from_redis_value_ref::<String>(v).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `(id for people, wire form if it is one)`.
+fn show_id(raw: &[u8]) -> (String, Option<String>) {
+    match std::str::from_utf8(raw) {
+        Ok(s) => match decode_id(s) {
+            Ok(id) => (id, Some(s.to_owned())),
+            Err(_) => (s.to_owned(), None),
+        },
+        Err(_) => (String::from_utf8_lossy(raw).into_owned(), None),
+    }
+}
+
+/// A score as Redis sent it.
+fn score_of(v: &Value) -> Option<f64> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+        Value::SimpleString(s) => s.trim().parse().ok(),
+        Value::Double(d) => Some(*d),
+        Value::Int(i) => Some(*i as f64),
+        _ => None,
+    }
+}
+
+fn member_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+/// Pages through the heartbeat sorted set with `ZSCAN`. A wrong-typed key or an unexpected
+/// reply is a problem of the fleet (and the instances read so far are kept).
+fn scan_members(
+    con: &mut Connection,
+    key: &str,
+    problems: &mut Vec<String>,
+) -> Result<BTreeMap<Vec<u8>, f64>> {
+    let mut members = BTreeMap::new();
+    let mut cursor = "0".to_owned();
+    loop {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZSCAN")
+            .arg(key)
+            .arg(&cursor)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .cmd("TYPE")
+            .arg(key);
+        let mut replies = exec(con, &mut pipe, 2)?.into_iter();
+        let (page, ty) = (replies.next(), replies.next());
+        let page = match page {
+            Some(Ok(v)) => redis::from_redis_value::<(String, Vec<Value>)>(v).ok(),
+            Some(Err(e)) => {
+                let what = match ty.as_ref().map(key_type) {
+                    Some(Ok(t)) if t != "zset" => format!(
+                        "{key} holds a {}, not a sorted set: no instance can register or be reaped",
+                        type_name(&t)
+                    ),
+                    _ => format!("cannot read {key}: {e}"),
+                };
+                problems.push(what);
+                return Ok(members);
+            }
+            None => None,
+        };
+        let Some((next, items)) = page else {
+            problems.push(format!(
+                "{key}: unexpected ZSCAN reply; instances not listed"
+            ));
+            return Ok(members);
+        };
+        let mut items = items.into_iter();
+        while let (Some(member), Some(score)) = (items.next(), items.next()) {
+            let score = score_of(&score).unwrap_or(f64::NAN);
+            match member_bytes(member) {
+                Some(raw) => {
+                    members.insert(raw, score);
+                }
+                None => problems.push(format!("{key}: a member that is not a string")),
+            }
+        }
+        if next == "0" {
+            return Ok(members);
+        }
+        cursor = next;
+    }
+}
+
+/// What is wrong with a score (server ms), if anything. `now` is the server time read after
+/// the scan, so a heartbeat's score is never ahead of it unless the server clock went back.
+fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
+    let what = if score.is_nan() {
+        "is not a number".to_owned()
+    } else if !score.is_finite() {
+        format!("is {score}, not a time")
+    } else if score.fract() != 0.0 {
+        format!("is {score}, not a whole number of server ms")
+    } else if score < 0.0 {
+        format!("is {score}, a negative time")
+    } else if score > now as f64 {
+        format!(
+            "is {score}, {} ms ahead of the server time {now}",
+            score - now as f64
+        )
     } else {
-        let flat: Vec<redis::Value> = pipe.query(con).map_err(wrap)?;
-        flat.chunks(3)
-            .map(|c| {
-                let get = |v: &redis::Value| redis::from_redis_value_ref::<u64>(v).unwrap_or(0);
-                (get(&c[0]) == 1, get(&c[1]), get(&c[2]))
-            })
-            .collect()
+        return None;
     };
-    let stale = config.timings().stale_threshold.as_millis() as i64;
-    let instances = members
+    Some(format!("{key}: the score of {id:?} {what}"))
+}
+
+fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
+    let ks = config.keys();
+    let stale = config.timings().stale_threshold;
+    let stale_ms = stale.as_millis() as f64;
+    let mut problems = Vec::new();
+
+    let zset = ks.heartbeats();
+    let scanned = scan_members(con, &zset, &mut problems)?;
+
+    // The clock, lease and epoch, read after the scan (so no score read is newer than `now`).
+    let (leader_key, epoch_key) = (ks.leader(), ks.epoch());
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME")
+        .cmd("TYPE")
+        .arg(&leader_key)
+        .get(&leader_key)
+        .pttl(&leader_key)
+        .cmd("TYPE")
+        .arg(&epoch_key)
+        .get(&epoch_key);
+    let head = exec(con, &mut pipe, 6)?;
+    let (secs, micros): (i64, i64) = match &head[0] {
+        Ok(v) => redis::from_redis_value_ref(v)
+            .map_err(|e| Error::bad_data(OP, format!("unexpected TIME reply: {e}")))?,
+        Err(e) => return Err(Error::redis("read the server time", e.clone())),
+    };
+    let now = secs * 1000 + micros / 1000;
+
+    let mut leader = None;
+    let mut leader_raw = None;
+    let mut leader_ttl_ms = None;
+    match key_type(&head[1]) {
+        Ok(t) if t == "none" => {}
+        Ok(t) if t == "string" => match &head[2] {
+            Ok(Value::BulkString(raw)) => {
+                let (id, wire) = show_id(raw);
+                if wire.is_none() {
+                    problems.push(format!(
+                        "{leader_key}: the lease value {id:?} is not an instance id"
+                    ));
+                }
+                match &head[3] {
+                    Ok(Value::Int(ttl)) if *ttl >= 0 => leader_ttl_ms = Some(*ttl),
+                    Ok(Value::Int(-1)) => problems.push(format!(
+                        "{leader_key} has no TTL (not written by sfu-redis): the next election replaces it"
+                    )),
+                    _ => {} // expired meanwhile
+                }
+                leader = Some(id);
+                leader_raw = Some(raw.clone());
+            }
+            Ok(Value::Nil) => {} // expired meanwhile
+            Ok(other) => problems.push(format!("{leader_key}: unexpected value {other:?}")),
+            Err(e) => problems.push(format!("cannot read {leader_key}: {e}")),
+        },
+        Ok(t) => {
+            let then = match &head[3] {
+                Ok(Value::Int(ttl)) if *ttl >= 0 => {
+                    format!("elections wait until it expires in {ttl} ms")
+                }
+                _ => "the next election replaces it".to_owned(),
+            };
+            problems.push(format!(
+                "{leader_key} holds a {}, not a string: nobody holds the lease; {then}",
+                type_name(&t)
+            ));
+        }
+        Err(e) => problems.push(format!("cannot read the type of {leader_key}: {e}")),
+    }
+
+    let mut epoch = 0;
+    let mut epoch_known = true;
+    match key_type(&head[4]) {
+        Ok(t) if t == "none" => {}
+        Ok(t) if t == "string" => match &head[5] {
+            Ok(Value::Nil) => {}
+            Ok(v) => match redis::from_redis_value_ref::<String>(v)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+            {
+                Some(n) => epoch = n,
+                None => {
+                    epoch_known = false;
+                    let shown = match v {
+                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        other => format!("{other:?}"),
+                    };
+                    problems.push(format!(
+                        "{epoch_key}: {shown:?} is not an epoch (a whole number); the next election replaces it"
+                    ));
+                }
+            },
+            Err(e) => {
+                epoch_known = false;
+                problems.push(format!("cannot read {epoch_key}: {e}"));
+            }
+        },
+        Ok(t) => {
+            epoch_known = false;
+            problems.push(format!(
+                "{epoch_key} holds a {}, not a counter: the next election replaces it",
+                type_name(&t)
+            ));
+        }
+        Err(e) => {
+            epoch_known = false;
+            problems.push(format!("cannot read the type of {epoch_key}: {e}"));
+        }
+    }
+
+    let mut members: Vec<Member> = scanned
         .into_iter()
-        .zip(counts)
-        .map(|((id, score), (hb, rooms, peers))| InstanceStatus {
-            id: decode_id(&id).unwrap_or(id),
-            last_heartbeat_ms: score,
-            age_ms: now - score,
-            alive: hb && now - score <= stale,
-            being_reaped: score == 0,
-            rooms,
-            peers,
+        .map(|(raw, score)| {
+            let (id, wire) = show_id(&raw);
+            let mut problems = Vec::new();
+            if wire.is_none() {
+                let what = if std::str::from_utf8(&raw).is_err() {
+                    "is not UTF-8"
+                } else {
+                    "is not the wire form of an instance id"
+                };
+                problems.push(format!(
+                    "{zset}: member {id:?} {what} (not written by sfu-redis); its keys are not read"
+                ));
+            }
+            problems.extend(score_problem(&zset, &id, score, now));
+            Member {
+                raw,
+                id,
+                wire,
+                score,
+                problems,
+            }
         })
         .collect();
+    members.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.raw.cmp(&b.raw)));
+
+    let mut instances = Vec::with_capacity(members.len());
+    for batch in members.chunks_mut(STATUS_BATCH) {
+        let mut pipe = redis::pipe();
+        let mut n = 0;
+        for m in batch.iter() {
+            if let Some(w) = &m.wire {
+                let (rooms, peers) = (ks.instance_rooms(w), ks.instance_peers(w));
+                pipe.cmd("TYPE")
+                    .arg(ks.heartbeat(w))
+                    .cmd("TYPE")
+                    .arg(&rooms)
+                    .scard(&rooms)
+                    .cmd("TYPE")
+                    .arg(&peers)
+                    .scard(&peers);
+                n += 5;
+            }
+        }
+        let mut replies = exec(con, &mut pipe, n)?.into_iter();
+        for m in batch.iter_mut() {
+            let mut hb = false;
+            let mut rooms = None;
+            let mut peers = None;
+            if let Some(w) = &m.wire {
+                let r: Vec<Reply> = replies.by_ref().take(5).collect();
+                let hb_key = ks.heartbeat(w);
+                match key_type(&r[0]) {
+                    Ok(t) if t == "none" => {}
+                    Ok(t) if t == "string" => hb = true,
+                    Ok(t) => {
+                        // The reaper checks EXISTS: any type counts as a heartbeat.
+                        hb = true;
+                        m.problems.push(format!(
+                            "{hb_key} holds a {}, not a string (it still counts as a heartbeat)",
+                            type_name(&t)
+                        ));
+                    }
+                    Err(e) => m.problems.push(format!(
+                        "cannot read the type of {hb_key} ({e}); taken as absent"
+                    )),
+                }
+                rooms = count(&ks.instance_rooms(w), &r[1], &r[2], &mut m.problems);
+                peers = count(&ks.instance_peers(w), &r[3], &r[4], &mut m.problems);
+            }
+            let age = now as f64 - m.score;
+            let state = InstanceState::judge(m.score, age, hb, stale_ms);
+            // `as` saturates (and maps NaN to 0).
+            let last = m.score as i64;
+            instances.push(InstanceStatus {
+                id: std::mem::take(&mut m.id),
+                last_heartbeat_ms: last,
+                age_ms: now.saturating_sub(last),
+                state,
+                alive: state == InstanceState::Alive,
+                being_reaped: state == InstanceState::BeingReaped,
+                rooms: rooms.unwrap_or(0),
+                rooms_known: rooms.is_some(),
+                peers: peers.unwrap_or(0),
+                peers_known: peers.is_some(),
+                problems: std::mem::take(&mut m.problems),
+            });
+        }
+    }
+
+    let leader_alive = leader_raw.is_some_and(|raw| {
+        members
+            .iter()
+            .zip(&instances)
+            .any(|(m, i)| m.raw == raw && i.state == InstanceState::Alive)
+    });
     Ok(FleetStatus {
         prefix: ks.prefix().to_owned(),
         server_ms: now,
-        leader: leader.map(|l| decode_id(&l).unwrap_or(l)),
-        leader_ttl_ms: (ttl >= 0).then_some(ttl),
-        epoch: epoch.unwrap_or(0),
+        stale_threshold_ms: i64::try_from(stale.as_millis()).unwrap_or(i64::MAX),
+        leader,
+        leader_ttl_ms,
+        leader_alive,
+        epoch,
+        epoch_known,
         instances,
+        problems,
     })
+}
+
+/// The `SCARD` of an index set, or `None` (with a problem naming the key) when it holds
+/// another type or cannot be read.
+fn count(key: &str, ty: &Reply, card: &Reply, problems: &mut Vec<String>) -> Option<u64> {
+    match card {
+        Ok(v) => match redis::from_redis_value_ref::<u64>(v) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                problems.push(format!(
+                    "{key}: unexpected SCARD reply ({e}); count unknown"
+                ));
+                None
+            }
+        },
+        Err(e) => {
+            problems.push(match key_type(ty) {
+                Ok(t) if t != "set" && t != "none" => {
+                    format!("{key} holds a {}, not a set: count unknown", type_name(&t))
+                }
+                _ => format!("cannot read {key} ({e}); count unknown"),
+            });
+            None
+        }
+    }
 }

@@ -2,9 +2,10 @@
 //! `if redis { .. } else { .. }` branches: [`crate::memory`] keeps everything in memory,
 //! [`crate::rooms`] and [`crate::peers`] keep it in Redis. Ids reaching a store are validated.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::Result;
 use crate::keys::Id;
@@ -43,12 +44,15 @@ pub const RESERVED_PEER_FIELDS: [&str; 4] = ["instance", "guest", "generation", 
 /// The most host fields one peer record may carry.
 pub const MAX_PEER_FIELDS: usize = 64;
 
-/// One upsert's result.
+/// What [`crate::Node::upsert_peer_detailed`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Upserted {
+#[non_exhaustive]
+pub struct Upserted {
+    /// The record's generation: pass it to [`crate::Node::remove_peer`].
     pub generation: u64,
-    /// Another peer of the same guest that this upsert replaced (deleted), if any.
-    pub superseded: Option<String>,
+    /// Another peer of the same guest that this upsert replaced (its record was deleted): a
+    /// quick reconnect with a new peer id. Tear its transport down.
+    pub replaced: Option<String>,
 }
 
 /// Host-facing operations, implemented in memory and on Redis. Ids are the callers' ids,
@@ -76,15 +80,83 @@ pub(crate) struct LocalPeer {
     pub generation: u64,
 }
 
+/// Stripes of the per-room lock.
+const ROOM_LOCKS: usize = 64;
+
 /// What this node holds: the rooms it pinned and the peers it upserted (callers' ids). The
 /// heartbeat refreshes these pins; counts come from here.
-#[derive(Debug, Default)]
+///
+/// Operations of this node on one room (pin, close, upsert, remove, the heartbeat's handling of
+/// a lost room) run under that room's lock ([`Local::lock_room`]): each is several round trips
+/// across two hash slots (index and record), and two of them interleaving on one node could
+/// leave a record that no index reaches.
+#[derive(Debug)]
 pub(crate) struct Local {
     rooms: Mutex<BTreeMap<String, ()>>,
     peers: Mutex<BTreeMap<(String, String), LocalPeer>>,
+    /// Rooms whose pin or close ended without a known outcome; the heartbeat settles them
+    /// (releases the pin if it is ours and the host does not hold the room).
+    uncertain: Mutex<BTreeSet<String>>,
+    /// Peers whose remove ended without a known outcome, with the generation to remove; the
+    /// heartbeat sends the remove again (it is a no-op if it had run).
+    uncertain_peers: Mutex<BTreeMap<(String, String), u64>>,
+    locks: Vec<Mutex<()>>,
+}
+
+impl Default for Local {
+    fn default() -> Self {
+        Local {
+            rooms: Mutex::default(),
+            peers: Mutex::default(),
+            uncertain: Mutex::default(),
+            uncertain_peers: Mutex::default(),
+            locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
+        }
+    }
 }
 
 impl Local {
+    /// The lock of `room` (striped: unrelated rooms may share a stripe).
+    pub(crate) fn lock_room(&self, room: &str) -> MutexGuard<'_, ()> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        room.hash(&mut h);
+        self.locks[(h.finish() as usize) % ROOM_LOCKS].lock()
+    }
+
+    pub(crate) fn mark_uncertain(&self, room: &str) {
+        self.uncertain.lock().insert(room.to_owned());
+    }
+
+    pub(crate) fn uncertain(&self) -> Vec<String> {
+        self.uncertain.lock().iter().cloned().collect()
+    }
+
+    pub(crate) fn settled(&self, room: &str) {
+        self.uncertain.lock().remove(room);
+    }
+
+    pub(crate) fn mark_uncertain_peer(&self, room: &str, peer: &str, generation: u64) {
+        self.uncertain_peers
+            .lock()
+            .insert((room.to_owned(), peer.to_owned()), generation);
+    }
+
+    /// Takes the peers whose remove must be sent again.
+    pub(crate) fn take_uncertain_peers(&self) -> Vec<(String, String, u64)> {
+        std::mem::take(&mut *self.uncertain_peers.lock())
+            .into_iter()
+            .map(|((r, p), g)| (r, p, g))
+            .collect()
+    }
+
+    /// The generation this node last got for a peer, if it holds it.
+    pub(crate) fn peer_generation(&self, room: &str, peer: &str) -> Option<u64> {
+        self.peers
+            .lock()
+            .get(&(room.to_owned(), peer.to_owned()))
+            .map(|p| p.generation)
+    }
+
     pub(crate) fn add_room(&self, room: &str) {
         self.rooms.lock().insert(room.to_owned(), ());
     }
@@ -135,6 +207,8 @@ impl Local {
     /// Forgets everything (after this node was reaped).
     pub(crate) fn clear(&self) -> Vec<String> {
         self.peers.lock().clear();
+        self.uncertain.lock().clear();
+        self.uncertain_peers.lock().clear();
         std::mem::take(&mut *self.rooms.lock())
             .into_keys()
             .collect()

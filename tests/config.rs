@@ -34,9 +34,10 @@ fn refused(t: Timings, field: &str, case: &str) {
     }
 }
 
-// Protects timing validation (DESIGN "Timings ... nonsensical combinations are rejected with
-// an error that names the field"): each rule broken alone is refused, naming the field at
-// fault. Fails if any rule were missing (the case would validate) or named another field.
+// Protects timing validation (docs/DESIGN.md "Timings ... nonsensical combinations are
+// rejected with an error that names the field"): each rule broken alone is refused, naming the
+// field at fault. Fails if any rule were missing (the case would validate) or named another
+// field.
 #[test]
 fn nonsensical_timings_are_refused_naming_the_field() {
     let base = Timings::fast();
@@ -111,7 +112,8 @@ fn nonsensical_timings_are_refused_naming_the_field() {
 
 // Prefix segments and the instance id are validated when the config is built, naming the
 // field: an empty segment, an oversized one, and invalid instance ids are refused; other
-// characters are normalized so the prefix stays three `[A-Za-z0-9._-]` segments.
+// characters are escaped (`_` -> `__`, other bytes -> `_XX`) so the prefix stays three
+// `[A-Za-z0-9._-]` segments and distinct names keep distinct prefixes.
 #[test]
 fn prefix_and_instance_id_are_validated() {
     for (stage, field) in [("", "stage"), ("   ", "stage")] {
@@ -131,7 +133,31 @@ fn prefix_and_instance_id_are_validated() {
         .branch("feature/x y:z*")
         .build()
         .unwrap();
-    assert_eq!(c.keys().prefix(), "sfu:prod_1_:feature_x_y_z_");
+    assert_eq!(c.keys().prefix(), "sfu:prod_7B1_7D:feature_2Fx_20y_3Az_2A");
+    // The limit is on the name as given (64 bytes), not on its escaped form.
+    let c = Config::builder().branch(&"/".repeat(64)).build().unwrap();
+    assert_eq!(c.keys().prefix(), format!("sfu:dev:{}", "_2F".repeat(64)));
+    let e = Config::builder()
+        .stage(&"/".repeat(65))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("stage"), "{e}");
+    // Names that the old `_` replacement merged stay apart.
+    let prefix = |branch: &str| {
+        Config::builder()
+            .branch(branch)
+            .build()
+            .unwrap()
+            .keys()
+            .prefix()
+            .to_owned()
+    };
+    assert_eq!(prefix("feature/login"), "sfu:dev:feature_2Flogin");
+    assert_eq!(prefix("feature_login"), "sfu:dev:feature__login");
+    assert_eq!(prefix(" feature_login "), "sfu:dev:feature__login");
+    // `to_builder` keeps the names, not their escaped forms.
+    let c = Config::builder().stage("prod_eu").build().unwrap();
+    assert_eq!(c.to_builder().build().unwrap().keys(), c.keys());
     for bad in ["", "a\nb", "\u{0}", &"x".repeat(257)] {
         let e = Config::builder().instance_id(bad).build().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad:?}");
@@ -310,16 +336,83 @@ fn password_with_url_delimiters_never_shows_in_errors() {
 }
 
 // redis-rs also takes the password of a Unix-socket URL in the query string
-// (`redis+unix:///path?pass=...`, `unix:///path?pass=...`); it must be hidden like any other.
+// (`redis+unix:///path?pass=...`, `unix:///path?pass=...`), after percent-decoding the
+// parameter name (`p%61ss`); it must be hidden like any other, also when it holds `@`, `/`,
+// `?` or `#`, and in the `Debug` of a `ConfigBuilder`.
 #[test]
 fn unix_socket_password_never_shows() {
     for url in [
         format!("redis+unix:///tmp/no-such-redis.sock?pass={SECRET}"),
         format!("unix:///tmp/no-such-redis.sock?user=u&pass={SECRET}"),
+        format!("redis+unix:///tmp/no-such-redis.sock?pass={SECRET}@TAIL"),
+        format!("redis+unix:///tmp/no-such-redis.sock?pass={SECRET}@/?#{SECRET}&db=0"),
+        format!("redis+unix:///tmp/no-such-redis.sock?p%61ss={SECRET}"),
+        format!("unix:///tmp/no-such-redis.sock?db=0&%70ass={SECRET}"),
+        format!("unix:///tmp/no-such-redis.sock?PASSWORD={SECRET}"),
     ] {
         let (display, debug) = start_error_text(&url).expect("refused");
         no_secret(&url, &display);
         no_secret(&url, &debug);
+        let builder = Config::builder().redis_url(Some(&url));
+        no_secret("ConfigBuilder Debug", &format!("{builder:?}"));
+        no_secret("redact_url", &sfu_redis::redact_url(&url));
+    }
+}
+
+// `redact_url` and the `Debug` of `Config` and `ConfigBuilder` hide the password of every
+// URL shape: user info with and without a user name, a bare user info (`redis://pw@host`),
+// `%40`, unencoded `@`, `/`, `?`, `#` in the password, IPv6 hosts; URLs without a password
+// are shown whole.
+#[test]
+fn redaction_hides_every_password_shape() {
+    let cases = [
+        (
+            format!("redis://user:{SECRET}@127.0.0.1:6379/0"),
+            Some("redis://user:***@127.0.0.1:6379/0"),
+        ),
+        (
+            format!("redis://:{SECRET}@[::1]:6379"),
+            Some("redis://:***@[::1]:6379"),
+        ),
+        (format!("redis://{SECRET}@host"), Some("redis://***@host")),
+        (
+            "redis://user:S3cret%40Passw0rd@host".to_owned(),
+            Some("redis://user:***@host"),
+        ),
+        (
+            "redis://user:S3cret@Passw0rd@host:1".to_owned(),
+            Some("redis://user:***@host:1"),
+        ),
+        ("redis://user:S3cret/Passw0rd@host".to_owned(), None),
+        ("redis://user:1234/S3cretPassw0rd@host".to_owned(), None),
+        ("redis://user:1234?S3cretPassw0rd@host".to_owned(), None),
+        ("redis://user:1234#S3cretPassw0rd@host".to_owned(), None),
+        (
+            "redis://[::1]:6379/2".to_owned(),
+            Some("redis://[::1]:6379/2"),
+        ),
+        (
+            "redis://127.0.0.1:6379".to_owned(),
+            Some("redis://127.0.0.1:6379"),
+        ),
+    ];
+    for (url, want) in &cases {
+        let shown = sfu_redis::redact_url(url);
+        no_secret(url, &shown);
+        assert!(!shown.contains("1234"), "{url}: {shown}");
+        match want {
+            Some(want) => assert_eq!(&shown, want, "{url}"),
+            None => assert!(shown.starts_with("<redis:// URL"), "{url}: {shown}"),
+        }
+        let builder = Config::builder().redis_url(Some(url));
+        no_secret("ConfigBuilder Debug", &format!("{builder:?}"));
+        match builder.build() {
+            Ok(c) => no_secret("Config Debug", &format!("{c:?}")),
+            Err(e) => {
+                no_secret("build error", &e.to_string());
+                no_secret("build error", &format!("{e:?}"));
+            }
+        }
     }
 }
 
@@ -340,7 +433,7 @@ fn from_env_reads_the_variables() {
     }
     let c = Config::from_env().unwrap();
     assert_eq!(c.redis_url(), Some("redis://127.0.0.1:6379"));
-    assert_eq!(c.keys().prefix(), "acme:prod:feat_x");
+    assert_eq!(c.keys().prefix(), "acme:prod:feat_2Fx");
     assert_eq!(c.instance_id(), "sfu-7");
     std::env::set_var("REDIS_URL", "");
     assert_eq!(Config::from_env().unwrap().redis_url(), None);

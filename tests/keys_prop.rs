@@ -1,7 +1,9 @@
 //! Property tests of the key space ("ids are data, not syntax"): for arbitrary UTF-8 ids,
 //! including `:`, `{`, `}`, `*`, `/`, `%`, spaces and non-ASCII, encoding is reversible and
 //! injective, keys and `<room>/<peer>` members never collide, a room key's hash tag is exactly
-//! the room's wire id, and keys parse back to what built them.
+//! the room's wire id, and keys parse back to what built them. Prefix segments (namespace,
+//! stage, branch) are escaped injectively into `[A-Za-z0-9._-]`: distinct names never share a
+//! prefix (invariant 5).
 
 use proptest::prelude::*;
 use sfu_redis::keys::{
@@ -24,6 +26,72 @@ fn tricky() -> impl Strategy<Value = String> {
         1 => prop::collection::vec(ch, 60..120).prop_map(String::from_iter),
         1 => any::<String>(),
     ]
+}
+
+/// Prefix segment names, often near-collisions under a lossy normalization: `_`, `/`, hex
+/// digits (`_2F` is the escape of `/`), spaces (trimmed), `:`, `%`, multi-byte characters.
+fn segment_name() -> impl Strategy<Value = String> {
+    let ch = prop::sample::select(vec![
+        '_', '/', '2', 'F', 'f', 'a', ' ', '.', '-', ':', '%', '방', '\t',
+    ]);
+    prop_oneof![
+        2 => tricky(),
+        3 => prop::collection::vec(ch, 1..12).prop_map(String::from_iter),
+    ]
+}
+
+/// The old, lossy normalization (every character outside `[A-Za-z0-9._-]` became `_`): a
+/// name and its image under it are the pairs that used to share a prefix.
+fn old_normalization(s: &str) -> String {
+    s.trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Undoes the escaping of one prefix segment (`__` -> `_`, `_XX` -> byte `XX`, other
+/// characters verbatim); `None` if `s` is not an escaped segment.
+fn unescape(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'_' if b.get(i + 1) == Some(&b'_') => {
+                out.push(b'_');
+                i += 2;
+            }
+            b'_' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                if hex.bytes().any(|h| !matches!(h, b'0'..=b'9' | b'A'..=b'F')) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            c if c.is_ascii_alphanumeric() || c == b'.' || c == b'-' => {
+                out.push(c);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The prefix of `sfu:dev:main` with segment `pos` replaced by `name`.
+fn prefix_with(pos: usize, name: &str) -> Option<String> {
+    let mut segs = ["sfu", "dev", "main"];
+    segs[pos] = name;
+    KeySpace::new(segs[0], segs[1], segs[2])
+        .ok()
+        .map(|k| k.prefix().to_owned())
 }
 
 fn valid(id: &str) -> bool {
@@ -169,6 +237,94 @@ proptest! {
             prop_assert!(!inside, "{} is inside {}", longer.leader(), ka.prefix());
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    // Prefix segments are escaped injectively (invariant 5): two names that differ after
+    // trimming never share a prefix, in any of the three positions; in particular a name and
+    // its image under the old lossy normalization (`feature/login` / `feature_login`) stay
+    // apart. Every prefix character is in `[A-Za-z0-9._-]` (plus the two `:` separators), and
+    // each segment unescapes back to the trimmed name.
+    #[test]
+    fn distinct_segments_give_distinct_prefixes(
+        a in segment_name(),
+        b in segment_name(),
+        pos in 0usize..3,
+    ) {
+        let old = old_normalization(&a);
+        for (x, y) in [(a.as_str(), b.as_str()), (a.as_str(), old.as_str())] {
+            let (Some(px), Some(py)) = (prefix_with(pos, x), prefix_with(pos, y)) else {
+                continue;
+            };
+            prop_assert_eq!(px == py, x.trim() == y.trim(), "{:?} -> {}, {:?} -> {}", x, px, y, py);
+        }
+        if let Some(p) = prefix_with(pos, &a) {
+            let segs: Vec<&str> = p.split(':').collect();
+            prop_assert_eq!(segs.len(), 3, "{}", p);
+            for seg in &segs {
+                let plain = seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c));
+                prop_assert!(plain, "{:?} -> {}", a, p);
+            }
+            prop_assert_eq!(unescape(segs[pos]), Some(a.trim().as_bytes().to_vec()), "{:?} -> {}", a, p);
+        }
+    }
+
+    // The same over whole prefixes: two (namespace, stage, branch) triples give the same
+    // prefix exactly when they are equal after trimming.
+    #[test]
+    fn distinct_triples_give_distinct_prefixes(
+        a in (segment_name(), segment_name(), segment_name()),
+        b in (segment_name(), segment_name(), segment_name()),
+    ) {
+        let (Ok(ka), Ok(kb)) = (KeySpace::new(&a.0, &a.1, &a.2), KeySpace::new(&b.0, &b.1, &b.2)) else {
+            return Ok(());
+        };
+        let same = (a.0.trim(), a.1.trim(), a.2.trim()) == (b.0.trim(), b.1.trim(), b.2.trim());
+        prop_assert_eq!(ka.prefix() == kb.prefix(), same, "{:?} {:?}", a, b);
+    }
+}
+
+// Hand-picked names that the old normalization merged, and their escaped forms.
+#[test]
+fn tricky_segments_do_not_collide() {
+    let names = [
+        "feature/login",
+        "feature_login",
+        "feature__login",
+        "feature_2Flogin",
+        "feature:login",
+        "feature login",
+        "feature%2Flogin",
+        "prod_eu",
+        "prod__eu",
+        "prod-eu",
+        "prod.eu",
+        "_",
+        "__",
+        "_5F",
+        "방",
+        "_EB_B0_A9",
+    ];
+    let mut seen = std::collections::HashMap::new();
+    for n in names {
+        let p = prefix_with(2, n).unwrap();
+        assert!(p.starts_with("sfu:dev:"), "{p}");
+        if let Some(other) = seen.insert(p.clone(), n) {
+            panic!("{n:?} and {other:?} share the prefix {p}");
+        }
+    }
+    assert_eq!(
+        prefix_with(2, "feature/login").unwrap(),
+        "sfu:dev:feature_2Flogin"
+    );
+    assert_eq!(
+        prefix_with(2, "feature_login").unwrap(),
+        "sfu:dev:feature__login"
+    );
+    assert_eq!(prefix_with(1, "prod_eu").unwrap(), "sfu:prod__eu:main");
+    assert_eq!(prefix_with(0, "a:b").unwrap(), "a_3Ab:dev:main");
 }
 
 // Hand-picked ids that look like syntax, checked pairwise for collisions.

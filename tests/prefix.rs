@@ -1,11 +1,13 @@
 //! Key prefixes on a real redis-server: two stages (and two branches) sharing one Redis never
 //! see or reap each other (invariant 5, pitfall "keys or channels without the prefix leak
-//! between dev/prod and between branches").
+//! between dev/prod and between branches"), also when their names differ only in characters
+//! that prefix escaping rewrites (`feature/login` / `feature_login`).
 
 mod support;
 
 use std::collections::BTreeMap;
 
+use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, Event, Node, Timings};
 use support::*;
 
@@ -155,4 +157,119 @@ fn branches_sharing_a_name_prefix_are_separate() {
         .any(|e| candidates_with(e, "same") || reaped(e, "same")));
     let left = references(&stage_keys(&s, "sfu:dev:main-2"), &["same".into()]);
     assert!(left.is_empty(), "{left:#?}");
+}
+
+/// A node of branch `branch` of stage `dev` on `s`, with fast timings.
+fn branch_node(s: &Server, branch: &str, id: &str) -> Node {
+    let config = Config::builder()
+        .redis_url(Some(&s.url()))
+        .stage("dev")
+        .branch(branch)
+        .instance_id(id)
+        .timings(Timings::fast())
+        .build()
+        .unwrap();
+    Node::start(config).unwrap()
+}
+
+/// Like `Server::leader` for branch `branch`: starts a node and waits until it leads.
+fn branch_leader(s: &Server, branch: &str, id: &str) -> (Node, EventLog) {
+    let node = branch_node(s, branch, id);
+    let mut log = EventLog::new(&node);
+    log.wait(LONG, &format!("{branch} leads"), |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    wait_for(LONG, "is_leader", || node.is_leader().then_some(()));
+    (node, log)
+}
+
+// Invariant 5 between branches whose names differ only in a character the prefix escapes:
+// `feature/login` and `feature_login` (the old normalization turned both into
+// `feature_login`, so the two branches shared every key, one lease and each other's
+// instances). With injective escaping they live under `sfu:dev:feature_2Flogin` and
+// `sfu:dev:feature__login`: each branch gets its own leader, its keys stay under its own
+// prefix, and a crashed instance of one branch is reaped by that branch's leader only, while
+// the same-named instance of the other branch keeps every key. Then the other way round.
+// Fails if the two names shared a prefix (the second leader never acquires, the keys mix,
+// or a leader lists or reaps the other branch's instance).
+#[test]
+fn branches_differing_only_in_escaped_characters_are_separate() {
+    let s = Server::start();
+    let slash = KeySpace::new("sfu", "dev", "feature/login").unwrap();
+    let under = KeySpace::new("sfu", "dev", "feature_login").unwrap();
+    assert_eq!(slash.prefix(), "sfu:dev:feature_2Flogin");
+    assert_eq!(under.prefix(), "sfu:dev:feature__login");
+    let keys_of = |ks: &KeySpace| stage_keys(&s, ks.prefix());
+
+    let (slash_lead, mut slash_log) = branch_leader(&s, "feature/login", "lead");
+    let slash_twin = branch_node(&s, "feature/login", "twin");
+    populate(&slash_twin, &["room-1", "room-2"]);
+    let all = s.keys("*");
+    assert!(!all.is_empty());
+    for k in &all {
+        assert!(k.starts_with("sfu:dev:feature_2Flogin:"), "{k:?}");
+    }
+    let (under_lead, mut under_log) = branch_leader(&s, "feature_login", "lead");
+    let under_twin = branch_node(&s, "feature_login", "twin");
+    populate(&under_twin, &["room-1", "room-2"]);
+    for k in s.keys("*") {
+        assert!(
+            k.starts_with("sfu:dev:feature_2Flogin:") || k.starts_with("sfu:dev:feature__login:"),
+            "{k:?}"
+        );
+    }
+    assert!(slash_lead.is_leader() && under_lead.is_leader());
+    assert_eq!(
+        slash_twin.room_owner("room-1").unwrap().as_deref(),
+        Some("twin")
+    );
+
+    // `feature_login`'s twin crashes: only `feature_login`'s leader reaps it.
+    let slash_before = stable(&keys_of(&slash));
+    assert!(!slash_before.is_empty());
+    let slash_mark = slash_log.mark();
+    under_twin.simulate_crash();
+    under_log.wait(LONG, "feature_login reaps its twin", |e| reaped(e, "twin"));
+    assert_eq!(stable(&keys_of(&slash)), slash_before);
+    assert!(
+        !slash_log
+            .since(slash_mark)
+            .iter()
+            .any(|e| candidates_with(e, "twin") || reaped(e, "twin")),
+        "feature/login's leader saw feature_login's dead twin"
+    );
+    let left = references(&keys_of(&under), &["twin".into(), "room-".into()]);
+    assert!(left.is_empty(), "{left:#?}");
+    assert_eq!(
+        slash_twin.room_owner("room-1").unwrap().as_deref(),
+        Some("twin")
+    );
+    assert!(!slash_twin
+        .events()
+        .try_iter()
+        .any(|e| matches!(e, Event::RoomLost { .. } | Event::ReapedSelf { .. })));
+
+    // A new twin in `feature_login`; now `feature/login`'s twin crashes.
+    let under_twin = branch_node(&s, "feature_login", "twin");
+    populate(&under_twin, &["room-1", "room-2"]);
+    let under_before = stable(&keys_of(&under));
+    assert!(!under_before.is_empty());
+    let under_mark = under_log.mark();
+    slash_twin.simulate_crash();
+    slash_log.wait(LONG, "feature/login reaps its twin", |e| reaped(e, "twin"));
+    assert_eq!(stable(&keys_of(&under)), under_before);
+    assert!(
+        !under_log
+            .since(under_mark)
+            .iter()
+            .any(|e| candidates_with(e, "twin") || reaped(e, "twin")),
+        "feature_login's leader saw feature/login's dead twin"
+    );
+    let left = references(&keys_of(&slash), &["twin".into(), "room-".into()]);
+    assert!(left.is_empty(), "{left:#?}");
+    assert_eq!(
+        under_twin.room_owner("room-2").unwrap().as_deref(),
+        Some("twin")
+    );
+    assert!(slash_lead.is_leader() && under_lead.is_leader());
 }

@@ -230,9 +230,9 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
     demo.finish();
     demo.print_timeline();
     if let Some(st) = &status {
-        out!("\n[d] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
+        out!("\n[e] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
         let mut out = std::io::stdout().lock();
-        let _ = crate::status::print_table(&mut out, st, timings.stale_threshold);
+        let _ = crate::status::print_table(&mut out, st, timings.heartbeat_ttl, None);
         let _ = out.flush();
     }
     demo.print_checks();
@@ -865,12 +865,18 @@ impl Demo {
                 let ids: Vec<&str> = st.instances.iter().map(|i| i.id.as_str()).collect();
                 let ok = ids == [survivor.as_str()]
                     && st.instances.iter().all(|i| i.alive)
-                    && st.leader.as_deref() == Some(survivor.as_str());
+                    && st.leader.as_deref() == Some(survivor.as_str())
+                    && st.leader_alive
+                    && st.is_clean();
+                let mut problems: Vec<&str> = st.problems.iter().map(String::as_str).collect();
+                for i in &st.instances {
+                    problems.extend(i.problems.iter().map(String::as_str));
+                }
                 self.check(
-                    "fleet status: only the survivor is registered, alive, and it leads",
+                    "fleet status: only the survivor is registered, alive, and it leads; no problems",
                     ok,
                     format!(
-                        "instances {ids:?}, leader {}",
+                        "instances {ids:?}, leader {}, problems {problems:?}",
                         st.leader.as_deref().unwrap_or("none")
                     ),
                 );
@@ -1109,7 +1115,7 @@ impl Demo {
 
     fn print_checks(&self) {
         out!(
-            "\n[e] checks (read back from Redis with SCAN MATCH {})",
+            "\n[f] checks (read back from Redis with SCAN MATCH {})",
             self.keys.scan_pattern()
         );
         for i in 0..self.checks.len() {

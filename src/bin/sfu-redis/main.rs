@@ -40,6 +40,13 @@ enum Command {
     /// on stdout.
     Node(node::NodeArgs),
     /// Show the fleet of one prefix as Redis sees it: leader, epoch, instances.
+    ///
+    /// Each instance is alive (heartbeating), late (heartbeat key expired, last heartbeat
+    /// younger than the stale threshold), stale (a reap candidate) or being_reaped. The stale
+    /// threshold is --heartbeat-ttl-ms x --stale-factor (default 30000 ms x 1.5): pass the
+    /// fleet's own values if it does not run the defaults, or the states are wrong. Garbage in
+    /// the control keys is listed as problems (exit 0); exit 1 when Redis cannot be reached, 2 on
+    /// bad flags or without a Redis URL.
     Status(status::StatusArgs),
     /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1
     /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.

@@ -27,17 +27,29 @@ pub(crate) struct NodeArgs {
         value_name = "ID"
     )]
     instance_id: Option<String>,
-    /// Rooms to pin at start, comma-separated.
+    /// Rooms to pin at start, comma-separated (at most 100000).
     #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
     rooms: Vec<String>,
-    /// Peers to upsert in each pinned room: ids <room>-p<k>, guest ids <room>-g<k>, k = 1..=N.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// Peers to upsert in each pinned room: ids <room>-p<k>, guest ids <room>-g<k>, k = 1..=N
+    /// (at most 100000; at most 1000000 peers in all).
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(0..=MAX_PEERS_PER_ROOM as i64)
+    )]
     peers_per_room: u32,
     #[command(flatten)]
     timings: TimingArgs,
     /// Print each event as one JSON line.
     #[arg(long)]
     json: bool,
+    /// On SIGINT/SIGTERM, leave the cluster for good (`Node::leave`): close every room this
+    /// instance owns with their peers, drop its registration and release the lease, so other
+    /// instances can pin its rooms at once. Without it the rooms stay until the reaper removes
+    /// them once the instance is seen dead (for a restart that keeps serving them, or a crash).
+    #[arg(long)]
+    leave_on_exit: bool,
 }
 
 /// Timing overrides. Without `--heartbeat-interval-ms`/`--heartbeat-ttl-ms` the defaults are
@@ -107,31 +119,64 @@ impl TimingArgs {
     }
 }
 
-/// The start-up writes: each room with its peers (peer id, guest id).
-type Plan = Vec<(String, Vec<(String, String)>)>;
+/// Most `--peers-per-room`.
+const MAX_PEERS_PER_ROOM: u32 = 100_000;
+/// Most distinct `--rooms`.
+const MAX_ROOMS: usize = 100_000;
+/// Most peers in all (`--rooms` x `--peers-per-room`).
+const MAX_PEERS: u64 = 1_000_000;
 
-/// Builds and checks every room, peer and guest id before anything is written.
+/// The start-up writes: the distinct rooms, in order, and the peers of each.
+struct Plan {
+    rooms: Vec<String>,
+    peers_per_room: u32,
+}
+
+impl Plan {
+    /// Peer `k` of `room`: (peer id, guest id).
+    fn peer(room: &str, k: u32) -> (String, String) {
+        (format!("{room}-p{k}"), format!("{room}-g{k}"))
+    }
+}
+
+/// Checks the sizes and every room, peer and guest id before anything is written. Peer ids
+/// are generated on the fly; `<room>-p<k>` is valid for every k when it is for the longest
+/// (the room id is valid, and only the length grows).
 fn plan(rooms: &[String], peers_per_room: u32) -> Result<Plan, Failure> {
     let check = |kind, id: &str| {
         encode_id(kind, id).map_err(|e| Failure::usage(format!("--rooms / --peers-per-room: {e}")))
     };
-    let mut plan = Plan::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut distinct = Vec::new();
     for room in rooms {
         check(IdKind::Room, room)?;
-        if plan.iter().any(|(r, _)| r == room) {
-            continue;
+        if seen.insert(room.as_str()) {
+            distinct.push(room.clone());
+            if distinct.len() > MAX_ROOMS {
+                return Err(Failure::usage(format!(
+                    "--rooms: at most {MAX_ROOMS} distinct rooms are allowed"
+                )));
+            }
         }
-        let mut peers = Vec::new();
-        for k in 1..=peers_per_room {
-            let peer = format!("{room}-p{k}");
-            let guest = format!("{room}-g{k}");
+    }
+    let total = distinct.len() as u64 * u64::from(peers_per_room);
+    if total > MAX_PEERS {
+        return Err(Failure::usage(format!(
+            "--rooms x --peers-per-room: {} rooms x {peers_per_room} peers = {total} peers; at most {MAX_PEERS} are allowed",
+            distinct.len()
+        )));
+    }
+    if peers_per_room > 0 {
+        for room in &distinct {
+            let (peer, guest) = Plan::peer(room, peers_per_room);
             check(IdKind::Peer, &peer)?;
             check(IdKind::Guest, &guest)?;
-            peers.push((peer, guest));
         }
-        plan.push((room.clone(), peers));
     }
-    Ok(plan)
+    Ok(Plan {
+        rooms: distinct,
+        peers_per_room,
+    })
 }
 
 /// Prints events on stdout, one line each, flushed.
@@ -196,8 +241,15 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     };
     let url = config.redis_url().map(str::to_owned);
     let place = match &url {
-        Some(url) => format!("Redis {}", redact_url(url)),
-        None => "memory-only mode (no Redis URL)".to_owned(),
+        Some(url) => format!("on Redis {}", redact_url(url)),
+        None => {
+            // On stderr even with --json: stdout carries only events.
+            eprintln!(
+                "sfu-redis: warning: no Redis URL (--redis-url / REDIS_URL): running in memory-only mode: \
+                 a single instance with no heartbeat, lease or reaping, invisible to other instances and to `status`"
+            );
+            "in memory-only mode (no Redis URL)".to_owned()
+        }
     };
     let prefix = config.keys().prefix().to_owned();
     let node = Node::start(config)
@@ -205,12 +257,19 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     let events = node.events();
     if !args.json {
         eprintln!(
-            "sfu-redis node {} on {place}, prefix {prefix}; Ctrl-C to stop",
+            "sfu-redis node {} {place}, prefix {prefix}; Ctrl-C to stop",
             node.instance_id()
         );
     }
+    let stop = |node: &Node| {
+        if args.leave_on_exit {
+            node.leave()
+        } else {
+            node.shutdown()
+        }
+    };
     if let Err(e) = start_up(&node, &plan, &signal) {
-        let _ = node.shutdown();
+        let _ = stop(&node);
         printer.drain(&node, &events);
         return Err(Failure::runtime(format!("start-up writes failed: {e}")));
     }
@@ -228,10 +287,20 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
             recv(signal) -> _ => break,
         }
     }
-    log::info!("signal received; shutting down (releasing the lease)");
-    let shut = node.shutdown();
+    let shut = if args.leave_on_exit {
+        log::info!("signal received; leaving (closing the rooms, dropping the registration, releasing the lease)");
+        node.leave().map_err(|e| {
+            Failure::runtime(format!(
+                "leave (what was not removed is left for the reaper): {e}"
+            ))
+        })
+    } else {
+        log::info!("signal received; shutting down (releasing the lease)");
+        node.shutdown()
+            .map_err(|e| Failure::runtime(format!("shutdown: {e}")))
+    };
     printer.drain(&node, &events);
-    shut.map_err(|e| Failure::runtime(format!("shutdown: {e}")))
+    shut
 }
 
 /// Pins the rooms and upserts their peers; rooms another live instance holds are skipped.
@@ -241,7 +310,7 @@ fn start_up(
     plan: &Plan,
     signal: &crossbeam_channel::Receiver<()>,
 ) -> Result<(), String> {
-    for (room, peers) in plan {
+    for room in &plan.rooms {
         if signalled(signal) {
             return Ok(());
         }
@@ -260,11 +329,12 @@ fn start_up(
             }
             _ => {}
         }
-        for (peer, guest) in peers {
+        for k in 1..=plan.peers_per_room {
             if signalled(signal) {
                 return Ok(());
             }
-            node.upsert_peer(room, peer, Some(guest), &[])
+            let (peer, guest) = Plan::peer(room, k);
+            node.upsert_peer(room, &peer, Some(&guest), &[])
                 .map_err(|e| format!("upsert peer {peer:?} in room {room:?}: {e}"))?;
         }
     }

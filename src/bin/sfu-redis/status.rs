@@ -13,10 +13,12 @@ use crate::{parse_factor, scaled, with_place, Failure, RedisArgs};
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     redis: RedisArgs,
-    /// Heartbeat TTL the fleet runs with (for the stale threshold) [default: 30000].
+    /// Heartbeat TTL the fleet runs with [default: 30000]. Must match the fleet's: the states
+    /// are judged with stale threshold = this x --stale-factor.
     #[arg(long, value_name = "MS", value_parser = parse_ttl)]
     heartbeat_ttl_ms: Option<u64>,
-    /// Stale threshold as a multiple of the heartbeat TTL [default: 1.5].
+    /// Stale threshold as a multiple of the heartbeat TTL [default: 1.5]. Must match the
+    /// fleet's.
     #[arg(long, value_name = "FACTOR", value_parser = parse_factor)]
     stale_factor: Option<f64>,
     /// Print one JSON object instead of a table.
@@ -62,67 +64,112 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
     let written = if args.json {
         writeln!(out, "{}", status.to_json())
     } else {
-        print_table(&mut out, &status, timings.stale_threshold)
+        print_table(
+            &mut out,
+            &status,
+            timings.heartbeat_ttl,
+            Some("--heartbeat-ttl-ms / --stale-factor"),
+        )
     };
     written
         .and_then(|()| out.flush())
         .map_err(|e| Failure::runtime(format!("cannot write to stdout: {e}")))
 }
 
-fn state(i: &InstanceStatus) -> &'static str {
-    if i.being_reaped {
-        "being reaped"
-    } else if i.alive {
-        "alive"
-    } else {
-        "stale"
-    }
+/// An id for a table cell: control characters escaped, so garbage cannot break the layout.
+fn cell(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
-/// The human status: a header (prefix, leader, epoch, lease TTL) and one row per instance.
+/// The human status: a header (prefix, leader, epoch, lease TTL, the stale threshold and what
+/// the states mean), the problems of the control keys, one row per instance, then the
+/// problems of each instance. `heartbeat_ttl` is the TTL the threshold was derived from;
+/// `flags` names the flags that set it (`status`), `None` when they do not apply (`demo`).
 pub(crate) fn print_table(
     out: &mut impl Write,
     st: &FleetStatus,
-    stale_threshold: Duration,
+    heartbeat_ttl: Duration,
+    flags: Option<&str>,
 ) -> std::io::Result<()> {
     writeln!(out, "prefix     {}", st.prefix)?;
+    let epoch = if st.epoch_known {
+        st.epoch.to_string()
+    } else {
+        "unknown".to_owned()
+    };
+    let dead = if st.leader_alive {
+        ""
+    } else {
+        " (not heartbeating)"
+    };
     match (&st.leader, st.leader_ttl_ms) {
         (Some(leader), Some(ttl)) => writeln!(
             out,
-            "leader     {leader} (epoch {}, lease expires in {ttl} ms)",
-            st.epoch
+            "leader     {}{dead} (epoch {epoch}, lease expires in {ttl} ms)",
+            cell(leader)
         )?,
         (Some(leader), None) => writeln!(
             out,
-            "leader     {leader} (epoch {}, lease has no TTL!)",
-            st.epoch
+            "leader     {}{dead} (epoch {epoch}, lease has no TTL!)",
+            cell(leader)
         )?,
-        (None, _) => writeln!(out, "leader     none (last epoch {})", st.epoch)?,
+        (None, _) => writeln!(out, "leader     none (last epoch {epoch})")?,
+    }
+    let ttl_ms = heartbeat_ttl.as_millis();
+    let factor = if ttl_ms == 0 {
+        0.0
+    } else {
+        st.stale_threshold_ms as f64 / ttl_ms as f64
+    };
+    writeln!(
+        out,
+        "stale      after {} ms without a heartbeat (heartbeat TTL {ttl_ms} ms x stale factor {factor})",
+        st.stale_threshold_ms
+    )?;
+    if let Some(flags) = flags {
+        writeln!(
+            out,
+            "           the fleet's own timings must be used: pass {flags} if it does not run the defaults"
+        )?;
     }
     writeln!(
         out,
-        "stale      after {} ms without a heartbeat",
-        stale_threshold.as_millis()
+        "states     alive: heartbeating; late: heartbeat key expired, not stale yet; stale: a reap candidate; being_reaped: a leader is removing it"
     )?;
+    for p in &st.problems {
+        writeln!(out, "problem    {}", cell(p))?;
+    }
     writeln!(out, "instances  {}", st.instances.len())?;
     if st.instances.is_empty() {
         return Ok(());
     }
     let header = ["INSTANCE", "HEARTBEAT AGE", "STATE", "ROOMS", "PEERS"];
+    let count = |known: bool, n: u64| if known { n.to_string() } else { "?".to_owned() };
     let rows: Vec<[String; 5]> = st
         .instances
         .iter()
         .map(|i| {
             [
-                i.id.clone(),
+                cell(&i.id),
                 if i.being_reaped {
                     "-".to_owned()
+                } else if i.age_ms < 0 {
+                    // A score ahead of the server time (garbage, flagged in the problems).
+                    "?".to_owned()
                 } else {
                     format!("{} ms", i.age_ms)
                 },
-                state(i).to_owned(),
-                i.rooms.to_string(),
-                i.peers.to_string(),
+                i.state.as_str().to_owned(),
+                count(i.rooms_known, i.rooms),
+                count(i.peers_known, i.peers),
             ]
         })
         .collect();
@@ -155,6 +202,19 @@ pub(crate) fn print_table(
             "{}",
             line(row.each_ref().map(String::as_str)).trim_end()
         )?;
+    }
+    let flagged: Vec<&InstanceStatus> = st
+        .instances
+        .iter()
+        .filter(|i| !i.problems.is_empty())
+        .collect();
+    if !flagged.is_empty() {
+        writeln!(out)?;
+        for i in flagged {
+            for p in &i.problems {
+                writeln!(out, "problem    {}: {}", cell(&i.id), cell(p))?;
+            }
+        }
     }
     Ok(())
 }

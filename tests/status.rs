@@ -1,0 +1,453 @@
+//! `fleet_status` (and `sfu-redis status`) on a real redis-server: garbage in the control keys
+//! is reported on the item it concerns instead of failing the whole status, the four instance
+//! states, the leader that is not heartbeating, paging with ZSCAN; and the `node` subcommand's
+//! bounds on its start-up sizes.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sfu_redis::keys::IdKind;
+use sfu_redis::status::{fleet_status, FleetStatus, InstanceState, InstanceStatus};
+use sfu_redis::{ErrorKind, Timings};
+use support::*;
+
+/// Default timings (stale threshold 45 s): states of hand-written entries do not drift while
+/// the test runs.
+fn reader(s: &Server, stage: &str) -> sfu_redis::Config {
+    s.config_with(stage, "reader", Timings::default())
+}
+
+fn find<'a>(st: &'a FleetStatus, id: &str) -> &'a InstanceStatus {
+    st.instances
+        .iter()
+        .find(|i| i.id == id)
+        .unwrap_or_else(|| panic!("no instance {id:?} in {st:#?}"))
+}
+
+fn mentions(problems: &[String], needles: &[&str]) -> bool {
+    problems
+        .iter()
+        .any(|p| needles.iter().all(|n| p.contains(n)))
+}
+
+fn zadd(con: &mut redis::Connection, key: &str, score: impl redis::ToRedisArgs, member: &[u8]) {
+    let _: () = redis::cmd("ZADD")
+        .arg(key)
+        .arg(score)
+        .arg(member)
+        .query(con)
+        .unwrap();
+}
+
+fn hset(con: &mut redis::Connection, key: &str) {
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg("f")
+        .arg("v")
+        .query(con)
+        .unwrap();
+}
+
+fn set_px(con: &mut redis::Connection, key: &str, value: &str, px: u64) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(px)
+        .query(con)
+        .unwrap();
+}
+
+// Protects "status never fails on garbage": members that are not UTF-8 or not the wire form of
+// an id, scores that are not whole numbers (1.5, inf, -inf), an instance's room index of the
+// wrong type, a lease and an epoch of the wrong type. Each is shown and flagged on its item;
+// everything else is still read. The old ZRANGE-into-String status failed whole (with the
+// wrong error kind) on any of these.
+#[test]
+fn garbage_members_and_scores_are_flagged_not_fatal() {
+    let s = Server::start();
+    let stage = "garbage";
+    let ks = ks(stage);
+    let mut con = s.con();
+    let now = s.server_ms();
+    let zset = ks.heartbeats();
+    let ok = wire(IdKind::Instance, "ok-inst");
+    zadd(&mut con, &zset, now, ok.as_bytes());
+    set_px(&mut con, &ks.heartbeat(&ok), "1", 60_000);
+    hset(&mut con, &ks.instance_rooms(&ok)); // a hash, not a set
+    let _: () = redis::cmd("SADD")
+        .arg(ks.instance_peers(&ok))
+        .arg("r/p1")
+        .arg("r/p2")
+        .query(&mut con)
+        .unwrap();
+    zadd(&mut con, &zset, now, b"\xff\xfe-bin");
+    zadd(&mut con, &zset, now - 1000, b"has:colon");
+    zadd(&mut con, &zset, 1.5, b"frac");
+    zadd(&mut con, &zset, "+inf", b"pinf");
+    zadd(&mut con, &zset, "-inf", b"ninf");
+    hset(&mut con, &ks.leader());
+    hset(&mut con, &ks.epoch());
+
+    let st = fleet_status(&reader(&s, stage)).expect("status survives garbage");
+    assert_eq!(st.instances.len(), 6, "{st:#?}");
+
+    let i = find(&st, "ok-inst");
+    assert_eq!(i.state, InstanceState::Alive);
+    assert!(i.alive && !i.being_reaped);
+    assert!(!i.rooms_known, "{i:?}");
+    assert!(
+        mentions(&i.problems, &[&ks.instance_rooms(&ok), "hash"]),
+        "{i:?}"
+    );
+    assert!(i.peers_known);
+    assert_eq!(i.peers, 2);
+
+    let bin = st
+        .instances
+        .iter()
+        .find(|i| i.id.ends_with("-bin"))
+        .expect("the non-UTF-8 member is listed, lossily");
+    assert!(bin.id.contains('\u{fffd}'), "{bin:?}");
+    assert!(mentions(&bin.problems, &["UTF-8"]), "{bin:?}");
+    assert!(!bin.rooms_known && !bin.peers_known);
+    assert_eq!(
+        bin.state,
+        InstanceState::Late,
+        "no heartbeat key is read for it"
+    );
+
+    let colon = find(&st, "has:colon");
+    assert!(mentions(&colon.problems, &["wire form"]), "{colon:?}");
+
+    let frac = find(&st, "frac");
+    assert!(mentions(&frac.problems, &["1.5"]), "{frac:?}");
+    assert_eq!(frac.state, InstanceState::Stale);
+
+    let pinf = find(&st, "pinf");
+    assert!(mentions(&pinf.problems, &["inf"]), "{pinf:?}");
+    assert_eq!(pinf.last_heartbeat_ms, i64::MAX);
+    assert_eq!(
+        pinf.state,
+        InstanceState::Late,
+        "never stale: the reaper never picks it"
+    );
+
+    let ninf = find(&st, "ninf");
+    assert!(mentions(&ninf.problems, &["inf"]), "{ninf:?}");
+    assert_eq!(ninf.state, InstanceState::Stale);
+
+    assert_eq!(st.leader, None);
+    assert!(!st.leader_alive);
+    assert!(mentions(&st.problems, &[&ks.leader(), "hash"]), "{st:#?}");
+    assert!(!st.epoch_known);
+    assert!(mentions(&st.problems, &[&ks.epoch(), "hash"]), "{st:#?}");
+    assert!(!st.is_clean());
+
+    let json = st.to_json();
+    assert_eq!(json["epoch"], Value::Null);
+    assert_eq!(json["leader_alive"], Value::Bool(false));
+    assert!(json["problems"].as_array().unwrap().len() >= 2);
+    let ok_json = json["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "ok-inst")
+        .unwrap();
+    assert_eq!(ok_json["state"], "alive");
+    assert_eq!(ok_json["rooms"], Value::Null);
+    assert_eq!(ok_json["peers"], 2);
+    assert!(!ok_json["problems"].as_array().unwrap().is_empty());
+}
+
+// A heartbeat sorted set of the wrong type, a lease that is not an instance id and has no
+// TTL, and an epoch that is not a number: status still returns, with no instances and the
+// problems named.
+#[test]
+fn wrong_typed_heartbeats_key_and_garbage_lease_are_flagged() {
+    let s = Server::start();
+    let stage = "wrongtype";
+    let ks = ks(stage);
+    let mut con = s.con();
+    let _: () = redis::cmd("SET")
+        .arg(ks.heartbeats())
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(ks.leader())
+        .arg("not an id")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(ks.epoch())
+        .arg("seven")
+        .query(&mut con)
+        .unwrap();
+    let st = fleet_status(&reader(&s, stage)).expect("status survives a wrong-typed key");
+    assert!(st.instances.is_empty());
+    assert!(
+        mentions(
+            &st.problems,
+            &[&ks.heartbeats(), "string", "not a sorted set"]
+        ),
+        "{st:#?}"
+    );
+    assert_eq!(st.leader.as_deref(), Some("not an id"));
+    assert!(!st.leader_alive);
+    assert!(
+        mentions(&st.problems, &[&ks.leader(), "not an instance id"]),
+        "{st:#?}"
+    );
+    assert!(mentions(&st.problems, &[&ks.leader(), "no TTL"]), "{st:#?}");
+    assert!(!st.epoch_known);
+    assert!(mentions(&st.problems, &[&ks.epoch(), "seven"]), "{st:#?}");
+}
+
+// Only a failure to reach Redis fails the status, as ErrorKind::Redis.
+#[test]
+fn unreachable_redis_is_a_redis_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // closed again at once: nothing listens there
+    let t = Timings::default();
+    let config = config_for(&format!("redis://127.0.0.1:{port}"), "down", "reader", t);
+    let e = fleet_status(&config).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Redis, "{e}");
+}
+
+// The four states on hand-written entries: alive (heartbeat key, fresh score), late (no
+// heartbeat key, fresh score), stale (score older than the threshold, with or without a
+// heartbeat key), being_reaped (score 0). A lease held by an instance that is not alive is
+// flagged (`leader_alive` false, "(not heartbeating)" in the table).
+#[test]
+fn states_of_hand_written_entries() {
+    let s = Server::start();
+    let stage = "states";
+    let ks = ks(stage);
+    let mut con = s.con();
+    let now = s.server_ms();
+    let zset = ks.heartbeats();
+    for (id, score, hb) in [
+        ("i-alive", now - 1000, true),
+        ("i-late", now - 1000, false),
+        ("i-stale", now - 60_000, false),
+        ("i-stale-hb", now - 60_000, true),
+        ("i-reaped", 0, false),
+    ] {
+        zadd(&mut con, &zset, score, id.as_bytes());
+        if hb {
+            set_px(&mut con, &ks.heartbeat(id), "1", 60_000);
+        }
+    }
+    set_px(&mut con, &ks.leader(), "i-late", 60_000);
+    let st = fleet_status(&reader(&s, stage)).unwrap();
+    let state = |id| find(&st, id).state;
+    assert_eq!(state("i-alive"), InstanceState::Alive);
+    assert_eq!(state("i-late"), InstanceState::Late);
+    assert_eq!(state("i-stale"), InstanceState::Stale);
+    assert_eq!(state("i-stale-hb"), InstanceState::Stale);
+    assert_eq!(state("i-reaped"), InstanceState::BeingReaped);
+    assert!(find(&st, "i-alive").alive);
+    assert!(!find(&st, "i-late").alive);
+    assert!(find(&st, "i-reaped").being_reaped);
+    assert!(st.is_clean(), "{st:#?}");
+    assert_eq!(st.stale_threshold_ms, 45_000);
+    assert_eq!(st.leader.as_deref(), Some("i-late"));
+    assert!(!st.leader_alive, "the lease holder is late");
+
+    let states: Vec<String> = st.to_json()["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["state"].as_str().unwrap().to_owned())
+        .collect();
+    for s in ["alive", "late", "stale", "being_reaped"] {
+        assert!(states.iter().any(|x| x == s), "{states:?}");
+    }
+
+    // The CLI shows the same, with the threshold it used and the leader flagged.
+    let out = cli(&["status", "--redis-url", &s.url(), "--stage", stage]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "alive",
+        "late",
+        "stale",
+        "being_reaped",
+        "45000 ms",
+        "--heartbeat-ttl-ms",
+        "--stale-factor",
+        "(not heartbeating)",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
+    }
+    let out = cli(&[
+        "status",
+        "--json",
+        "--redis-url",
+        &s.url(),
+        "--stage",
+        stage,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["leader_alive"], false);
+    assert_eq!(json["instances"].as_array().unwrap().len(), 5);
+}
+
+// The states of a real node: alive while it runs and holds the lease (leader_alive), then,
+// after a crash (no cleanup, lease kept), late once its heartbeat key expired and stale once
+// its score is older than the threshold, while the lease it still holds is flagged.
+#[test]
+fn states_of_a_crashed_node() {
+    let s = Server::start();
+    let stage = "crash";
+    let t = Timings::fast();
+    let (node, _log) = s.leader(stage, "solo", t);
+    let config = s.config_with(stage, "reader", t);
+    let st = wait_for(LONG, "solo alive and leading", || {
+        let st = fleet_status(&config).unwrap();
+        (st.leader_alive && find(&st, "solo").state == InstanceState::Alive).then_some(st)
+    });
+    assert!(st.is_clean(), "{st:#?}");
+    node.simulate_crash();
+    let mut seen_late = false;
+    let st = wait_for(LONG, "solo stale", || {
+        let st = fleet_status(&config).unwrap();
+        let i = find(&st, "solo");
+        if st.leader.as_deref() == Some("solo") && i.state != InstanceState::Alive {
+            assert!(!st.leader_alive, "{st:#?}");
+        }
+        seen_late |= i.state == InstanceState::Late;
+        (i.state == InstanceState::Stale).then_some(st)
+    });
+    assert!(seen_late, "late between alive and stale");
+    assert!(find(&st, "solo").age_ms >= t.stale_threshold.as_millis() as i64);
+}
+
+// Paging: more members than one ZSCAN page and one lookup batch; ZRANGE is never sent.
+#[test]
+fn many_instances_are_paged_with_zscan() {
+    let s = Server::start();
+    let stage = "many";
+    let ks = ks(stage);
+    let mut con = s.con();
+    let now = s.server_ms();
+    let mut pipe = redis::pipe();
+    for n in 0..2500 {
+        pipe.cmd("ZADD")
+            .arg(ks.heartbeats())
+            .arg(now - 1000)
+            .arg(format!("i-{n:04}"))
+            .ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let st = fleet_status(&reader(&s, stage)).unwrap();
+    assert_eq!(st.instances.len(), 2500);
+    assert!(st
+        .instances
+        .iter()
+        .all(|i| i.state == InstanceState::Late && i.rooms_known && i.rooms == 0));
+    assert_eq!(st.instances[0].id, "i-0000");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .unwrap();
+    assert!(stats.contains("cmdstat_zscan:"), "{stats}");
+    assert!(!stats.contains("cmdstat_zrange"), "{stats}");
+}
+
+fn cli(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sfu-redis"));
+    for var in [
+        "REDIS_URL",
+        "SFU_NAMESPACE",
+        "SFU_STAGE",
+        "SFU_BRANCH",
+        "SFU_INSTANCE_ID",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sfu-redis")
+}
+
+// `--peers-per-room 4294967295` used to build ~4 billion peer ids before writing anything and
+// abort (SIGABRT) when memory ran out; absurd sizes must be refused at once with exit 2.
+#[test]
+fn node_refuses_absurd_sizes() {
+    for args in [
+        &["node", "--peers-per-room", "4294967295", "--rooms", "r"][..],
+        &[
+            "node",
+            "--peers-per-room",
+            "100000",
+            "--rooms",
+            "a,b,c,d,e,f,g,h,i,j,k",
+        ][..],
+    ] {
+        let start = Instant::now();
+        let out = cli(args);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{args:?} took long"
+        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--peers-per-room"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+    }
+}
+
+// `node --leave-on-exit`: on SIGTERM the instance closes its rooms, drops its registration and
+// releases the lease (`Node::leave`), so `status` no longer lists it and nothing of it remains;
+// without the flag, its rooms stay for the reaper.
+#[test]
+fn node_leave_on_exit_leaves_nothing_behind() {
+    let s = Server::start();
+    let url = s.url();
+    for (stage, leave) in [("leave", true), ("stay", false)] {
+        let ks = ks(stage);
+        let mut extra: Vec<&str> = procs::FAST.to_vec();
+        if leave {
+            extra.push("--leave-on-exit");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut spawn = procs::Spawn::new(&url, stage, "leaver", &["r1", "r2"]);
+        spawn.extra = &extra;
+        let mut proc = spawn.run(tx);
+        let mut events = procs::Events::new(rx);
+        events.expect("ready", |_, v| procs::is(v, "ready"));
+        let config = s.config(stage, "reader");
+        let st = fleet_status(&config).unwrap();
+        assert_eq!(find(&st, "leaver").rooms, 2, "{st:#?}");
+        proc.signal("TERM");
+        let code = wait_for(LONG, "node exit", || proc.child.try_wait().unwrap());
+        assert!(code.success(), "{stage}: {code}");
+        let st = fleet_status(&config).unwrap();
+        let left = s.keys(&format!("{}:*", ks.prefix()));
+        if leave {
+            assert!(st.instances.is_empty(), "{st:#?}");
+            assert_eq!(st.leader, None);
+            assert!(
+                left.iter().all(|k| k == &ks.dataset() || k == &ks.epoch()),
+                "{left:#?}"
+            );
+        } else {
+            assert_eq!(find(&st, "leaver").rooms, 2, "{st:#?}");
+            assert!(left.contains(&ks.room("r1").meta), "{left:#?}");
+        }
+    }
+}
