@@ -16,7 +16,7 @@
 --   'gone'      pin and metadata are gone (closed or reaped) and ARGV[3] is '0': nothing written;
 --   'lost'      another instance owns the room now: owner = that instance. Nothing written.
 --
--- Protects: owner CAS (never overwrites another instance's pin), DESIGN.md "Behaviour details".
+-- Protects: owner CAS (never overwrites another instance's pin), docs/DESIGN.md "Behaviour details".
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -29,7 +29,7 @@
 //! | `malformed_value` | the key | another value this crate would not write: an epoch that is not a number, a heartbeat key or pin without TTL, an owner or sorted-set member that is not an id | report only |
 //! | `unknown_key` | the key | a key under the prefix that the schema does not know, or whose ids are not in wire form | report only |
 //!
-//! The checks protect DESIGN.md's invariants: 2 (a dead instance leaves nothing behind:
+//! The checks protect docs/DESIGN.md's invariants: 2 (a dead instance leaves nothing behind:
 //! `orphaned_room`, `unregistered_instance`, the `dangling_*` kinds), 4 (each index holds
 //! exactly what the peer records say: `dangling_*`, `unindexed_*`) and 5 (one prefix only).
 //!

@@ -1,7 +1,7 @@
 //! The key space: the prefix, every key and channel name, and how ids are encoded.
 //!
 //! `P` = `<namespace>:<stage>:<branch>`, always three segments of `[A-Za-z0-9._-]`
-//! (DESIGN.md "Recommended key schema"). Control-plane keys share the hash tag `{ctl}`, each
+//! (docs/DESIGN.md "Recommended key schema"). Control-plane keys share the hash tag `{ctl}`, each
 //! room's keys share the hash tag `{<room>}`, so every Lua script touches one hash slot.
 //!
 //! | key | type | meaning |

@@ -14,7 +14,7 @@
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
 //!
-//! The rules each part protects are numbered in `DESIGN.md` (invariants 1-6) and named in the
+//! The rules each part protects are numbered in `docs/DESIGN.md` (invariants 1-6) and named in the
 //! Lua scripts' headers (`lua/*.lua`).
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

@@ -1,6 +1,6 @@
 //! Memory-only mode: with no Redis URL the library runs single-instance. Pins and peers live
 //! in memory with the same rules as on Redis (generations, guest reconnects); there is no
-//! heartbeat, lease or reaper (DESIGN.md "What it does", 8).
+//! heartbeat, lease or reaper (docs/DESIGN.md "What it does", 8).
 
 use std::collections::HashMap;
 

@@ -68,7 +68,7 @@ impl Counters {
     }
 
     /// Redis errors plus slow ticks seen so far: the leader skips a reap round in which this
-    /// grew (DESIGN.md "Lessons from other systems").
+    /// grew (docs/DESIGN.md "Lessons from other systems").
     pub(crate) fn troubles(&self) -> u64 {
         self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
     }
@@ -299,7 +299,7 @@ impl Node {
         let local = Arc::new(Local::default());
         let id = config.instance_id().to_owned();
         let Some(url) = config.redis_url() else {
-            log::info!(
+            log::warn!(
                 "no Redis URL: memory-only mode (single instance; no heartbeat, lease or reaper)"
             );
             return Ok(Node {
@@ -421,7 +421,7 @@ impl Node {
     ///
     /// Index entries that change (the peer's previous guest, a previous instance) are removed
     /// first; if `guest` already points at another peer (a quick reconnect with a new peer
-    /// id), that peer's record is replaced (DESIGN.md pitfall "upsert_peer without removing old
+    /// id), that peer's record is replaced (docs/DESIGN.md pitfall "upsert_peer without removing old
     /// index entries").
     ///
     /// # Errors
@@ -511,6 +511,46 @@ impl Node {
             self.local.remove_peer(&room.raw, &peer.raw);
         }
         Ok(removed)
+    }
+
+    /// Reaps one instance now, on the calling thread, as the leader's reaper would after its
+    /// two-phase wait: the atomic re-check still runs (`Ok(None)` if `instance` has a heartbeat
+    /// key, a fresh score, or is not registered), then its rooms and peers are removed with the
+    /// owner-CAS scripts in batches, and [`Event::InstanceReaped`] is emitted. Only the *wait*
+    /// is skipped: use it when you know the
+    /// instance is dead (an orchestrator saw its process exit), for tooling, and in benchmarks.
+    /// The reaper thread may reap the same instance concurrently; every step is idempotent.
+    ///
+    /// # Errors
+    /// [`Error::NotLeader`] unless this node holds the lease (also if it loses it midway);
+    /// [`Error::InvalidId`]; [`Error::Redis`]; [`Error::BadData`]; [`Error::Stopped`];
+    /// [`Error::InvalidConfig`] in memory-only mode.
+    pub fn reap_now(&self, instance: &str) -> Result<Option<ReapCounts>> {
+        self.check_running()?;
+        let dead = Id::new(IdKind::Instance, instance)?;
+        let Some(sh) = &self.shared else {
+            return Err(Error::config("redis_url", "reaping needs Redis"));
+        };
+        if dead.wire == sh.me {
+            return Ok(None); // an instance never reaps itself
+        }
+        let leading = || sh.leader.is_leader();
+        if !leading() {
+            return Err(Error::NotLeader);
+        }
+        let counts = sh
+            .pool
+            .run(&sh.redis, |c| reaper::reap_instance(sh, c, &dead.wire, &leading))?;
+        if let Some(c) = &counts {
+            sh.counters.reaped(c);
+            sh.events.emit(Event::InstanceReaped {
+                dead: dead.raw.clone(),
+                rooms: c.rooms,
+                peers: c.peers,
+                skipped_rooms: c.skipped_rooms,
+            });
+        }
+        Ok(counts)
     }
 
     /// Whether this node holds the reaper lease now (its local deadline has not passed).

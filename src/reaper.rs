@@ -89,6 +89,43 @@ pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Opt
     Ok((status == "dead").then_some(now))
 }
 
+/// One `SSCAN` page (about [`REAP_BATCH`] members) of an instance's index: the next cursor
+/// and the members. A member that is not UTF-8 was not written by this crate and names nothing
+/// it could reap: it is removed from the index (and logged) rather than stopping the reap.
+fn index_page(
+    con: &mut Connection,
+    op: &'static str,
+    index: &str,
+    cursor: u64,
+) -> Result<(u64, Vec<String>)> {
+    let (next, raw): (u64, Vec<Vec<u8>>) = redis::cmd("SSCAN")
+        .arg(index)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(REAP_BATCH)
+        .query(con)
+        .map_err(|e| Error::redis(op, e))?;
+    let mut members = Vec::with_capacity(raw.len());
+    for m in raw {
+        match String::from_utf8(m) {
+            Ok(m) => members.push(m),
+            Err(e) => {
+                let bytes = e.into_bytes();
+                log::warn!(
+                    "{index} holds a non-UTF-8 member {:?}; removed",
+                    String::from_utf8_lossy(&bytes)
+                );
+                redis::cmd("SREM")
+                    .arg(index)
+                    .arg(bytes)
+                    .query::<()>(con)
+                    .map_err(|e| Error::redis(op, e))?;
+            }
+        }
+    }
+    Ok((next, members))
+}
+
 /// Reaps the rooms of `dead` (wire form) listed in its index.
 pub(crate) fn reap_rooms(
     sh: &Shared,
@@ -105,13 +142,7 @@ pub(crate) fn reap_rooms(
         if !leading() {
             return Err(lost_lease());
         }
-        let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
-            .arg(&index)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(REAP_BATCH)
-            .query(con)
-            .map_err(|e| Error::redis(op, e))?;
+        let (next, members) = index_page(con, op, &index, cursor)?;
         let mut pending: Vec<(String, String)> =
             members.into_iter().map(|r| (r, "0".to_owned())).collect();
         while !pending.is_empty() {
@@ -203,13 +234,7 @@ pub(crate) fn reap_peers(
         if !leading() {
             return Err(lost_lease());
         }
-        let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
-            .arg(&index)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(REAP_BATCH)
-            .query(con)
-            .map_err(|e| Error::redis(op, e))?;
+        let (next, members) = index_page(con, op, &index, cursor)?;
         let mut unindexed = Vec::new();
         let mut parsed = Vec::new();
         for m in members {

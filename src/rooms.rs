@@ -1,7 +1,7 @@
 //! Rooms on Redis: pin (with takeover of a stale pin), close, owner, and the heartbeat's
 //! pipelined pin refresh.
 //!
-//! Cross-slot order (DESIGN.md "Rules"): the instance's room index (`{ctl}`) is written before
+//! Cross-slot order (docs/DESIGN.md "Rules"): the instance's room index (`{ctl}`) is written before
 //! the pin (`{R}`), and cleaned after the room is deleted, so a crash in between leaves at most
 //! an index entry pointing at nothing, never a room that no index reaches.
 

@@ -237,3 +237,35 @@ fn incomplete_reap_is_reported_once_and_leaves_the_broken_room_for_the_audit() {
     assert_eq!(n, 1, "reported reaped {n} times");
     assert_eq!(leader.stats().instances_reaped, 1);
 }
+
+// Garbage in a dead instance's indexes (members that are not UTF-8, or not ids this crate
+// writes) must not stop its reap: a reaper that decoded each SSCAN page as strings would fail
+// on the page, retry every round, and never reap the instance's real rooms.
+#[test]
+fn non_utf8_index_members_do_not_stop_a_reap() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (_leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "junky",
+        now - 60_000,
+        None,
+        &[("j-room", &[("j-peer", Some("j-guest"))])],
+    );
+    let mut con = s.con();
+    for key in [ks.instance_rooms("junky"), ks.instance_peers("junky")] {
+        let _: () = redis::cmd("SADD")
+            .arg(&key)
+            .arg(&b"\xff\xfe not utf-8"[..])
+            .arg("not/a{valid}:member")
+            .query(&mut con)
+            .unwrap();
+    }
+    log.wait(LONG, "junky reaped", |e| {
+        matches!(e, Event::InstanceReaped { dead, rooms: 1, peers: 1, .. } if dead == "junky")
+    });
+    let left = references(&s.dump("*"), &["j-".into(), "junky".into()]);
+    assert!(left.is_empty(), "{left:#?}");
+}

@@ -4,7 +4,7 @@
 //! with `_` (src/keys.rs `segment`). That mapping is not injective: the git branches
 //! `feature/login` and `feature_login` (or `release/1.2` and `release_1.2`, `user@x` and
 //! `user_x`) get the same prefix, so they see and reap each other's instances, which is exactly
-//! what DESIGN.md's prefix rule is meant to prevent ("dev/prod or two branches can share one
+//! what docs/DESIGN.md's prefix rule is meant to prevent ("dev/prod or two branches can share one
 //! Redis without seeing or reaping each other").
 
 mod support;

@@ -408,7 +408,7 @@ fn every_worker_resumes_after_redis_was_unreachable() {
     assert!(a.stats().heartbeat_failures > 0 && b.stats().heartbeat_failures > 0);
 }
 
-// DESIGN.md "Reaped or data lost?": after Redis lost its data an instance restores its
+// docs/DESIGN.md "Reaped or data lost?": after Redis lost its data an instance restores its
 // heartbeat, its still-free pins AND its peer records. Checks the peer records and indexes
 // come back after a restart without persistence.
 #[test]

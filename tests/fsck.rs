@@ -2,7 +2,7 @@
 //! clean (also while they churn), each problem kind is found at the right key, `--repair`
 //! fixes the safe ones without touching live data, wrong-typed and malformed keys are reported
 //! and left alone, another prefix is never seen, and the CLI keeps its JSON shape and exit
-//! codes. Protects invariants 2, 4 and 5 (DESIGN.md) as checked by the audit.
+//! codes. Protects invariants 2, 4 and 5 (docs/DESIGN.md) as checked by the audit.
 
 mod support;
 
