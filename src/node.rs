@@ -273,6 +273,8 @@ pub struct Node {
     shared: Option<Arc<Shared>>,
     workers: Mutex<Option<Workers>>,
     stopped: AtomicBool,
+    /// The connection of [`Node::heartbeat_now`].
+    manual: Mutex<Link>,
 }
 
 impl std::fmt::Debug for Node {
@@ -311,6 +313,7 @@ impl Node {
                 shared: None,
                 workers: Mutex::new(None),
                 stopped: AtomicBool::new(false),
+                manual: Mutex::new(Link::new()),
             });
         };
         let timings = *config.timings();
@@ -347,6 +350,7 @@ impl Node {
             shared: Some(shared),
             workers: Mutex::new(Some(workers)),
             stopped: AtomicBool::new(false),
+            manual: Mutex::new(Link::new()),
         })
     }
 
@@ -513,6 +517,22 @@ impl Node {
         Ok(removed)
     }
 
+    /// Runs one heartbeat tick now, on the calling thread: the heartbeat script, then the
+    /// pipelined refresh of every pin (two round trips whatever the number of rooms), with the
+    /// same handling of lost rooms, data loss and zombies as the heartbeat thread, which keeps
+    /// its own schedule. For tooling and benchmarks.
+    ///
+    /// # Errors
+    /// [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`]; [`Error::InvalidConfig`] in
+    /// memory-only mode.
+    pub fn heartbeat_now(&self) -> Result<()> {
+        self.check_running()?;
+        let Some(sh) = &self.shared else {
+            return Err(Error::config("redis_url", "heartbeats need Redis"));
+        };
+        heartbeat::tick(sh, &mut self.manual.lock())
+    }
+
     /// Reaps one instance now, on the calling thread, as the leader's reaper would after its
     /// two-phase wait: the atomic re-check still runs (`Ok(None)` if `instance` has a heartbeat
     /// key, a fresh score, or is not registered), then its rooms and peers are removed with the
@@ -538,9 +558,9 @@ impl Node {
         if !leading() {
             return Err(Error::NotLeader);
         }
-        let counts = sh
-            .pool
-            .run(&sh.redis, |c| reaper::reap_instance(sh, c, &dead.wire, &leading))?;
+        let counts = sh.pool.run(&sh.redis, |c| {
+            reaper::reap_instance(sh, c, &dead.wire, &leading)
+        })?;
         if let Some(c) = &counts {
             sh.counters.reaped(c);
             sh.events.emit(Event::InstanceReaped {

@@ -263,9 +263,11 @@ fn non_utf8_index_members_do_not_stop_a_reap() {
             .query(&mut con)
             .unwrap();
     }
-    log.wait(LONG, "junky reaped", |e| {
-        matches!(e, Event::InstanceReaped { dead, rooms: 1, peers: 1, .. } if dead == "junky")
-    });
+    log.wait(
+        LONG,
+        "junky reaped",
+        |e| matches!(e, Event::InstanceReaped { dead, rooms: 1, peers: 1, .. } if dead == "junky"),
+    );
     let left = references(&s.dump("*"), &["j-".into(), "junky".into()]);
     assert!(left.is_empty(), "{left:#?}");
 }

@@ -1,5 +1,10 @@
-//! Adversarial: ways to make the leader stop reaping (fleet-wide) or keep reaping after it lost
-//! the lease.
+//! Regression tests: reaper robustness. Bad data (wrong-typed keys, non-UTF-8 members) must
+//! never stop reaping fleet-wide; a reaper that lost its lease (or is shut down) stops before
+//! its next batch, even inside one big room; late writes of a dead instance are reaped too.
+//!
+//! Promises covered: docs/DESIGN.md invariants 2 (a dead instance leaves nothing behind,
+//! whatever the timing) and 3 (a reaper that has lost the lease stops before its next batch),
+//! and the README's bounded shutdown.
 
 mod support;
 
@@ -15,14 +20,15 @@ fn scard(s: &Server, key: &str) -> i64 {
     redis::cmd("SCARD").arg(key).query(&mut s.con()).unwrap()
 }
 
-// One room of the LEADER holds bad data (its pin key replaced by a hash, as in
-// tests/bad_data.rs). Its pin refresh fails on every heartbeat tick, and each failure counts
-// as a "Redis error seen during the two-phase window", so the leader skips every reap round,
-// forever: a dead instance is never reaped (invariant 2), although the leader's Redis is
-// perfectly healthy. Expected: a dead instance is reaped within a few seconds
-// (fast timings: ~2.5 s).
+// Protects: invariant 2 (a dead instance is reaped) when the leader itself holds bad data.
+// Fault: one room of the LEADER has its pin key replaced by a hash (as in tests/bad_data.rs),
+// so its pin refresh fails on every heartbeat tick; a normal dead instance is then written.
+// Protection: a pin refresh failing on bad data is reported per room and retried, but not
+// counted as a Redis error or slowness, which makes the leader skip the reap round (two-phase
+// safety). If it counted, the leader would skip every round forever and dead-1 would never be
+// reaped, on a perfectly healthy Redis (normally reaped in ~2.5 s; the bound is 10 s).
 #[test]
-fn one_bad_room_on_the_leader_stops_all_reaping() {
+fn one_bad_room_on_the_leader_does_not_stop_reaping() {
     let s = Server::start();
     let ks = ks(STAGE);
     let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
@@ -55,12 +61,15 @@ fn one_bad_room_on_the_leader_stops_all_reaping() {
     );
 }
 
-// One dead instance whose room index is not a set (garbage / another tool's key) makes
-// `reap_instance` fail with BadData; `round` then `break`s out of the candidate loop. Because
-// that instance's score is 0 (being reaped) it is first in every later round, so every other
-// dead instance behind it is never reaped: one bad key stops all reaping fleet-wide.
+// Protects: invariant 2 fleet-wide: one instance's bad data never stops the reap of the others.
+// Fault: a dead instance "broken" whose room index is a string (another tool's key), older
+// than a normal dead instance "innocent".
+// Protection: a BadData error while reaping one instance skips that instance (reported, left
+// for fsck) and the round goes on with the next candidate. If the round stopped at the error
+// instead, "broken" (score 0 once its reap began, so first in every later round) would block
+// every dead instance behind it forever: "innocent" would never be reaped.
 #[test]
-fn one_dead_instance_with_a_wrong_typed_index_blocks_every_other_reap() {
+fn a_dead_instance_with_a_wrong_typed_index_does_not_block_other_reaps() {
     let s = Server::start();
     let ks = ks(STAGE);
     let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
@@ -81,17 +90,20 @@ fn one_dead_instance_with_a_wrong_typed_index_blocks_every_other_reap() {
     let got = log.try_wait(Duration::from_secs(10), |e| reaped(e, "innocent"));
     assert!(
         got.is_some(),
-        "'innocent' (a perfectly normal dead instance) was not reaped within 10 s because \
-         another dead instance has one wrong-typed key; leader's last error: {:?}",
+        "'innocent' (a perfectly normal dead instance) was not reaped within 10 s while another \
+         dead instance has one wrong-typed key; leader's last error: {:?}",
         leader.stats().last_error
     );
 }
 
-// A member of the heartbeats sorted set that is not UTF-8 (garbage written by another tool)
-// makes candidates.lua's reply undecodable (Vec<String>): every round fails with "cannot list
-// reap candidates" and nobody is ever reaped again.
+// Protects: invariant 2 fleet-wide against garbage in the heartbeats sorted set.
+// Fault: a member that is not UTF-8 (written by another tool), older than the stale
+// threshold, next to a normal dead instance.
+// Protection: candidates are read as bytes and a member that is not a UTF-8 instance id is
+// skipped (logged, left for fsck). Decoding the reply as strings would fail every round with
+// "cannot list reap candidates" and nobody would ever be reaped again.
 #[test]
-fn one_non_utf8_member_in_the_heartbeats_zset_stops_all_reaping() {
+fn a_non_utf8_member_in_the_heartbeats_zset_does_not_stop_reaping() {
     let s = Server::start();
     let ks = ks(STAGE);
     let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
@@ -112,21 +124,24 @@ fn one_non_utf8_member_in_the_heartbeats_zset_stops_all_reaping() {
     let got = log.try_wait(Duration::from_secs(10), |e| reaped(e, "innocent"));
     assert!(
         got.is_some(),
-        "'innocent' was not reaped within 10 s because one heartbeats member is not UTF-8; \
+        "'innocent' was not reaped within 10 s while one heartbeats member is not UTF-8; \
          leader's last error: {:?}",
         leader.stats().last_error
     );
 }
 
-// Invariant 3: "a reaper that has lost the lease stops before its next batch". A dead
-// instance owns one big room (40 000 peers); reap_room.lua deletes it 256 peers per call and
-// `reap_rooms` loops over those calls (`while !pending.is_empty()`) without re-checking
-// leadership. The lease is taken away while the room is being reaped (another holder's id
-// written into the lease key, as after an expiry + takeover); the leader sees `leader_lost`
-// quickly, but its reaper goes on deleting peer records batch after batch for seconds.
-// A small network delay (FaultProxy, 10 ms each way) makes each batch take a few tens of ms.
+// Protects: invariant 3, "a reaper that has lost the lease stops before its next batch",
+// inside one big room.
+// Fault: a dead instance owns one room of 40 000 peers, which reap_room.lua deletes 256 peers
+// per call (a proxy adds 10 ms each way, so each batch takes a few tens of ms); while it is
+// being reaped the lease is taken away (another holder's id written into the lease key, as
+// after an expiry and a takeover).
+// Protection: `reap_rooms` re-checks leadership before every batch, including between the
+// calls on one room. Checking only between rooms (or instances), the demoted reaper would go
+// on deleting peer records batch after batch for seconds after LeaderLost: the room's peer
+// count would still fall between 0.5 s and 2 s after the loss.
 #[test]
-fn reaper_keeps_deleting_a_big_room_after_losing_the_lease() {
+fn reaper_stops_deleting_a_big_room_once_it_loses_the_lease() {
     let s = Server::start();
     let ks = ks(STAGE);
     let proxy = s.proxy();
@@ -209,11 +224,14 @@ fn reaper_keeps_deleting_a_big_room_after_losing_the_lease() {
     );
 }
 
-// Node::shutdown during the reap of a big room: the same missing check (and `stopping()` is
-// only consulted between instances) means shutdown waits for the whole room to be reaped.
-// Expected: shutdown returns within a couple of command timeouts (< 2 s).
+// Protects: the README's bounded shutdown ("stops the threads"), during a long reap.
+// Fault: Node::shutdown while the leader reaps a dead instance's room of 40 000 peers (proxy
+// delay 10 ms each way).
+// Protection: the per-batch check also asks whether the node is stopping, so the reaper thread
+// ends after the batch in flight. Checking only between instances, shutdown would wait for the
+// whole room to be reaped (many seconds); the bound is 2 s (a couple of command timeouts).
 #[test]
-fn shutdown_waits_for_a_big_room_reap_to_finish() {
+fn shutdown_during_a_big_room_reap_returns_within_2s() {
     let s = Server::start();
     let ks = ks(STAGE);
     let proxy = s.proxy();
@@ -271,16 +289,18 @@ fn shutdown_waits_for_a_big_room_reap_to_finish() {
     );
 }
 
-// reap_finish.lua removes a dead instance's sorted-set entry even when its indexes still hold
-// members that reap_room/reap_peer kept as "new life" (written after t0). That is right when
-// the instance really came back (its heartbeat key exists; reap_finish then says 'alive'), but
-// when it did not (a late write of a dying/zombie instance that landed after t0, then the
-// process died for good) the entry is removed with the members still indexed: the instance is
-// no longer a candidate, nobody will ever look at them again, and they stay forever.
-// Here the state a late write leaves is written directly: a room and a peer record of the dead
-// instance stamped later than the reap's t0 (server time + 5 s).
+// Protects: invariant 2 "whatever the timing ratios": late writes of a dying instance are
+// reaped too.
+// Fault: the state a late write leaves (a dying or zombie instance's write that landed after
+// the reap began, then the process died for good), written directly: a room and a peer record
+// of the dead instance stamped after the reap's t0 (server time + 5 s).
+// Protection: reap_room/reap_peer keep members written after t0 (they may be a new life of the
+// same id), and reap_finish.lua then keeps the instance's sorted-set entry at score 0
+// ('retry') unless the instance registered again, so a later round reaps them once their
+// stamps are in the past. If the entry were removed with those members still indexed, the
+// instance would no longer be a candidate and they would stay forever (listed below).
 #[test]
-fn late_writes_of_an_instance_that_never_came_back_are_orphaned_forever() {
+fn late_writes_of_an_instance_that_never_came_back_are_reaped_too() {
     let s = Server::start();
     let ks = ks(STAGE);
     let (leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
@@ -333,7 +353,7 @@ fn late_writes_of_an_instance_that_never_came_back_are_orphaned_forever() {
     drop(leader);
     assert!(
         left.is_empty(),
-        "the dead instance is gone from the heartbeats set (score {zscore:?}) but these still name it, \
-         and no later round will ever reap them: {left:#?}"
+        "8 s after the first reap these still name the dead instance (heartbeats score {zscore:?}); \
+         a later round must reap them: {left:#?}"
     );
 }

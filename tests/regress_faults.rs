@@ -1,0 +1,689 @@
+//! Regression tests under real Redis faults: a failover behind one address (READONLY), data
+//! loss (restart without persistence) and the fencing epoch, SCRIPT FLUSH storms, requests
+//! whose reply was lost, and a frozen (SIGSTOP) or blackholed Redis around start, shutdown and
+//! leadership.
+//!
+//! Promises covered: docs/DESIGN.md invariants 1 (a live instance is never reaped), 3 (at most
+//! one leader, epochs strictly increasing), 4 (no stale mapping), 6 (no thread dies; workers
+//! resume), and the README's "every call is blocking and bounded by `command_timeout`" and "a
+//! request whose reply never came is not re-sent; the node converges by itself".
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use sfu_redis::{Event, Node, Timings};
+use support::*;
+
+/// Stage of the failover tests.
+const FO: &str = "fo";
+/// Stage of the frozen / restarted / flushed Redis tests.
+const BF: &str = "bf";
+/// Stage of the lost-reply tests.
+const RT: &str = "rt";
+
+// ---------------------------------------------------------------------------------------------
+// Failover behind one address
+// ---------------------------------------------------------------------------------------------
+
+/// A TCP forwarder whose upstream can be switched: existing connections stay where they are,
+/// new ones go to the current upstream (what a VIP / DNS switch looks like to clients).
+struct Vip {
+    addr: SocketAddr,
+    upstream: Arc<Mutex<SocketAddr>>,
+}
+
+impl Vip {
+    fn start(upstream: SocketAddr) -> Vip {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let up = Arc::new(Mutex::new(upstream));
+        let up2 = Arc::clone(&up);
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { continue };
+                let target = *up2.lock();
+                let Ok(s) = TcpStream::connect(target) else {
+                    let _ = c.shutdown(Shutdown::Both);
+                    continue;
+                };
+                for (mut from, mut to) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)]
+                {
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Vip { addr, upstream: up }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn switch(&self, to: SocketAddr) {
+        *self.upstream.lock() = to;
+    }
+}
+
+fn addr(s: &Server) -> SocketAddr {
+    format!("127.0.0.1:{}", s.redis.port()).parse().unwrap()
+}
+
+// Protects: invariant 6 ("every worker resumes within two ticks") through a failover.
+// Fault: two real redis-servers behind a switchable TCP forwarder (a VIP, DNS name or
+// Sentinel-managed floating IP). The old master is demoted with REPLICAOF and keeps the node's
+// connections open, answering every write with `-READONLY`; the address now leads new
+// connections to the new master.
+// Protection: a READONLY / MASTERDOWN reply drops the connection (conn.rs `keep_connection`)
+// and the pool retries that refused command once on a new connection, so every worker finds
+// the new master. If error replies kept the connection, every worker would stay glued to the
+// read-only old master and the node would never heartbeat there within the 3 s (15 ticks).
+#[test]
+fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
+    let old = Server::start();
+    let new = Server::start();
+    let vip = Vip::start(addr(&old));
+    let a = Node::start(config_for(&vip.url(), FO, "inst-a", Timings::fast())).unwrap();
+    a.pin_room("room").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(a.is_leader() || a.stats().heartbeats > 0);
+
+    // Failover: the old master becomes a replica of the new one; the address now leads to
+    // the new master.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.redis.port())
+        .query(&mut old.con())
+        .unwrap();
+    vip.switch(addr(&new));
+
+    // A fresh connection through the address works at once.
+    let mut fresh = redis::Client::open(vip.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("probe")
+        .arg("1")
+        .query(&mut fresh)
+        .unwrap();
+
+    // Give the node 3 s (15 heartbeat ticks) to show up on the new master.
+    let ks = ks(FO);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut registered = false;
+    while Instant::now() < deadline && !registered {
+        let z: Option<f64> = redis::cmd("ZSCORE")
+            .arg(ks.heartbeats())
+            .arg("inst-a")
+            .query(&mut new.con())
+            .unwrap();
+        registered = z.is_some();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = a.stats();
+    assert!(
+        registered,
+        "the node never heartbeated on the new master within 3 s (is_leader {}, heartbeat failures {}, \
+         last error {:?})",
+        st.is_leader, st.heartbeat_failures, st.last_error
+    );
+}
+
+// Protects: invariant 1 ("a live instance's rooms are never deleted") through a proper
+// failover.
+// Fault: the new master was a replica (it has every key, including A's heartbeat and rooms);
+// it is promoted, the old master demoted (READONLY to A's open connections), the address
+// switched; a node B that connects afterwards leads on the new master.
+// Protection: the READONLY reconnect, so A's heartbeats reach the new master within a tick.
+// Without it, A's heartbeats all fail with READONLY, A looks dead on the new master, and B
+// reaps A's rooms and peers while A still serves them (`reaped_a` is Some, the room is gone).
+#[test]
+fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
+    let old = Server::start();
+    let new = Server::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(old.redis.port())
+        .query(&mut new.con())
+        .unwrap();
+    let vip = Vip::start(addr(&old));
+    let a = Node::start(config_for(&vip.url(), FO, "inst-a", Timings::fast())).unwrap();
+    a.pin_room("a-room").unwrap();
+    a.upsert_peer("a-room", "a-peer", None, &[]).unwrap();
+    let ks = ks(FO);
+    // Wait until the replica has A's room.
+    wait_for(LONG, "replicated", || {
+        redis::cmd("EXISTS")
+            .arg(ks.room("a-room").meta)
+            .query::<bool>(&mut new.con())
+            .ok()
+            .filter(|e| *e)
+    });
+    // Failover: promote the replica, demote the old master, move the address.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut new.con())
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.redis.port())
+        .query(&mut old.con())
+        .unwrap();
+    vip.switch(addr(&new));
+    // A new instance joins after the failover (fresh connections: the new master).
+    let b = Node::start(config_for(&vip.url(), FO, "inst-b", Timings::fast())).unwrap();
+    let mut lb = EventLog::new(&b);
+    let reaped_a = lb.try_wait(Duration::from_secs(8), |e| reaped(e, "inst-a"));
+    let a_room_left: bool = redis::cmd("EXISTS")
+        .arg(ks.room("a-room").meta)
+        .query(&mut new.con())
+        .unwrap();
+    assert!(
+        reaped_a.is_none() && a_room_left,
+        "live node inst-a was reaped on the new master ({reaped_a:?}); its room exists: {a_room_left}; \
+         inst-a's last error: {:?}",
+        a.stats().last_error
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frozen, restarted and flushed Redis
+// ---------------------------------------------------------------------------------------------
+
+/// redis-server frozen with SIGSTOP (connections open, nothing answers) until dropped.
+struct FrozenRedis(u32);
+
+impl FrozenRedis {
+    fn new(s: &Server) -> FrozenRedis {
+        let pid = s.redis.pid().unwrap();
+        send_signal(pid, "STOP");
+        FrozenRedis(pid)
+    }
+}
+
+impl Drop for FrozenRedis {
+    fn drop(&mut self) {
+        send_signal(self.0, "CONT");
+    }
+}
+
+fn send_signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+// Protects: the README's "every call is blocking and bounded by `command_timeout`", for
+// Node::shutdown.
+// Fault: redis-server frozen with SIGSTOP while a leader holding a room runs.
+// Protection: every round trip of shutdown (stopping the threads, releasing the lease) is
+// bounded by command_timeout (400 ms) and a timed-out connection is not used again. An
+// unbounded wait (or a retry loop) would block shutdown for as long as Redis stays frozen.
+#[test]
+fn shutdown_while_redis_is_frozen_returns_within_3s() {
+    let s = Server::start();
+    let (leader, _log) = s.leader(BF, "a", Timings::fast());
+    leader.pin_room("r").unwrap();
+    let frozen = FrozenRedis::new(&s);
+    std::thread::sleep(Duration::from_millis(700));
+    let t = Instant::now();
+    leader.shutdown().unwrap();
+    let took = t.elapsed();
+    drop(frozen);
+    assert!(
+        took < Duration::from_secs(3),
+        "shutdown against a frozen Redis took {took:?} (at most 3 s expected)"
+    );
+}
+
+// Protects: the README's "Node::start fails fast if Redis is unreachable".
+// Fault: redis-server frozen with SIGSTOP (it accepts TCP connections but never answers).
+// Protection: the connect and every request of start are bounded by command_timeout. Without
+// it, start would hang on the first reply for as long as Redis stays frozen.
+#[test]
+fn start_against_a_frozen_redis_fails_within_3s() {
+    let s = Server::start();
+    let frozen = FrozenRedis::new(&s);
+    let t = Instant::now();
+    let r = Node::start(s.config(BF, "b"));
+    let took = t.elapsed();
+    drop(frozen);
+    assert!(r.is_err(), "started against a frozen Redis");
+    assert!(took < Duration::from_secs(3), "start took {took:?}");
+}
+
+// Protects: `Event::LeaderAcquired::epoch`, documented as "strictly increasing across all terms
+// of one prefix" (src/event.rs): the fencing token (invariant 3).
+// Fault: Redis loses its data (a restart without persistence) after many terms (epoch set to
+// 41) while both nodes keep running.
+// Protection: every heartbeat carries the highest epoch the node has seen and writes it back
+// when the counter is lower (heartbeat.lua), and lease_acquire.lua starts the counter from at
+// least the caller's highest epoch. Without it, the counter starts again at 1 and the first term
+// after the restart gets a smaller token than the term before it (e2 <= e1).
+#[test]
+fn epoch_never_goes_backwards_after_redis_loses_its_data() {
+    let mut s = Server::start();
+    let ks = ks(BF);
+    // Many terms have passed already.
+    let _: () = redis::cmd("SET")
+        .arg(ks.epoch())
+        .arg(41)
+        .query(&mut s.con())
+        .unwrap();
+    let a = s.node(BF, "a");
+    let b = s.node(BF, "b");
+    let mut la = EventLog::new(&a);
+    let mut lb = EventLog::new(&b);
+    let (_, first) = wait_any(&mut [&mut la, &mut lb], LONG, "first term", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    let Event::LeaderAcquired { epoch: e1 } = first else {
+        unreachable!()
+    };
+    s.redis.restart().unwrap();
+    let (_, second) = wait_any(&mut [&mut la, &mut lb], LONG, "term after restart", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    let Event::LeaderAcquired { epoch: e2 } = second else {
+        unreachable!()
+    };
+    assert!(
+        e2 > e1,
+        "fencing epoch went backwards: term before the Redis restart had epoch {e1}, the next one {e2}; a: {:?} b: {:?}",
+        la.drain(),
+        lb.drain()
+    );
+}
+
+// Protects: invariant 3, at most one leader at any moment, when the lease key itself is lost.
+// Fault: Redis restarts without persistence (the lease key disappears) under a leader a and a
+// follower b, up to 5 times; both nodes' is_leader() are sampled every 0.5 ms for 1.5 s after
+// each restart.
+// Protection: lease_acquire.lua grants no new term until a lease TTL after the dataset token
+// was re-created, and the old leader's term ends on its local deadline (started before its
+// last acquire/refresh was sent), i.e. before that. Without the wait, b acquires the now-free
+// lease at once while a still believes it leads until its next refresh (overlap samples > 0).
+#[test]
+fn no_two_nodes_lead_at_once_after_redis_loses_the_lease() {
+    let mut s = Server::start();
+    let (a, _la) = s.leader(BF, "a", Timings::fast());
+    let b = s.node(BF, "b");
+    let mut both_at_once = 0u32;
+    for _ in 0..5 {
+        s.redis.restart().unwrap();
+        let until = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < until {
+            if a.is_leader() && b.is_leader() {
+                both_at_once += 1;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        if both_at_once > 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        both_at_once, 0,
+        "both nodes reported is_leader() == true at the same time ({both_at_once} samples)"
+    );
+}
+
+// Protects: invariant 6 (no thread dies) and invariants 2 and 4 under script-cache loss.
+// Fault: SCRIPT FLUSH every 3 ms while the leader serves 200 pin/upsert calls and a crashed
+// victim with 20 rooms must be reaped.
+// Protection: NOSCRIPT is recovered everywhere, including inside pipelines (the script is
+// loaded again and the call completes; the reaper treats a flushed cache mid-reap as transient
+// and redoes the instance). Without it, host calls fail with NOSCRIPT, the reap stalls or stops
+// half done, and indexes or leftovers disagree.
+#[test]
+fn script_flush_storm_keeps_everything_working() {
+    let s = Server::start();
+    let ks = ks(BF);
+    let (leader, mut log) = s.leader(BF, "keeper", Timings::fast());
+    let victim = s.node(BF, "victim");
+    for i in 0..20 {
+        let r = format!("v{i}");
+        victim.pin_room(&r).unwrap();
+        victim.upsert_peer(&r, "p", Some("g"), &[]).unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let url = s.url();
+    let flusher = std::thread::spawn(move || {
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+        }
+    });
+    let mut errors = Vec::new();
+    for i in 0..200 {
+        let r = format!("k{}", i % 5);
+        if let Err(e) = leader.pin_room(&r) {
+            errors.push(e.to_string());
+        }
+        if let Err(e) = leader.upsert_peer(&r, &format!("p{}", i % 7), Some("g"), &[]) {
+            errors.push(e.to_string());
+        }
+    }
+    victim.simulate_crash();
+    let got = log.try_wait(Duration::from_secs(15), |e| reaped(e, "victim"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.join().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let problems = s.index_problems(&ks);
+    let left = references(
+        &s.dump(&ks.scan_pattern()),
+        &[wire(sfu_redis::keys::IdKind::Instance, "victim")],
+    );
+    assert!(
+        errors.is_empty() && got.is_some() && problems.is_empty() && left.is_empty(),
+        "host errors: {errors:?}\nreaped: {got:?}\nindex problems: {problems:#?}\nleftovers: {left:#?}\nstats: {:?}",
+        leader.stats()
+    );
+}
+
+// Protects: invariant 3 ("leadership ends on a local deadline started before the
+// acquire/refresh was sent, not on the next error").
+// Fault: the leader's connections are blackholed (bytes vanish, connections stay open) for
+// 5 s, longer than the lease; is_leader() of both nodes is sampled every 0.3 ms.
+// Protection: the local deadline: a stops leading before its lease can expire on the server,
+// hence before b can acquire it. If leadership ended only on a failed refresh, a (whose refresh
+// hangs for a command timeout) would still lead when b starts (overlap samples > 0); and b must
+// take over at all (b_led).
+#[test]
+fn blackholed_leader_never_overlaps_with_the_next() {
+    let s = Server::start();
+    let proxy = s.proxy();
+    let a = Node::start(config_for(&proxy.url(), BF, "a", Timings::fast())).unwrap();
+    let mut la = EventLog::new(&a);
+    la.wait(LONG, "a leads", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    let b = s.node(BF, "b");
+    proxy.blackhole(Direction::Both);
+    let until = Instant::now() + Duration::from_secs(5);
+    let (mut both, mut b_led) = (0, false);
+    while Instant::now() < until {
+        let (x, y) = (a.is_leader(), b.is_leader());
+        if x && y {
+            both += 1;
+        }
+        b_led |= y;
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    proxy.heal();
+    assert!(
+        both == 0 && b_led,
+        "overlap samples {both} (must be 0), b led: {b_led} (must be true)"
+    );
+}
+
+// Protects: invariants 2 and 3 (a leader exists, so the dead are reaped) against bad data in
+// the control plane.
+// Fault: the epoch key holds a hash (written by another tool).
+// Protection: lease_acquire.lua replaces an epoch key of the wrong type (or holding a
+// non-number) before INCR, and reports it as repaired. Without it, INCR fails with WRONGTYPE
+// on every acquire, no node ever leads, and nothing is ever reaped (no LeaderAcquired in 6 s,
+// where it normally comes in < 1 s).
+#[test]
+fn wrong_typed_epoch_is_repaired_and_a_leader_is_elected() {
+    let s = Server::start();
+    let ks = ks(BF);
+    let _: () = redis::cmd("HSET")
+        .arg(ks.epoch())
+        .arg("junk")
+        .arg("1")
+        .query(&mut s.con())
+        .unwrap();
+    let a = s.node(BF, "a");
+    let mut la = EventLog::new(&a);
+    let got = la.try_wait(Duration::from_secs(6), |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    assert!(
+        got.is_some(),
+        "no leader within 6 s (normally < 1 s); last error: {:?}",
+        a.stats().last_error
+    );
+}
+
+// Protects: invariant 6 ("Redis down, then back, and every worker resumes") in the middle of
+// a reap.
+// Fault: Redis restarts without persistence while the leader is reaping a dead instance with
+// 3000 rooms; afterwards a new dead instance is written.
+// Protection: a reap interrupted by a Redis error ends the round (the instance stays "being
+// reaped"), the leader's threads reconnect and re-acquire the lease, and later rounds reap
+// normally. Were the reaper thread to die or wedge on the broken connection, `later-dead` would
+// never be reaped.
+#[test]
+fn reaping_resumes_after_redis_restarts_mid_reap() {
+    let mut s = Server::start();
+    let ks = ks(BF);
+    let (leader, mut log) = s.leader(BF, "leader", Timings::fast());
+    let now = s.server_ms();
+    let rooms: Vec<String> = (0..3000).map(|i| format!("r{i}")).collect();
+    let peers: Vec<(&str, Option<&str>)> = vec![("p", Some("g"))];
+    let fake: Vec<FakeRoom<'_>> = rooms.iter().map(|r| (r.as_str(), &peers[..])).collect();
+    s.fabricate_dead(&ks, "big-dead", now - 5_000, None, &fake);
+    let idx = ks.instance_rooms(&wire(sfu_redis::keys::IdKind::Instance, "big-dead"));
+    wait_for(Duration::from_secs(15), "reap under way", || {
+        let n: i64 = redis::cmd("SCARD").arg(&idx).query(&mut s.con()).unwrap();
+        (n < 3000).then_some(())
+    });
+    s.redis.restart().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "later-dead",
+        now - 5_000,
+        None,
+        &[("lr", &[("lp", None)])],
+    );
+    let got = log.try_wait(Duration::from_secs(15), |e| reaped(e, "later-dead"));
+    assert!(
+        got.is_some(),
+        "not reaped after the restart; stats {:?}",
+        leader.stats()
+    );
+}
+
+// Protects: the README's bounded calls, for Node::shutdown of a leader.
+// Fault: the leader's connections are blackholed (open, bytes vanish) 300 ms before shutdown.
+// Protection: each round trip (including the lease release) times out after command_timeout
+// and is not retried on the dead connection. Without the bound, shutdown would wait on a reply
+// that never comes.
+#[test]
+fn shutdown_while_blackholed_returns_within_3s() {
+    let s = Server::start();
+    let proxy = s.proxy();
+    let a = Node::start(config_for(&proxy.url(), BF, "a", Timings::fast())).unwrap();
+    let mut la = EventLog::new(&a);
+    la.wait(LONG, "a leads", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    a.pin_room("r").unwrap();
+    proxy.blackhole(Direction::Both);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    a.shutdown().unwrap();
+    let took = t.elapsed();
+    eprintln!("shutdown while blackholed took {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "shutdown while blackholed took {took:?} (at most 3 s expected)"
+    );
+}
+
+// Protects: the README's "a call that times out fails at once without sending anything more".
+// Fault: redis-server frozen with SIGSTOP; pin_room on a pooled connection (used within the
+// last second, so it is not probed first).
+// Protection: pin_room's first request (the index SADD) times out after one command_timeout
+// and nothing more is sent on that connection (no index "undo" on a connection whose reply
+// may still arrive; the heartbeat settles the room later). With an undo sent on the timed-out
+// connection, the call took about three command timeouts (1.2 s with 400 ms); the bound here
+// is one command_timeout plus 150 ms, and the error must be a timeout that says so.
+#[test]
+fn pin_room_on_a_frozen_redis_fails_within_one_command_timeout() {
+    let s = Server::start();
+    let a = s.node(BF, "t");
+    a.pin_room("r").unwrap(); // a pooled connection exists
+    let frozen = FrozenRedis::new(&s);
+    let t = Instant::now();
+    let e = a.pin_room("r2").unwrap_err();
+    let took = t.elapsed();
+    drop(frozen);
+    let timeout = Timings::fast().command_timeout;
+    assert!(
+        e.is_timeout()
+            && e.to_string().contains("timed out")
+            && took < timeout + Duration::from_millis(150),
+        "after {took:?} (command_timeout {timeout:?}, bound command_timeout + 150 ms): is_timeout() = {}, \
+         error: {e}",
+        e.is_timeout()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lost replies: never re-sent, converged by the heartbeat
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `f` with replies held back, then resets every connection once the request has run: the
+/// server executed the request but the reply never reached the node.
+fn run_and_lose_the_reply<T: Send + 'static>(
+    proxy: &FaultProxy,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    proxy.stall(Direction::Downstream);
+    let h = std::thread::spawn(f);
+    std::thread::sleep(Duration::from_millis(100));
+    proxy.reset_all();
+    proxy.heal();
+    h.join().unwrap()
+}
+
+// Protects: the README's "when a request was sent but its reply never came, the call fails and
+// is not re-sent; a close whose outcome is unknown is finished by the next heartbeat".
+// Fault: close_room runs on the server, then its reply is held by the proxy and the connection
+// reset.
+// Protection: no re-send after a lost reply; the room is marked uncertain and the heartbeat
+// finishes the close (owner CAS). A re-sent close would find the room gone and report NotOwner
+// for a close that succeeded; without the settling, the node would keep counting the room
+// (stats().rooms != 0) or report it lost (RoomLost) at its next refresh.
+#[test]
+fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "a", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    a.upsert_peer("r", "p", None, &[]).unwrap();
+    let mut log = EventLog::new(&a);
+    let a2 = Arc::clone(&a);
+    let out = run_and_lose_the_reply(&proxy, move || a2.close_room("r"));
+    assert!(
+        !matches!(&out, Err(e) if e.kind() == sfu_redis::ErrorKind::NotOwner),
+        "close_room was re-sent: {out:?}"
+    );
+    wait_for(LONG, "the room is closed", || {
+        s.keys(&format!("{}:room:{{r}}:*", ks.prefix()))
+            .is_empty()
+            .then_some(())
+    });
+    assert_eq!(a.stats().rooms, 0, "the node still counts the closed room");
+    std::thread::sleep(Timings::fast().heartbeat_interval * 3);
+    assert!(
+        log.drain()
+            .iter()
+            .all(|e| !matches!(e, Event::RoomLost { .. })),
+        "a closed room was reported lost"
+    );
+}
+
+// Protects: the same promise for remove_peer.
+// Fault: remove_peer runs on the server, then its reply is lost (held, connection reset).
+// Protection: no re-send; the node forgets the peer at once and the heartbeat sends the remove
+// again (a no-op if it ran). A re-sent remove would find the record gone and return Ok(false)
+// ("a newer generation exists"), a lie; without forgetting, stats().peers stays 1.
+#[test]
+fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "b", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    let generation = a.upsert_peer("r", "p", None, &[]).unwrap();
+    let a2 = Arc::clone(&a);
+    let out = run_and_lose_the_reply(&proxy, move || a2.remove_peer("r", "p", generation));
+    let record: bool = redis::cmd("EXISTS")
+        .arg(ks.peer("r", "p"))
+        .query(&mut s.con())
+        .unwrap();
+    assert!(!record, "the remove ran, so the record must be gone");
+    assert!(
+        !matches!(out, Ok(false)),
+        "remove_peer was re-sent: {out:?}"
+    );
+    assert_eq!(a.stats().peers, 0, "the node forgot the peer");
+}
+
+// Protects: invariant 4 and the README's "nothing the host was told failed is ever written
+// back later".
+// Fault: remove_peer's reply is lost (the remove ran), then Redis loses its data (restart
+// without persistence) and the node restores its peers.
+// Protection: a remove with an unknown outcome drops the peer from the node's local state, so
+// the restore after data loss does not include it. Without it, the restore writes the removed
+// peer back: a client that disconnected reappears in the room.
+#[test]
+fn removed_peer_stays_removed_after_a_later_data_loss() {
+    let mut s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "c", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    let generation = a.upsert_peer("r", "gone-peer", None, &[]).unwrap();
+    a.upsert_peer("r", "kept-peer", None, &[]).unwrap();
+    let a2 = Arc::clone(&a);
+    let _ = run_and_lose_the_reply(&proxy, move || a2.remove_peer("r", "gone-peer", generation));
+    s.redis.restart().unwrap();
+    let peer_key = ks.peer("r", "kept-peer");
+    wait_for(LONG, "restore after data loss", || {
+        redis::cmd("EXISTS")
+            .arg(&peer_key)
+            .query::<bool>(&mut s.con())
+            .ok()
+            .filter(|e| *e)
+    });
+    let resurrected: bool = redis::cmd("EXISTS")
+        .arg(ks.peer("r", "gone-peer"))
+        .query(&mut s.con())
+        .unwrap();
+    assert!(
+        !resurrected,
+        "the removed peer was written back after the data loss"
+    );
+}

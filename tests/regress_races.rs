@@ -1,0 +1,586 @@
+//! Regression tests: concurrent host calls on ONE node, generations across the lives of a
+//! room, and the cross-slot rule "index first, record second; record deleted first, index
+//! second" (README key schema, docs/DESIGN.md "Rules").
+//!
+//! The cross-slot rule is only safe if nothing re-creates a record between its delete and the
+//! index clean-up, and if the index write really happened before the record is written. The
+//! protections proved here: calls on one room are serialized inside the node (a per-room lock),
+//! the index write is its own, checked round trip before the record script, nothing more is
+//! sent on a connection whose reply may still arrive, and generations never restart.
+//!
+//! Where a precise interleaving matters, a FaultProxy adds a few ms each way so that the second
+//! host call lands between the first call's round trips.
+
+mod support;
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use sfu_redis::keys::IdKind;
+use sfu_redis::{Config, ErrorKind, Node, PinOutcome, Timings};
+use support::*;
+
+/// Stage of the concurrency tests.
+const RACE: &str = "race";
+/// Stage of the generation tests.
+const GEN: &str = "gen";
+/// Stage of the index-first tests.
+const IDX: &str = "bi";
+
+fn smembers(s: &Server, key: &str) -> Vec<String> {
+    redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+fn exists(s: &Server, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query(&mut s.con()).unwrap()
+}
+
+/// Runs `first` on one thread and, `offset` later, `second` on another; waits for both.
+fn race<A, B>(first: A, offset: Duration, second: B)
+where
+    A: FnOnce() + Send + 'static,
+    B: FnOnce() + Send + 'static,
+{
+    let go = Arc::new(Barrier::new(2));
+    let g1 = Arc::clone(&go);
+    let t1 = std::thread::spawn(move || {
+        g1.wait();
+        first();
+    });
+    let g2 = Arc::clone(&go);
+    let t2 = std::thread::spawn(move || {
+        g2.wait();
+        std::thread::sleep(offset);
+        second();
+    });
+    t1.join().unwrap();
+    t2.join().unwrap();
+}
+
+/// A tiny xorshift so this file needs no extra dependency.
+fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Races between host threads of one node
+// ---------------------------------------------------------------------------------------------
+
+// Protects: the cross-slot rule "never a record that no index reaches" and invariant 2 (a dead
+// instance leaves nothing behind).
+// Fault: close_room(R) and pin_room(R) from two host threads of the same node, 2 ms apart,
+// through a proxy adding 5 ms each way (the last peer leaves while a new one joins: an everyday
+// SFU race); then the node crashes and the leader reaps it.
+// Protection: calls on one room are serialized inside the node, so close_room's trailing SREM
+// of the room index cannot run after the new pin. Without it, the late SREM removes the index
+// entry of a room that was just pinned again: the room is owned but unindexed, the reaper never
+// finds it, and its metadata names the dead instance forever (both lists below non-empty).
+#[test]
+fn close_racing_pin_on_one_node_keeps_the_room_indexed_and_reapable() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let (leader, mut log) = s.leader(RACE, "keeper", Timings::fast());
+    let proxy = s.proxy();
+    proxy.set_delay(Duration::from_millis(5));
+    let a =
+        Arc::new(Node::start(config_for(&proxy.url(), RACE, "victim", Timings::fast())).unwrap());
+    let me = wire(IdKind::Instance, "victim");
+    let index = ks.instance_rooms(&me);
+
+    let mut orphaned = Vec::new();
+    for i in 0..5 {
+        let room = format!("room-{i}");
+        assert_eq!(a.pin_room(&room).unwrap(), PinOutcome::Pinned);
+        a.upsert_peer(&room, &format!("p-{i}"), Some(&format!("g-{i}")), &[])
+            .unwrap();
+        let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
+        let (r1, r2) = (room.clone(), room.clone());
+        race(
+            move || a1.close_room(&r1).unwrap(),
+            Duration::from_millis(2),
+            move || {
+                a2.pin_room(&r2).unwrap();
+            },
+        );
+        let meta_owner = hget(&s, &ks.room(&room).meta, "owner");
+        let indexed = smembers(&s, &index).contains(&room);
+        if meta_owner.as_deref() == Some(me.as_str()) && !indexed {
+            orphaned.push(room);
+        }
+    }
+    // Every room the node owns must be in its room index.
+    let owned_not_indexed = orphaned.clone();
+
+    // Now the node dies; the leader reaps it. Nothing may refer to it afterwards.
+    a.simulate_crash();
+    log.wait(LONG, "victim reaped", |e| reaped(e, "victim"));
+    std::thread::sleep(Duration::from_millis(300));
+    let leftovers = references(&s.dump(&ks.scan_pattern()), std::slice::from_ref(&me));
+    drop(leader);
+    assert!(
+        owned_not_indexed.is_empty() && leftovers.is_empty(),
+        "rooms owned by the node but missing from its room index after a close/pin race: {owned_not_indexed:?}\n\
+         leftovers naming the reaped instance: {leftovers:#?}"
+    );
+}
+
+// Protects: invariant 4 ("after any sequence of upserts/removes/reconnects, each index holds
+// exactly what the peer records say").
+// Fault: remove_peer(old generation) and upsert_peer of the same peer id from two host threads,
+// 2 ms apart, through a proxy adding 5 ms each way (a client reconnecting with the same peer id
+// while its old connection's remove is still in flight).
+// Protection: the per-room serialization. Without it, remove_peer deletes the record,
+// upsert_peer writes the new generation (its index SADD is a no-op, the member is still there),
+// then remove_peer's late SREM drops the index entry of the live record: index_problems reports
+// a record missing from the instance's peer index.
+#[test]
+fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let proxy = s.proxy();
+    proxy.set_delay(Duration::from_millis(5));
+    let a =
+        Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-a", Timings::fast())).unwrap());
+    a.pin_room("room").unwrap();
+    let mut problems = Vec::new();
+    for i in 0..5 {
+        let peer = format!("peer-{i}");
+        let g1 = a.upsert_peer("room", &peer, None, &[]).unwrap();
+        let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
+        let (p1, p2) = (peer.clone(), peer.clone());
+        race(
+            move || {
+                a1.remove_peer("room", &p1, g1).unwrap();
+            },
+            Duration::from_millis(2),
+            move || {
+                a2.upsert_peer("room", &p2, None, &[]).unwrap();
+            },
+        );
+        problems.extend(s.index_problems(&ks));
+        if !problems.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "indexes disagree with the records after a remove/upsert race: {problems:#?}"
+    );
+}
+
+// Protects: invariant 4, from the guest side (docs/DESIGN.md 6: a guest's quick reconnect with
+// a new peer id leaves no stale mapping).
+// Fault: upsert(p2, guest g) supersedes p1 (deletes p1's record, then SREMs `room/p1` from the
+// index in a second round trip) while, 2 ms later, another host thread upserts p1 itself (the
+// first connection coming back); proxy delay 5 ms each way.
+// Protection: the per-room serialization. Without it, p1 is written again between the
+// supersede's record delete and its index clean-up, and the late SREM drops the index entry of
+// the live p1 record: index_problems reports it.
+#[test]
+fn supersede_racing_upsert_of_the_superseded_peer_keeps_indexes_exact() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let proxy = s.proxy();
+    proxy.set_delay(Duration::from_millis(5));
+    let a =
+        Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-b", Timings::fast())).unwrap());
+    a.pin_room("room").unwrap();
+    let mut problems = Vec::new();
+    for i in 0..5 {
+        let (p1, p2, g) = (format!("p1-{i}"), format!("p2-{i}"), format!("g-{i}"));
+        a.upsert_peer("room", &p1, Some(&g), &[]).unwrap();
+        let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
+        let (p1b, gb) = (p1.clone(), g.clone());
+        race(
+            move || {
+                a1.upsert_peer("room", &p2, Some(&gb), &[]).unwrap();
+            },
+            Duration::from_millis(2),
+            move || {
+                a2.upsert_peer("room", &p1b, None, &[]).unwrap();
+            },
+        );
+        problems.extend(s.index_problems(&ks));
+        if !problems.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "indexes disagree with the records after a supersede/upsert race: {problems:#?}"
+    );
+}
+
+// Protects: invariant 4 under brute force, with no proxy (plain local connections).
+// Fault: 6 host threads hammer one node with random pin/upsert/remove/close calls in two rooms
+// for 4 rounds of 4 s; after each round (and a settling pause, since a lost room is unindexed
+// on the next heartbeat tick) the indexes are checked against the records.
+// Protection: the per-room serialization (the same root cause as the three races above, found
+// without choosing the interleaving). Before it, this check usually failed in the first or
+// second round with stale or missing index entries.
+#[test]
+fn hammering_one_node_from_many_threads_keeps_indexes_exact() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let a = Arc::new(s.node(RACE, "hammer"));
+    let rooms = ["h0", "h1"];
+    let mut problems = Vec::new();
+    for round in 0..4u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(4);
+        let mut threads = Vec::new();
+        for t in 0..6u64 {
+            let a = Arc::clone(&a);
+            threads.push(std::thread::spawn(move || {
+                let mut rng = fastrand_like(round * 100 + t + 1);
+                let mut gens: Vec<(String, String, u64)> = Vec::new();
+                while std::time::Instant::now() < deadline {
+                    let room = rooms[(rng() % 2) as usize];
+                    match rng() % 10 {
+                        0 => {
+                            let _ = a.close_room(room);
+                        }
+                        1 | 2 => {
+                            let _ = a.pin_room(room);
+                        }
+                        3..=6 => {
+                            let peer = format!("p{}", rng() % 4);
+                            let guest = format!("g{}", rng() % 3);
+                            let g = if rng() % 2 == 0 {
+                                Some(guest.as_str())
+                            } else {
+                                None
+                            };
+                            if let Ok(gen) = a.upsert_peer(room, &peer, g, &[]) {
+                                gens.push((room.to_owned(), peer, gen));
+                            }
+                        }
+                        _ => {
+                            if let Some((r, p, g)) = gens.pop() {
+                                let _ = a.remove_peer(&r, &p, g);
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Let the heartbeat settle (a lost room is unindexed on the next tick).
+        std::thread::sleep(Duration::from_millis(600));
+        problems = s.index_problems(&ks);
+        let _ = a.events().try_iter().count();
+        if !problems.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "indexes disagree with the records after hammering one node: {problems:#?}"
+    );
+}
+
+// Protects: close_room's promise "deletes the room, its metadata and peers", and the
+// cross-slot rule (no record that no index reaches).
+// Fault: close_room of a room with 2000 peers (several close_room.lua batches of 256, proxy
+// delay 2 ms each way) while the host keeps upserting new peers into it from another thread,
+// 3 rounds.
+// Protection: the per-room serialization (an upsert waits for the close, then fails NotOwner),
+// and close_room.lua scanning again from the start when peers were added behind its SSCAN.
+// Without them, upserts land between batches, SSCAN misses them, the final batch deletes the
+// room's peer set but not those records, and keys of the closed room remain (listed below).
+#[test]
+fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let proxy = s.proxy();
+    proxy.set_delay(Duration::from_millis(2));
+    let a =
+        Arc::new(Node::start(config_for(&proxy.url(), RACE, "closer", Timings::fast())).unwrap());
+    let mut leftovers = Vec::new();
+    for round in 0..3 {
+        let room = format!("big-{round}");
+        a.pin_room(&room).unwrap();
+        // 2000 peers, written straight into Redis following the schema (fast).
+        {
+            let me = wire(IdKind::Instance, "closer");
+            let mut pipe = redis::pipe();
+            for i in 0..2000 {
+                let p = format!("old{i}");
+                pipe.sadd(
+                    ks.instance_peers(&me),
+                    sfu_redis::keys::peer_member(&room, &p),
+                )
+                .ignore();
+                pipe.cmd("HSET")
+                    .arg(ks.peer(&room, &p))
+                    .arg("instance")
+                    .arg(&me)
+                    .arg("generation")
+                    .arg(i + 1)
+                    .ignore();
+                pipe.sadd(ks.room(&room).peers, &p).ignore();
+            }
+            let _: () = pipe.query(&mut s.con()).unwrap();
+        }
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a1, r1, d1) = (Arc::clone(&a), room.clone(), Arc::clone(&done));
+        let closer = std::thread::spawn(move || {
+            a1.close_room(&r1).unwrap();
+            d1.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let mut accepted = 0;
+        let mut i = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            if a.upsert_peer(&room, &format!("late{i}"), None, &[]).is_ok() {
+                accepted += 1;
+            }
+            i += 1;
+        }
+        closer.join().unwrap();
+        let keys = s.keys(&format!("{}:room:{{{room}}}:*", ks.prefix()));
+        if !keys.is_empty() {
+            leftovers.push((room.clone(), accepted, keys));
+        }
+    }
+    assert!(
+        leftovers.is_empty(),
+        "keys of closed rooms left behind (room, upserts accepted during close, keys): {leftovers:#?}"
+    );
+}
+
+// Protects: the README's "a pin whose outcome is unknown is settled by the next heartbeat (a
+// pin that did land is released)", and invariant 2.
+// Fault: a latency spike on one pin_room call (proxy delay 250 ms each way: the reply comes
+// later than the 400 ms command_timeout, after the pin already ran on the server); then the
+// node crashes and the leader reaps it.
+// Protection: after a timeout nothing more is sent on that connection (no index "undo"), the
+// room is marked uncertain, and the heartbeat releases the pin (owner CAS) and its index entry.
+// Without it, the undo SREM runs on the timed-out connection and removes the index entry of a
+// room the node has pinned: after the reap the room's keys still name the dead node.
+#[test]
+fn pin_room_timing_out_after_it_ran_leaves_nothing_after_the_reap() {
+    let s = Server::start();
+    let ks = ks(RACE);
+    let (leader, mut log) = s.leader(RACE, "keeper", Timings::fast());
+    let proxy = s.proxy();
+    let a = Node::start(config_for(&proxy.url(), RACE, "spiky", Timings::fast())).unwrap();
+    a.pin_room("warm-up").unwrap(); // a pooled connection exists
+    proxy.set_delay(Duration::from_millis(250)); // RTT 500 ms > command_timeout 400 ms
+    std::thread::sleep(Duration::from_millis(60)); // the proxy picks the delay up between reads
+    let t0 = std::time::Instant::now();
+    let out = a.pin_room("spiked");
+    eprintln!("pin_room took {:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(600));
+    proxy.set_delay(Duration::ZERO);
+    let me = wire(IdKind::Instance, "spiky");
+    let meta_owner = hget(&s, &ks.room("spiked").meta, "owner");
+    let indexed = smembers(&s, &ks.instance_rooms(&me)).contains(&"spiked".to_owned());
+    eprintln!("pin_room: {out:?}; meta owner {meta_owner:?}; indexed {indexed}");
+    a.simulate_crash();
+    log.wait(LONG, "spiky reaped", |e| reaped(e, "spiky"));
+    std::thread::sleep(Duration::from_millis(300));
+    let leftovers = references(&s.dump(&ks.scan_pattern()), std::slice::from_ref(&me));
+    drop(leader);
+    assert!(
+        leftovers.is_empty(),
+        "pin_room returned {out:?}; meta owner {meta_owner:?}, indexed {indexed}; after the reap these \
+         still name the dead node: {leftovers:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generations across the lives of a room
+// ---------------------------------------------------------------------------------------------
+
+/// Pin, upsert alice, close the room, pin it again (a new session in the same room), upsert
+/// alice again, then deliver the first connection's remove late.
+fn late_remove_from_a_previous_life(n: &Node) -> (u64, u64, bool) {
+    n.pin_room("room").unwrap();
+    let old = n.upsert_peer("room", "alice", None, &[]).unwrap();
+    n.close_room("room").unwrap();
+    n.pin_room("room").unwrap();
+    let new = n.upsert_peer("room", "alice", None, &[]).unwrap();
+    let removed = n.remove_peer("room", "alice", old).unwrap();
+    (old, new, removed)
+}
+
+// Protects: invariant 4, "a delayed remove of an old connection (older generation) is a no-op",
+// across lives of a room.
+// Fault: the room is closed (its metadata, which holds the generation counter `peer_seq`, is
+// deleted) and pinned again; the same peer id joins again; the first connection's remove
+// arrives late.
+// Protection: upsert_peer.lua seeds a room's counter from the server time in microseconds, so
+// generations keep growing across lives. Without it, the counter restarts at 1, the new
+// connection gets the old connection's generation, and the late remove deletes it (returns
+// true, the record is gone).
+#[test]
+fn late_remove_from_a_previous_life_of_the_room_is_a_noop() {
+    let s = Server::start();
+    let n = s.node(GEN, "a");
+    let (old, new, removed) = late_remove_from_a_previous_life(&n);
+    let record_exists = exists(&s, &ks(GEN).peer("room", "alice"));
+    assert!(
+        !removed && record_exists,
+        "old generation {old}, new generation {new}: the late remove must be a no-op, yet it returned \
+         {removed}; the new connection's record exists: {record_exists}"
+    );
+}
+
+// Protects: the same promise in memory-only mode (README: the same rules as on Redis).
+// Fault: the same sequence (close, pin again, same peer id, late remove of the old one).
+// Protection: the memory store's generation counter is node-wide and never restarts. A
+// per-room counter dropped with the room would hand out the old generation again and the late
+// remove would delete the new connection.
+#[test]
+fn late_remove_from_a_previous_life_of_the_room_is_a_noop_in_memory_only_mode() {
+    let n = Node::start(Config::builder().instance_id("m").build().unwrap()).unwrap();
+    let (old, new, removed) = late_remove_from_a_previous_life(&n);
+    assert!(
+        !removed,
+        "old generation {old}, new generation {new}: the late remove deleted the new connection"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index first, record second
+// ---------------------------------------------------------------------------------------------
+
+// Protects: the cross-slot rule "index first, record second" (a record is never written unless
+// its index write succeeded) and the BadData contract (tests/bad_data.rs).
+// Fault: the instance's room index holds a string (bad data), so pin_room's SADD fails with
+// WRONGTYPE.
+// Protection: the index SADD is its own round trip, checked before pin_room.lua runs. Were it
+// pipelined with its error ignored, the room would be pinned all the same (Ok, pin key exists)
+// with no index reaching it, and the reaper could never find it when this node dies.
+#[test]
+fn pin_room_with_a_wrong_typed_room_index_fails_bad_data_and_pins_nothing() {
+    let s = Server::start();
+    let ks = ks(IDX);
+    let a = s.node_with(IDX, "inst-a", Timings::fast());
+    let me = wire(IdKind::Instance, "inst-a");
+    let _: () = redis::cmd("SET")
+        .arg(ks.instance_rooms(&me))
+        .arg("junk")
+        .query(&mut s.con())
+        .unwrap();
+    let out = a.pin_room("r1");
+    let pinned = exists(&s, &ks.room("r1").owner);
+    assert!(
+        matches!(&out, Err(e) if e.kind() == ErrorKind::BadData) && !pinned,
+        "pin_room with a wrong-typed room index must fail with BadData and write nothing; it returned \
+         {out:?} and the room's pin exists: {pinned}"
+    );
+}
+
+// Protects: the same rule for peers (invariant 4: a record the instance's peer index does not
+// reach is a stale mapping nobody cleans).
+// Fault: the instance's peer index holds a string, so upsert_peer's SADD fails with WRONGTYPE.
+// Protection: the checked index round trip before upsert_peer.lua. Without it, the peer
+// record is written anyway and upsert_peer returns Ok.
+#[test]
+fn upsert_peer_with_a_wrong_typed_peer_index_fails_bad_data_and_writes_nothing() {
+    let s = Server::start();
+    let ks = ks(IDX);
+    let a = s.node_with(IDX, "inst-b", Timings::fast());
+    a.pin_room("r1").unwrap();
+    let me = wire(IdKind::Instance, "inst-b");
+    let _: () = redis::cmd("SET")
+        .arg(ks.instance_peers(&me))
+        .arg("junk")
+        .query(&mut s.con())
+        .unwrap();
+    let out = a.upsert_peer("r1", "p1", None, &[]);
+    let written = exists(&s, &ks.peer("r1", "p1"));
+    assert!(
+        matches!(&out, Err(e) if e.kind() == ErrorKind::BadData) && !written,
+        "upsert_peer with a wrong-typed peer index must fail with BadData and write nothing; it \
+         returned {out:?} and the record exists: {written}"
+    );
+}
+
+// Protects: invariant 4 and the cross-slot rule under a real resource fault.
+// Fault: Redis at maxmemory (noeviction, `maxmemory 1`) during a guest's quick reconnect. The
+// index SADD is a `denyoom` command and fails with OOM; upsert_peer.lua starts with a DEL of the
+// superseded record (not `denyoom`), after which Redis lets the rest of the script write.
+// Protection: the checked index round trip: the OOM stops the upsert before the script runs.
+// Without it, the new record is written while its index entry is not, and index_problems
+// reports the disagreement.
+#[test]
+fn upsert_under_maxmemory_never_writes_a_record_no_index_reaches() {
+    let s = Server::start();
+    let ks = ks(IDX);
+    let a = s.node_with(IDX, "inst-c", Timings::fast());
+    a.pin_room("r1").unwrap();
+    a.upsert_peer("r1", "old-conn", Some("guest"), &[]).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut s.con())
+        .unwrap();
+    let out = a.upsert_peer("r1", "new-conn", Some("guest"), &[]);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut s.con())
+        .unwrap();
+    let problems = s.index_problems(&ks);
+    assert!(
+        problems.is_empty(),
+        "upsert under maxmemory returned {out:?}; indexes now disagree with records: {problems:#?}"
+    );
+}
+
+// Protects: the cross-slot rule (a room this node pinned is always in its room index).
+// Fault: a room's pin holds a value that is not an instance id ("legacy:owner", garbage from
+// another tool) and no heartbeat key matches it, so pin_room takes the room over.
+// Protection: after pin_room.lua took the room over, the previous owner is decoded leniently
+// (garbage is reported as stored), so pin_room succeeds and keeps its index entry. A strict
+// decode would fail with BadData only after the takeover, the index entry would be undone, and
+// the room (pin and metadata naming this node) would be reachable from no index.
+#[test]
+fn takeover_of_a_garbage_pin_keeps_the_room_indexed() {
+    let s = Server::start();
+    let ks = ks(IDX);
+    let a = s.node_with(IDX, "inst-d", Timings::fast());
+    let rk = ks.room("r1");
+    let _: () = redis::cmd("SET")
+        .arg(&rk.owner)
+        .arg("legacy:owner")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut s.con())
+        .unwrap();
+    let out = a.pin_room("r1");
+    let owner: Option<String> = redis::cmd("GET")
+        .arg(&rk.owner)
+        .query(&mut s.con())
+        .unwrap();
+    let me = wire(IdKind::Instance, "inst-d");
+    let indexed: bool = redis::cmd("SISMEMBER")
+        .arg(ks.instance_rooms(&me))
+        .arg("r1")
+        .query(&mut s.con())
+        .unwrap();
+    assert!(
+        owner.as_deref() != Some(me.as_str()) || indexed,
+        "pin_room returned {out:?}; the room's pin now names this node ({owner:?}) but its room \
+         index does not list it"
+    );
+}
