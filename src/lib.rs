@@ -26,6 +26,7 @@ pub mod devserver;
 mod error;
 mod event;
 pub mod faultproxy;
+pub mod ffi;
 mod heartbeat;
 pub mod keys;
 mod lease;

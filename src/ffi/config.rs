@@ -1,0 +1,269 @@
+//! `SfuConfig`: a configuration built from key/value setters.
+
+use std::ffi::c_char;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::error::{arg_str, boundary, boundary_void, not_null, Fail, SfuStatus};
+use crate::config::{Config, ConfigBuilder, Timings};
+use crate::error::Error;
+
+/// A configuration under construction (opaque). Create it with `sfu_config_new` or
+/// `sfu_config_from_env`, change it with `sfu_config_set` / `sfu_config_set_ms`, pass it to
+/// `sfu_node_start` (which copies it: the config can be changed, reused or freed afterwards),
+/// release it with `sfu_config_free`. Internally locked: any thread may use it.
+///
+/// Keys of `sfu_config_set` (values are strings):
+///
+/// | key | default | value |
+/// |---|---|---|
+/// | `redis_url` | empty | `redis://[user:password@]host:port[/db]`; empty = memory-only mode |
+/// | `namespace` | `sfu` | first key prefix segment |
+/// | `stage` | `dev` | second key prefix segment |
+/// | `branch` | `main` | third key prefix segment |
+/// | `instance_id` | `<host>-<pid>-<8 hex>` | this instance's id (a new default at each start) |
+/// | `timings` | `default` | preset: `default` (10 s heartbeat, 30 s TTL, ...) or `fast` (ms scale, for tests and demos); replaces every timing |
+/// | `heartbeat_interval_ms` | 10000 | a timing, in ms (also settable with `sfu_config_set_ms`) |
+/// | `heartbeat_ttl_ms` | 30000 | |
+/// | `stale_threshold_ms` | 45000 | |
+/// | `pin_ttl_ms` | 90000 | |
+/// | `lease_ttl_ms` | 90000 | |
+/// | `lease_refresh_ms` | 30000 | |
+/// | `two_phase_delay_ms` | 60000 | |
+/// | `reap_interval_ms` | 15000 | |
+/// | `command_timeout_ms` | 2000 | |
+///
+/// The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
+/// checked by `sfu_config_validate` and `sfu_node_start`, not by the setters.
+#[derive(Debug)]
+pub struct SfuConfig {
+    inner: Mutex<ConfigState>,
+}
+
+#[derive(Debug, Clone)]
+struct ConfigState {
+    builder: ConfigBuilder,
+    timings: Timings,
+}
+
+impl SfuConfig {
+    fn new(builder: ConfigBuilder) -> SfuConfig {
+        SfuConfig {
+            inner: Mutex::new(ConfigState {
+                builder,
+                timings: Timings::default(),
+            }),
+        }
+    }
+
+    /// Validates and builds the configuration.
+    pub(crate) fn build(&self) -> Result<Config, Error> {
+        let st = self.inner.lock().clone();
+        st.builder.timings(st.timings).build()
+    }
+}
+
+type TimingField = fn(&mut Timings) -> &mut Duration;
+
+/// Timing keys: the C key, the field name used in error messages, the field.
+const TIMING_KEYS: [(&str, &str, TimingField); 9] = [
+    ("heartbeat_interval_ms", "heartbeat_interval", |t| {
+        &mut t.heartbeat_interval
+    }),
+    ("heartbeat_ttl_ms", "heartbeat_ttl", |t| {
+        &mut t.heartbeat_ttl
+    }),
+    ("stale_threshold_ms", "stale_threshold", |t| {
+        &mut t.stale_threshold
+    }),
+    ("pin_ttl_ms", "pin_ttl", |t| &mut t.pin_ttl),
+    ("lease_ttl_ms", "lease_ttl", |t| &mut t.lease_ttl),
+    ("lease_refresh_ms", "lease_refresh", |t| {
+        &mut t.lease_refresh
+    }),
+    ("two_phase_delay_ms", "two_phase_delay", |t| {
+        &mut t.two_phase_delay
+    }),
+    ("reap_interval_ms", "reap_interval", |t| {
+        &mut t.reap_interval
+    }),
+    ("command_timeout_ms", "command_timeout", |t| {
+        &mut t.command_timeout
+    }),
+];
+
+const STRING_KEYS: [&str; 6] = [
+    "redis_url",
+    "namespace",
+    "stage",
+    "branch",
+    "instance_id",
+    "timings",
+];
+
+fn unknown_key(key: &str) -> Fail {
+    let timing: Vec<&str> = TIMING_KEYS.iter().map(|k| k.0).collect();
+    Fail::new(
+        SfuStatus::SFU_ERR_INVALID_ARGUMENT,
+        format!(
+            "unknown configuration key {key:?}; known keys: {}, {}",
+            STRING_KEYS.join(", "),
+            timing.join(", ")
+        ),
+    )
+}
+
+fn set_timing(st: &mut ConfigState, key: &str, ms: u64) -> Result<(), Fail> {
+    let Some((_, _, field)) = TIMING_KEYS.iter().find(|k| k.0 == key) else {
+        return Err(unknown_key(key));
+    };
+    *field(&mut st.timings) = Duration::from_millis(ms);
+    Ok(())
+}
+
+fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
+    let take = |st: &mut ConfigState| std::mem::take(&mut st.builder);
+    match key {
+        "redis_url" => st.builder = take(st).redis_url(Some(value)),
+        "namespace" => st.builder = take(st).namespace(value),
+        "stage" => st.builder = take(st).stage(value),
+        "branch" => st.builder = take(st).branch(value),
+        "instance_id" => st.builder = take(st).instance_id(value),
+        "timings" => {
+            st.timings = match value {
+                "default" => Timings::default(),
+                "fast" => Timings::fast(),
+                _ => {
+                    return Err(Error::config(
+                        "timings",
+                        format!("{value:?} is not a preset; use \"default\" or \"fast\""),
+                    )
+                    .into())
+                }
+            }
+        }
+        _ => {
+            let Some((_, name, _)) = TIMING_KEYS.iter().find(|k| k.0 == key) else {
+                return Err(unknown_key(key));
+            };
+            let ms = value.trim().parse::<u64>().map_err(|_| {
+                Fail::from(Error::config(
+                    name,
+                    format!("{value:?} is not a whole number of milliseconds"),
+                ))
+            })?;
+            set_timing(st, key, ms)?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates a configuration with the defaults (memory-only, prefix `sfu:dev:main`, a generated
+/// instance id, the default timings) and writes it to `*out_config`; release it with
+/// `sfu_config_free`.
+///
+/// # Safety
+/// `out_config` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_new(out_config: *mut *mut SfuConfig) -> SfuStatus {
+    boundary(|| {
+        not_null(out_config, "out_config")?;
+        let cfg = Box::into_raw(Box::new(SfuConfig::new(ConfigBuilder::default())));
+        // SAFETY: checked non-NULL; valid for writes per the contract.
+        unsafe { out_config.write(cfg) };
+        Ok(())
+    })
+}
+
+/// Creates a configuration from the environment (`REDIS_URL`, `SFU_NAMESPACE`, `SFU_STAGE`,
+/// `SFU_BRANCH`, `SFU_INSTANCE_ID`; unset or empty variables keep the defaults) and writes it to
+/// `*out_config`; release it with `sfu_config_free`.
+///
+/// # Safety
+/// `out_config` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_from_env(out_config: *mut *mut SfuConfig) -> SfuStatus {
+    boundary(|| {
+        not_null(out_config, "out_config")?;
+        let cfg = Box::into_raw(Box::new(SfuConfig::new(ConfigBuilder::from_env())));
+        // SAFETY: checked non-NULL; valid for writes per the contract.
+        unsafe { out_config.write(cfg) };
+        Ok(())
+    })
+}
+
+/// Sets `key` to `value` (both borrowed); see `SfuConfig` for the keys. An unknown key fails
+/// with `SFU_ERR_INVALID_ARGUMENT`, a timing that is not a whole number of ms or an unknown
+/// `timings` preset with `SFU_ERR_INVALID_CONFIG`; the config is then unchanged.
+///
+/// # Safety
+/// `config` is NULL or a live config; `key` and `value` are NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_set(
+    config: *mut SfuConfig,
+    key: *const c_char,
+    value: *const c_char,
+) -> SfuStatus {
+    boundary(|| {
+        not_null(config, "config")?;
+        // SAFETY: per the contract.
+        let (key, value) = unsafe { (arg_str(key, "key")?, arg_str(value, "value")?) };
+        // SAFETY: non-NULL and live per the contract.
+        let cfg = unsafe { &*config };
+        set(&mut cfg.inner.lock(), key, value)
+    })
+}
+
+/// Sets the timing `key` (one of the `*_ms` keys of `SfuConfig`) to `ms` milliseconds. Any
+/// other key fails with `SFU_ERR_INVALID_ARGUMENT`. Zero is accepted here and refused by
+/// `sfu_config_validate` / `sfu_node_start`.
+///
+/// # Safety
+/// `config` is NULL or a live config; `key` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_set_ms(
+    config: *mut SfuConfig,
+    key: *const c_char,
+    ms: u64,
+) -> SfuStatus {
+    boundary(|| {
+        not_null(config, "config")?;
+        // SAFETY: per the contract.
+        let key = unsafe { arg_str(key, "key")? };
+        // SAFETY: non-NULL and live per the contract.
+        let cfg = unsafe { &*config };
+        set_timing(&mut cfg.inner.lock(), key, ms)
+    })
+}
+
+/// Checks the whole configuration as `sfu_node_start` would, without connecting:
+/// `SFU_ERR_INVALID_CONFIG` with a message naming the field at fault (an unparsable Redis URL,
+/// an empty prefix segment, an invalid instance id, timings that break a rule).
+///
+/// # Safety
+/// `config` is NULL or a live config.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_validate(config: *const SfuConfig) -> SfuStatus {
+    boundary(|| {
+        not_null(config, "config")?;
+        // SAFETY: non-NULL and live per the contract.
+        let cfg = unsafe { &*config };
+        cfg.build()?;
+        Ok(())
+    })
+}
+
+/// Releases a configuration. NULL is a no-op. Nodes started from it are not affected.
+///
+/// # Safety
+/// `config` is NULL or a config from `sfu_config_new` / `sfu_config_from_env` not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_config_free(config: *mut SfuConfig) {
+    boundary_void(|| {
+        if !config.is_null() {
+            // SAFETY: allocated by `Box::into_raw` in this module, per the contract.
+            drop(unsafe { Box::from_raw(config) });
+        }
+    });
+}
