@@ -27,13 +27,17 @@ if owner ~= ARGV[1] and not (owner == false and meta_owner == ARGV[1]) then
 end
 local base = string.sub(KEYS[1], 1, -6)
 local scan = redis.call('SSCAN', KEYS[3], ARGV[2], 'COUNT', ARGV[3])
-local removed = {}
+local removed, records = {}, {}
 for _, p in ipairs(scan[2]) do
   local rec = base .. 'peer:' .. p
   removed[#removed + 1] = p
   removed[#removed + 1] = redis.call('HGET', rec, 'instance') or ''
-  redis.call('DEL', rec)
-  redis.call('SREM', KEYS[3], p)
+  records[#records + 1] = rec
+end
+-- One variadic DEL and SREM per batch.
+if #records > 0 then
+  redis.call('DEL', unpack(records))
+  redis.call('SREM', KEYS[3], unpack(scan[2]))
 end
 if scan[1] ~= '0' then
   return {'more', scan[1], removed}

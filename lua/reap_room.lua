@@ -33,8 +33,8 @@
 -- "never loop unboundedly in Lua" (SSCAN batches).
 local dead, t0 = ARGV[1], tonumber(ARGV[2])
 local owner = redis.call('GET', KEYS[1])
-local meta_owner = redis.call('HGET', KEYS[2], 'owner')
-local pinned = tonumber(redis.call('HGET', KEYS[2], 'pinned_ms')) or 0
+local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms')
+local meta_owner, pinned = meta[1], tonumber(meta[2]) or 0
 local base = string.sub(KEYS[1], 1, -6)
 local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
 local status
@@ -45,12 +45,13 @@ elseif dead_owns then
 else
   status = 'skipped'
 end
+local whole = status == 'reaped' or status == 'gone'
 local scan = redis.call('SSCAN', KEYS[3], ARGV[3], 'COUNT', ARGV[4])
-local removed = {}
+local removed, records, members = {}, {}, {}
 for _, p in ipairs(scan[2]) do
   local rec = base .. 'peer:' .. p
   local inst = redis.call('HGET', rec, 'instance')
-  local drop = status == 'reaped' or status == 'gone'
+  local drop = whole
   if not drop and inst == dead then
     drop = (tonumber(redis.call('HGET', rec, 'updated_ms')) or 0) <= t0
     if drop then
@@ -64,14 +65,19 @@ for _, p in ipairs(scan[2]) do
   if drop then
     removed[#removed + 1] = p
     removed[#removed + 1] = inst or ''
-    redis.call('DEL', rec)
-    redis.call('SREM', KEYS[3], p)
+    records[#records + 1] = rec
+    members[#members + 1] = p
   end
+end
+-- One variadic DEL and SREM per batch (a batch is at most ARGV[4]-ish members).
+if #records > 0 then
+  redis.call('DEL', unpack(records))
+  redis.call('SREM', KEYS[3], unpack(members))
 end
 if scan[1] ~= '0' then
   return {status, scan[1], removed}
 end
-if status == 'reaped' or status == 'gone' then
+if whole then
   -- Peers added behind the scan: scan again rather than drop their records with the set.
   if redis.call('SCARD', KEYS[3]) > 0 then
     return {status, 'again', removed}

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
 use crate::node::Shared;
-use crate::rooms::{add_unindex, PEER_BATCH};
+use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scripts::{self, SCRIPTS};
 
 /// Index members (rooms or peers) handled per batch: one `SSCAN` and one pipelined round trip
@@ -166,13 +166,14 @@ pub(crate) fn reap_rooms(
             }
             let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
             let mut cleanup = redis::pipe();
+            let mut unindex = Unindex::default();
             let mut unindexed = Vec::new();
             let mut again = Vec::new();
             for ((room, _), r) in pending.into_iter().zip(replies) {
                 match scripts::decode::<(String, String, Vec<String>)>(op, r) {
                     Ok((status, next_cursor, removed)) => {
                         counts.peers += (removed.len() / 2) as u64;
-                        add_unindex(sh, &mut cleanup, &room, &removed);
+                        unindex.add(&room, &removed);
                         if next_cursor == "again" {
                             again.push((room, "0".to_owned()));
                             continue;
@@ -203,6 +204,7 @@ pub(crate) fn reap_rooms(
                     Err(e) => return Err(e),
                 }
             }
+            unindex.flush(sh, &mut cleanup);
             if !unindexed.is_empty() {
                 cleanup.srem(&index, &unindexed).ignore();
             }

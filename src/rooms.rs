@@ -158,8 +158,10 @@ pub(crate) fn unindex_peers(
     room: &str,
     removed: &[String],
 ) -> Result<()> {
+    let mut un = Unindex::default();
+    un.add(room, removed);
     let mut pipe = redis::pipe();
-    add_unindex(sh, &mut pipe, room, removed);
+    un.flush(sh, &mut pipe);
     if pipe.is_empty() {
         return Ok(());
     }
@@ -167,15 +169,33 @@ pub(crate) fn unindex_peers(
         .map_err(|e| Error::redis("remove peers from instance index", e))
 }
 
-/// Adds the `SREM`s of [`unindex_peers`] to `pipe`.
-pub(crate) fn add_unindex(sh: &Shared, pipe: &mut Pipeline, room: &str, removed: &[String]) {
-    for pair in removed.chunks_exact(2) {
-        if !pair[1].is_empty() {
-            pipe.srem(
-                sh.keys.instance_peers(&pair[1]),
-                peer_member(room, &pair[0]),
-            )
-            .ignore();
+/// Peer-index entries to remove, grouped by instance so that each instance's index gets one
+/// `SREM` with many members (not one command per peer).
+#[derive(Debug, Default)]
+pub(crate) struct Unindex {
+    by_instance: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Unindex {
+    /// Notes the records a script deleted in `room` (`removed` = `[peer, instance, ...]`).
+    pub(crate) fn add(&mut self, room: &str, removed: &[String]) {
+        for pair in removed.chunks_exact(2) {
+            if !pair[1].is_empty() {
+                self.by_instance
+                    .entry(pair[1].clone())
+                    .or_default()
+                    .push(peer_member(room, &pair[0]));
+            }
+        }
+    }
+
+    /// Adds the `SREM`s to `pipe` (at most 1000 members each) and forgets them.
+    pub(crate) fn flush(&mut self, sh: &Shared, pipe: &mut Pipeline) {
+        for (instance, members) in std::mem::take(&mut self.by_instance) {
+            let key = sh.keys.instance_peers(&instance);
+            for chunk in members.chunks(1000) {
+                pipe.srem(&key, chunk).ignore();
+            }
         }
     }
 }

@@ -1,0 +1,237 @@
+//! Shared by the benchmarks and `examples/perf_report.rs`: a dead instance's data written
+//! exactly as the library writes it, the seed-style baseline reaper, and the floor.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use redis::Connection;
+use sfu_redis::devserver::LocalRedis;
+use sfu_redis::keys::{peer_member, KeySpace};
+use sfu_redis::{Config, Node, Timings};
+
+/// Peers per room in every reap benchmark.
+pub const PEERS_PER_ROOM: usize = 4;
+
+/// The stage every benchmark uses.
+pub const STAGE: &str = "bench";
+
+pub fn keyspace() -> KeySpace {
+    KeySpace::new("sfu", STAGE, "main").expect("key space")
+}
+
+/// Timings for benchmarks: the defaults (10 s heartbeat), so background ticks and reap rounds
+/// rarely run during a measurement.
+pub fn timings() -> Timings {
+    Timings::default()
+}
+
+pub fn config(url: &str, instance: &str) -> Config {
+    Config::builder()
+        .redis_url(Some(url))
+        .stage(STAGE)
+        .instance_id(instance)
+        .timings(timings())
+        .build()
+        .expect("config")
+}
+
+/// A node that holds the lease (waits for it: no lease is granted within a lease TTL of a
+/// fresh dataset, so with default timings this takes up to 90 s; use [`fast_leader`]).
+pub fn leader(url: &str) -> Node {
+    let node = Node::start(config(url, "bench-leader")).expect("start leader");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !node.is_leader() {
+        assert!(Instant::now() < deadline, "no lease within 300 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node
+}
+
+/// A leader with timings short enough to win the lease in about a second, and a reap round
+/// interval long enough not to run during a measurement.
+pub fn fast_leader(url: &str) -> Node {
+    let mut t = Timings::from_heartbeat(Duration::from_millis(500), Duration::from_millis(1500));
+    t.reap_interval = Duration::from_secs(3600);
+    t.two_phase_delay = Duration::from_secs(3600);
+    let cfg = Config::builder()
+        .redis_url(Some(url))
+        .stage(STAGE)
+        .instance_id("bench-leader")
+        .timings(t)
+        .build()
+        .expect("config");
+    let node = Node::start(cfg).expect("start leader");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !node.is_leader() {
+        assert!(Instant::now() < deadline, "no lease within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node
+}
+
+pub fn connect(url: &str) -> Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect")
+}
+
+pub fn server() -> LocalRedis {
+    LocalRedis::start().expect("start redis-server (is it on PATH?)")
+}
+
+fn server_ms(con: &mut Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    s * 1000 + us / 1000
+}
+
+/// Writes a dead instance `dead` with `rooms` rooms of [`PEERS_PER_ROOM`] peers each, as the
+/// library writes them (indexes, pins already expired, metadata naming it, peer records,
+/// guests), with a heartbeat score a minute old and no heartbeat key. Returns every key
+/// written (for the floor).
+pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) -> Vec<String> {
+    let score = server_ms(con) - 60_000;
+    let mut keys = Vec::with_capacity(rooms * (5 + PEERS_PER_ROOM) + 2);
+    for chunk in (0..rooms).collect::<Vec<_>>().chunks(500) {
+        let mut pipe = redis::pipe();
+        for &r in chunk {
+            let room = format!("{dead}-r{r}");
+            let rk = ks.room(&room);
+            pipe.sadd(ks.instance_rooms(dead), &room).ignore();
+            for p in 0..PEERS_PER_ROOM {
+                pipe.sadd(
+                    ks.instance_peers(dead),
+                    peer_member(&room, &format!("p{p}")),
+                )
+                .ignore();
+            }
+            pipe.cmd("SET")
+                .arg(&rk.owner)
+                .arg(dead)
+                .arg("PX")
+                .arg(3_600_000)
+                .ignore();
+            pipe.cmd("HSET")
+                .arg(&rk.meta)
+                .arg("owner")
+                .arg(dead)
+                .arg("pinned_ms")
+                .arg(score - 1000)
+                .arg("peer_seq")
+                .arg(PEERS_PER_ROOM)
+                .ignore();
+            keys.extend([
+                rk.owner.clone(),
+                rk.meta.clone(),
+                rk.peers.clone(),
+                rk.guests.clone(),
+                rk.guest_state.clone(),
+            ]);
+            for p in 0..PEERS_PER_ROOM {
+                let peer = format!("p{p}");
+                let guest = format!("g{p}");
+                let rec = ks.peer(&room, &peer);
+                pipe.cmd("HSET")
+                    .arg(&rec)
+                    .arg("instance")
+                    .arg(dead)
+                    .arg("guest")
+                    .arg(&guest)
+                    .arg("generation")
+                    .arg(p + 1)
+                    .arg("updated_ms")
+                    .arg(score - 500)
+                    .arg("name")
+                    .arg("bench")
+                    .ignore();
+                pipe.sadd(&rk.peers, &peer).ignore();
+                pipe.hset(&rk.guests, &guest, &peer).ignore();
+                pipe.hset(&rk.guest_state, &guest, "joined").ignore();
+                keys.push(rec);
+            }
+        }
+        pipe.query::<()>(con).expect("fabricate");
+    }
+    redis::cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg(score)
+        .arg(dead)
+        .query::<()>(con)
+        .expect("ZADD");
+    keys.push(ks.instance_rooms(dead));
+    keys.push(ks.instance_peers(dead));
+    keys
+}
+
+/// The seed system's reap, on the same data: `SMEMBERS` of the room index, then one script
+/// round trip per room (owner check; delete the room's keys and its peer records; `SREM`
+/// from the index), then the instance's own keys. Returns the rooms reaped.
+pub fn seed_style_reap(con: &mut Connection, ks: &KeySpace, dead: &str) -> usize {
+    let script = redis::Script::new(
+        r"
+local owner = redis.call('GET', KEYS[1])
+local meta_owner = redis.call('HGET', KEYS[2], 'owner')
+if owner ~= ARGV[1] and not (owner == false and meta_owner == ARGV[1]) then return 0 end
+local base = string.sub(KEYS[1], 1, -6)
+for _, p in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('DEL', base .. 'peer:' .. p)
+  redis.call('SREM', KEYS[7], ARGV[2] .. '/' .. p)
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('SREM', KEYS[6], ARGV[2])
+return 1
+",
+    );
+    let rooms: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_rooms(dead))
+        .query(con)
+        .expect("SMEMBERS");
+    let mut reaped = 0;
+    for room in &rooms {
+        let rk = ks.room(room);
+        let n: i64 = script
+            .key(&rk.owner)
+            .key(&rk.meta)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .key(ks.instance_rooms(dead))
+            .key(ks.instance_peers(dead))
+            .arg(dead)
+            .arg(room)
+            .invoke(con)
+            .expect("seed-style reap");
+        reaped += n as usize;
+    }
+    redis::pipe()
+        .del(ks.heartbeat(dead))
+        .ignore()
+        .zrem(ks.heartbeats(), dead)
+        .ignore()
+        .query::<()>(con)
+        .expect("finish");
+    reaped
+}
+
+/// The floor: the same keys removed by pipelined `UNLINK` (one per room's keys), no checks.
+pub fn floor_reap(con: &mut Connection, keys: &[String]) {
+    for chunk in keys
+        .chunks(5 + PEERS_PER_ROOM)
+        .collect::<Vec<_>>()
+        .chunks(500)
+    {
+        let mut pipe = redis::pipe();
+        for room_keys in chunk {
+            pipe.cmd("UNLINK").arg(*room_keys).ignore();
+        }
+        pipe.query::<()>(con).expect("UNLINK");
+    }
+}
+
+/// Every key of the bench prefix (for checks).
+pub fn count_keys(con: &mut Connection) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("sfu:{STAGE}:main:*"))
+        .query(con)
+        .expect("KEYS");
+    keys.iter().filter(|k| !k.contains("{ctl}")).count()
+}
