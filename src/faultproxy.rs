@@ -195,16 +195,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, upstream: bool, st: Arc<State>) 
         .name("fault-proxy-read".into())
         .spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
+            let faults = |st: &State| {
+                let f = st.faults.lock();
+                if upstream {
+                    (f.drop_up, f.stall_up, f.delay)
+                } else {
+                    (f.drop_down, f.stall_down, f.delay)
+                }
+            };
             while !st.stop.load(Ordering::Relaxed) {
-                let (dropped, stalled, delay) = {
-                    let f = st.faults.lock();
-                    if upstream {
-                        (f.drop_up, f.stall_up, f.delay)
-                    } else {
-                        (f.drop_down, f.stall_down, f.delay)
-                    }
-                };
-                if stalled {
+                // A stall stops reading (bytes wait in the socket buffers).
+                if faults(&st).1 {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
@@ -220,6 +221,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, upstream: bool, st: Arc<State>) 
                         continue
                     }
                     Err(_) => break,
+                };
+                // The faults as they are now, after the read (a fault set while the read was
+                // waiting applies to what it returned): a stall holds the chunk back, a drop
+                // discards it.
+                let (dropped, delay) = loop {
+                    let (dropped, stalled, delay) = faults(&st);
+                    if !stalled || st.stop.load(Ordering::Relaxed) {
+                        break (dropped, delay);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
                 };
                 if dropped {
                     continue;

@@ -77,6 +77,9 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
     let (status, server_ms, token, epoch): (String, i64, String, String) =
         scripts::call(con, op, &inv)?;
     let beat = match status.as_str() {
+        // The dataset token changed under a heartbeat that found us registered: an earlier
+        // heartbeat re-registered us after Redis lost its data, but its reply was lost.
+        "ok" if !known.is_empty() && token != known => Beat::Restored,
         "ok" => Beat::Ok,
         "restored" => Beat::Restored,
         "reaped" => Beat::Reaped,
@@ -119,7 +122,12 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         ),
         Beat::Ok => {}
     }
-    let restore = beaten.beat == Beat::Restored;
+    // Restoring takes this whole tick; until it succeeded, later ticks restore again (a lost
+    // reply or a failed pipeline must not turn "Redis lost our rooms" into "rooms lost").
+    if beaten.beat == Beat::Restored {
+        sh.restore_pending.store(true, Ordering::Relaxed);
+    }
+    let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
     let results = link.run(&sh.redis, |c| rooms::refresh_pins(sh, c, &rooms, restore))?;
@@ -149,6 +157,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(sh, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
+        sh.restore_pending.store(false, Ordering::Relaxed);
     }
     sh.counters.heartbeat_ok();
     Ok(())
@@ -234,6 +243,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
 /// id (rooms and peers written before `server_ms`), and register again as a fresh life.
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()> {
     let room_ids = sh.local.clear();
+    sh.restore_pending.store(false, Ordering::Relaxed);
     log::warn!(
         "instance {} was reaped while unresponsive; {} rooms lost; registering again",
         sh.id,

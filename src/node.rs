@@ -103,6 +103,8 @@ pub(crate) struct Shared {
     /// The highest epoch this node has seen (heartbeat replies, its own terms): passed to the
     /// acquire so epochs never go backwards, even after Redis lost its data.
     pub max_epoch: AtomicU64,
+    /// Redis lost its data and this node has not finished writing its pins and peers back.
+    pub restore_pending: AtomicBool,
     crashed: AtomicBool,
 }
 
@@ -331,6 +333,7 @@ impl Node {
             token: Mutex::new(String::new()),
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
+            restore_pending: AtomicBool::new(false),
             crashed: AtomicBool::new(false),
         });
         register_at_start(&shared)?;

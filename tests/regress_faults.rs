@@ -687,3 +687,59 @@ fn removed_peer_stays_removed_after_a_later_data_loss() {
         "the removed peer was written back after the data loss"
     );
 }
+
+// Redis loses its data (FLUSHALL, as a failover to an empty replica looks) while this node
+// cannot hear replies: the heartbeat that re-registers it lands, but its `restored` reply is
+// lost, so the next heartbeat finds it registered. The node must still notice (the dataset
+// token changed) and restore its pin and peer record, not report its room lost. Without the
+// token check and the pending-restore flag it emitted `room_lost` (new owner null) and dropped
+// the room and the peer for good.
+#[test]
+fn data_loss_with_the_restored_reply_lost_still_restores_everything() {
+    let s = Server::start();
+    let ks = ks("lostreply");
+    let proxy = s.proxy();
+    let node = Node::start(config_for(&proxy.url(), "lostreply", "n", Timings::fast())).unwrap();
+    let mut log = EventLog::new(&node);
+    node.pin_room("room-1").unwrap();
+    node.upsert_peer("room-1", "p1", Some("g1"), &[("k", "v")])
+        .unwrap();
+    // The heartbeat thread has its own connection open (it ticked a few times).
+    let beats = node.stats().heartbeats;
+    wait_for(LONG, "a few heartbeats", || {
+        (node.stats().heartbeats >= beats + 3).then_some(())
+    });
+    let mut con = s.con();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    proxy.blackhole(Direction::Downstream);
+    // The next heartbeat goes out on the open connection and re-registers the node; its reply
+    // is dropped.
+    wait_for(LONG, "the node re-registered while deaf", || {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(ks.heartbeats())
+            .arg("n")
+            .query(&mut con)
+            .unwrap();
+        score.map(|_| ())
+    });
+    std::thread::sleep(Timings::fast().heartbeat_interval * 3);
+    proxy.heal();
+    wait_for(LONG, "pin and peer record restored", || {
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(ks.room("room-1").owner)
+            .query(&mut con)
+            .unwrap();
+        let rec: bool = redis::cmd("EXISTS")
+            .arg(ks.peer("room-1", "p1"))
+            .query(&mut con)
+            .unwrap();
+        (owner.as_deref() == Some("n") && rec).then_some(())
+    });
+    assert_eq!(node.stats().rooms, 1);
+    assert!(
+        log.drain()
+            .iter()
+            .all(|e| !matches!(e, Event::RoomLost { .. })),
+        "the room was reported lost"
+    );
+}

@@ -1,0 +1,1634 @@
+//! Chaos: five `sfu-redis node --json` processes with rooms and peers on one private
+//! redis-server, each behind its own fault proxy. For a fixed period (`SFU_CHAOS_SECS`,
+//! default 90 s) a seeded schedule injects random faults (`SFU_CHAOS_SEED` replays the same
+//! random draws; choices that depend on timing, such as which node leads, may still differ):
+//!
+//! - `kill -9` of a node (the slot is refilled a moment later by a fresh process with a NEW
+//!   instance id and new rooms, so "every dead instance is reaped" can be checked by id);
+//! - SIGSTOP/SIGCONT: short pauses (well inside the reap window: the node must lose nothing),
+//!   medium ones (around the two-phase window: either outcome is legal) and long ones (past the
+//!   reap window: the node becomes a zombie, must report `reaped_self`, register again and never
+//!   bring its old rooms back);
+//! - proxy blackholes of one node's traffic (requests, replies or both), short, medium or long;
+//! - exactly one Redis restart without persistence, at a random moment: every running node must
+//!   restore its heartbeat, pins, indexes and peer records within a couple of ticks.
+//!
+//! At most two of the five slots are disrupted at once, and a node gets a cool-down after each
+//! fault (so two faults never merge into one longer outage). The current leader is targeted on
+//! purpose now and then.
+//!
+//! Then quiescence: every fault healed, every paused node continued, empty slots refilled, at
+//! least two full reap windows, then polling until the fleet has converged. The checker:
+//!
+//! 1. every live node owns every room it did not report lost: pin and metadata name it, peer
+//!    set, guest map and peer records complete, its two indexes hold exactly that. Nothing here
+//!    takes a room over or closes one, so the only legal loss is a zombie's (`reaped_self`,
+//!    then `room_lost` for each of its rooms); a `room_lost` outside such a report is a live
+//!    instance's room lost. A room reported lost has no key left anywhere; a node whose faults
+//!    were all short lost nothing and was never reaped; a node that was reaped noticed it;
+//! 2. the audit (`sfu_redis::audit::audit`, two scans) is clean: no orphans, no stale indexes;
+//! 3. leadership: `leader_acquired` epochs never repeat and strictly increase in arrival order
+//!    (an event printed late by a node paused right after its acquire is the one exception);
+//!    terms (from each node's acquired/lost events, on this process's clock) do not overlap by
+//!    more than a small slack unless the old leader was paused or cut off at that moment (it
+//!    could not act); sampled during the run, the lease key names a known instance and the
+//!    epoch counter never goes backwards (across the Redis restart too), and `fleet_status`
+//!    reports no problem;
+//! 4. every killed instance id appears nowhere (no key, member, field or value) and is not in
+//!    the heartbeat sorted set;
+//! 5. every live node is registered and alive in `fleet_status`, nothing else is registered,
+//!    and a live leader holds the lease.
+//!
+//! It prints one summary line (`chaos: seed=... faults=... reaps=... violations=...`) and
+//! fails if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir
+//! when it fails.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use redis::Connection;
+use serde_json::{json, Value};
+use sfu_redis::audit::{audit, AuditOptions};
+use sfu_redis::keys::{peer_member, KeySpace};
+use sfu_redis::status::fleet_status;
+use sfu_redis::{Config, Timings};
+use support::procs::{NodeProc, FAST};
+use support::{config_for, references, Direction, FaultProxy, Server, Val};
+
+const STAGE: &str = "chaos";
+/// Node processes kept running (five "live-ish" nodes most of the time).
+const SLOTS: usize = 5;
+/// At most this many slots are disrupted (paused, cut off, dead or starting) at once.
+const MAX_DISRUPTED: usize = 2;
+/// Default fault period, seconds: the whole test takes well under 3 minutes.
+const DEFAULT_SECS: u64 = 90;
+/// Fault durations, ms: short ones must leave a node untouched; medium ones straddle the
+/// two-phase window; long ones outlast a full reap window (zombies).
+const SHORT: (u64, u64) = (50, 800);
+const MEDIUM: (u64, u64) = (1_500, 3_500);
+const LONG: (u64, u64) = (5_500, 9_000);
+/// No new fault on a node this long after its last one ended.
+const COOL_DOWN: Duration = Duration::from_secs(3);
+/// Tolerated overlap of two leaders' terms as seen through event arrival times (pipe and
+/// scheduling latency of two processes).
+const SLACK: Duration = Duration::from_millis(300);
+/// How long a fresh process may take to print `ready`.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// What a fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Stop,
+    Blackhole(Direction),
+}
+
+impl Kind {
+    fn name(self) -> String {
+        match self {
+            Kind::Stop => "stop".into(),
+            Kind::Blackhole(d) => format!("blackhole-{d:?}").to_lowercase(),
+        }
+    }
+}
+
+/// One fault of one node: planned end while it runs, actual end once healed.
+#[derive(Debug, Clone)]
+struct Fault {
+    kind: Kind,
+    start: Instant,
+    end: Instant,
+    done: bool,
+}
+
+impl Fault {
+    fn contains(&self, t: Instant) -> bool {
+        self.start <= t && t <= self.end
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Spawned, `ready` not seen yet.
+    Spawning,
+    Running,
+    /// Paused or cut off (its last fault is not done).
+    Faulted,
+    /// Killed (or exited): an instance that must be reaped.
+    Dead,
+}
+
+/// One node process, i.e. one instance id.
+struct Life {
+    id: String,
+    slot: usize,
+    rooms: Vec<String>,
+    peers: u32,
+    node: NodeProc,
+    proxy: Option<FaultProxy>,
+    phase: Phase,
+    spawned: Instant,
+    ready_at: Option<Instant>,
+    cool_until: Instant,
+    faults: Vec<Fault>,
+    killed_at: Option<Instant>,
+    /// Rooms it reported lost (`room_lost`, `reaped_self`).
+    lost: BTreeSet<String>,
+    /// Arrival times of its `reaped_self` events.
+    reaped_self: Vec<Instant>,
+    log: PathBuf,
+}
+
+impl Life {
+    fn live(&self) -> bool {
+        self.killed_at.is_none()
+    }
+
+    fn current_fault(&self) -> Option<&Fault> {
+        self.faults.last().filter(|f| !f.done)
+    }
+
+    fn kept_rooms(&self) -> impl Iterator<Item = &String> {
+        self.rooms.iter().filter(|r| !self.lost.contains(*r))
+    }
+
+    fn longest_fault(&self) -> Duration {
+        self.faults
+            .iter()
+            .map(|f| f.end.saturating_duration_since(f.start))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Paused or cut off (requests or both ways) at `t`: it could not act on Redis then.
+    fn incapable_at(&self, t: Instant) -> bool {
+        self.faults.iter().any(|f| {
+            f.contains(t)
+                && matches!(
+                    f.kind,
+                    Kind::Stop | Kind::Blackhole(Direction::Upstream | Direction::Both)
+                )
+        })
+    }
+
+    fn stopped_at(&self, t: Instant) -> bool {
+        self.faults
+            .iter()
+            .any(|f| f.kind == Kind::Stop && f.contains(t))
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// One line of a node's stdout, stamped when it arrived.
+#[derive(Debug, Clone)]
+struct Ev {
+    at: Instant,
+    id: String,
+    v: Value,
+}
+
+impl Ev {
+    fn is(&self, name: &str) -> bool {
+        self.v["event"] == name
+    }
+}
+
+/// A leadership term as seen from outside: from the `leader_acquired` event's arrival to the
+/// `leader_lost` event's arrival (or the kill).
+#[derive(Debug, Clone)]
+struct Term {
+    life: usize,
+    epoch: u64,
+    start: Instant,
+    end: Option<Instant>,
+    how: String,
+}
+
+/// `kill -<sig> <pid>`, never panicking (used in `Drop` too).
+fn sig(pid: u32, name: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// The value of flag `name` in `procs::FAST`, ms.
+fn fast_flag(name: &str) -> Duration {
+    let i = FAST.iter().position(|f| *f == name).expect("flag in FAST");
+    ms(FAST[i + 1].parse().expect("number"))
+}
+
+/// Every key matching `pattern` with its content (like `Server::dump`, but pipelined and
+/// fallible: it runs while Redis restarts or nodes write).
+fn try_dump(con: &mut Connection, pattern: &str) -> redis::RedisResult<BTreeMap<String, Val>> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(con)?;
+    let mut p = redis::pipe();
+    for k in &keys {
+        p.cmd("TYPE").arg(k);
+    }
+    let types: Vec<String> = if keys.is_empty() {
+        Vec::new()
+    } else {
+        p.query(con)?
+    };
+    let mut p = redis::pipe();
+    for (k, t) in keys.iter().zip(&types) {
+        match t.as_str() {
+            "string" => p.get(k),
+            "hash" => p.hgetall(k),
+            "set" => p.smembers(k),
+            "zset" => p.zrange_withscores(k, 0, -1),
+            "list" => p.lrange(k, 0, -1),
+            _ => p.cmd("PING"),
+        };
+    }
+    let vals: Vec<redis::Value> = if keys.is_empty() {
+        Vec::new()
+    } else {
+        p.query(con)?
+    };
+    let mut out = BTreeMap::new();
+    for ((k, t), v) in keys.into_iter().zip(types).zip(vals) {
+        let val = match t.as_str() {
+            "none" => continue,
+            "string" => match redis::from_redis_value::<Option<Vec<u8>>>(v) {
+                Ok(Some(b)) => Val::Str(String::from_utf8_lossy(&b).into_owned()),
+                _ => continue,
+            },
+            "hash" => match redis::from_redis_value::<BTreeMap<String, String>>(v) {
+                Ok(h) if !h.is_empty() => Val::Hash(h),
+                _ => continue,
+            },
+            "set" => match redis::from_redis_value::<BTreeSet<String>>(v) {
+                Ok(s) if !s.is_empty() => Val::Set(s),
+                _ => continue,
+            },
+            "zset" => match redis::from_redis_value::<Vec<(String, f64)>>(v) {
+                Ok(z) if !z.is_empty() => {
+                    Val::ZSet(z.into_iter().map(|(m, s)| (m, s as i64)).collect())
+                }
+                _ => continue,
+            },
+            "list" => match redis::from_redis_value::<Vec<String>>(v) {
+                Ok(l) if !l.is_empty() => Val::List(l),
+                _ => continue,
+            },
+            other => Val::Other(other.to_owned()),
+        };
+        out.insert(k, val);
+    }
+    Ok(out)
+}
+
+/// Everything missing or wrong in what `life` must own now: its registration, each room it
+/// did not report lost (pin, metadata, peer set, guest map, peer records) and its two indexes
+/// (exactly those rooms and peers). Ids here are plain `[a-z0-9-]`: wire form = id.
+fn owned_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life) -> Vec<String> {
+    let id = life.id.as_str();
+    let mut p = Vec::new();
+    let string = |k: &str| match dump.get(k) {
+        Some(Val::Str(v)) => Some(v.clone()),
+        _ => None,
+    };
+    let set = |k: &str| match dump.get(k) {
+        Some(Val::Set(v)) => v.clone(),
+        _ => BTreeSet::new(),
+    };
+    let hash = |k: &str| match dump.get(k) {
+        Some(Val::Hash(h)) => h.clone(),
+        _ => BTreeMap::new(),
+    };
+    if string(&ks.heartbeat(id)).is_none() {
+        p.push(format!("{id}: no heartbeat key"));
+    }
+    match dump.get(&ks.heartbeats()) {
+        Some(Val::ZSet(z)) if z.iter().any(|(m, s)| m == id && *s > 0) => {}
+        _ => p.push(format!(
+            "{id}: not in the heartbeats sorted set (or score 0)"
+        )),
+    }
+    let kept: Vec<&String> = life.kept_rooms().collect();
+    let want_rooms: BTreeSet<String> = kept.iter().map(|r| (*r).clone()).collect();
+    let got_rooms = set(&ks.instance_rooms(id));
+    if got_rooms != want_rooms {
+        p.push(format!(
+            "{id}: room index holds {got_rooms:?}, expected {want_rooms:?}"
+        ));
+    }
+    let mut want_members = BTreeSet::new();
+    for r in &kept {
+        let rk = ks.room(r);
+        if string(&rk.owner).as_deref() != Some(id) {
+            p.push(format!("{id}: room {r}: pin is {:?}", string(&rk.owner)));
+        }
+        let meta = hash(&rk.meta);
+        if meta.get("owner").map(String::as_str) != Some(id) {
+            p.push(format!("{id}: room {r}: metadata is {meta:?}"));
+        }
+        let mut want_peers = BTreeSet::new();
+        let mut want_guests = BTreeMap::new();
+        for k in 1..=life.peers {
+            let (peer, guest) = (format!("{r}-p{k}"), format!("{r}-g{k}"));
+            want_members.insert(peer_member(r, &peer));
+            let rec = hash(&ks.peer(r, &peer));
+            if rec.get("instance").map(String::as_str) != Some(id)
+                || rec.get("guest") != Some(&guest)
+            {
+                p.push(format!("{id}: room {r}: peer record {peer} is {rec:?}"));
+            }
+            want_peers.insert(peer.clone());
+            want_guests.insert(guest, peer);
+        }
+        let got_peers = set(&rk.peers);
+        if got_peers != want_peers {
+            p.push(format!("{id}: room {r}: peer set is {got_peers:?}"));
+        }
+        let got_guests = hash(&rk.guests);
+        if got_guests != want_guests {
+            p.push(format!("{id}: room {r}: guest map is {got_guests:?}"));
+        }
+    }
+    let got_members = set(&ks.instance_peers(id));
+    if got_members != want_members {
+        p.push(format!(
+            "{id}: peer index holds {got_members:?}, expected {want_members:?}"
+        ));
+    }
+    p
+}
+
+struct Chaos {
+    lives: Vec<Life>,
+    s: Server,
+    ks: KeySpace,
+    t: Timings,
+    checker: Config,
+    rng: fastrand::Rng,
+    seed: u64,
+    secs: u64,
+    tx: mpsc::Sender<Ev>,
+    rx: mpsc::Receiver<Ev>,
+    events: Vec<Ev>,
+    by_id: HashMap<String, usize>,
+    slot_life: [Option<usize>; SLOTS],
+    respawn_at: [Option<Instant>; SLOTS],
+    next_n: u32,
+    dir: PathBuf,
+    start: Instant,
+    kills: u32,
+    stops: u32,
+    blackholes: u32,
+    restarts: u32,
+    spawn_failures: u32,
+    /// When the restart began and when the new server answered.
+    restart: Option<(Instant, Instant)>,
+    restore_pending: Vec<usize>,
+    restore_times: Vec<(String, Duration)>,
+    hold_until: Instant,
+    leader_now: Option<String>,
+    probe: Option<Connection>,
+    next_sample: Instant,
+    next_status: Instant,
+    max_epoch_sampled: u64,
+    samples: u32,
+    status_samples: u32,
+    status_errors: u32,
+    violations: Vec<(Option<usize>, String)>,
+    notes: Vec<String>,
+}
+
+impl Drop for Chaos {
+    fn drop(&mut self) {
+        // Paused processes are continued before they are killed (NodeProc's Drop kills).
+        for l in &self.lives {
+            if l.live() && l.current_fault().is_some_and(|f| f.kind == Kind::Stop) {
+                sig(l.node.pid(), "CONT");
+            }
+        }
+        for l in &mut self.lives {
+            let _ = l.node.child.kill();
+            let _ = l.node.child.wait();
+        }
+        if std::thread::panicking() || !self.violations.is_empty() {
+            eprintln!("chaos: node logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Chaos {
+    fn new(s: Server, seed: u64, secs: u64) -> Chaos {
+        let t = Timings::fast();
+        // The node processes run procs::FAST; this test reasons with Timings::fast().
+        assert_eq!(fast_flag("--heartbeat-interval-ms"), t.heartbeat_interval);
+        assert_eq!(fast_flag("--heartbeat-ttl-ms"), t.heartbeat_ttl);
+        assert_eq!(fast_flag("--lease-ttl-ms"), t.lease_ttl);
+        assert_eq!(fast_flag("--lease-refresh-ms"), t.lease_refresh);
+        assert_eq!(fast_flag("--two-phase-delay-ms"), t.two_phase_delay);
+        assert_eq!(fast_flag("--reap-interval-ms"), t.reap_interval);
+        assert_eq!(fast_flag("--command-timeout-ms"), t.command_timeout);
+        // A short fault plus the reconnect after it (a timed-out call, one backoff) must stay
+        // well inside what it takes to be reaped (no heartbeat for stale + two-phase).
+        assert!(
+            ms(SHORT.1) + t.command_timeout + t.heartbeat_interval + ms(500)
+                <= t.stale_threshold + t.two_phase_delay
+        );
+        assert!(ms(LONG.0) >= reap_window(&t));
+        let dir =
+            std::env::temp_dir().join(format!("sfu-chaos-{}-{seed:016x}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create log dir");
+        let (tx, rx) = mpsc::channel();
+        let now = Instant::now();
+        let checker = config_for(&s.url(), STAGE, "chaos-checker", t);
+        Chaos {
+            lives: Vec::new(),
+            ks: support::ks(STAGE),
+            s,
+            t,
+            checker,
+            rng: fastrand::Rng::with_seed(seed),
+            seed,
+            secs,
+            tx,
+            rx,
+            events: Vec::new(),
+            by_id: HashMap::new(),
+            slot_life: [None; SLOTS],
+            respawn_at: [None; SLOTS],
+            next_n: 0,
+            dir,
+            start: now,
+            kills: 0,
+            stops: 0,
+            blackholes: 0,
+            restarts: 0,
+            spawn_failures: 0,
+            restart: None,
+            restore_pending: Vec::new(),
+            restore_times: Vec::new(),
+            hold_until: now,
+            leader_now: None,
+            probe: None,
+            next_sample: now,
+            next_status: now,
+            max_epoch_sampled: 0,
+            samples: 0,
+            status_samples: 0,
+            status_errors: 0,
+            violations: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    fn say(&self, msg: &str) {
+        eprintln!("[{:8.2}s] {msg}", self.start.elapsed().as_secs_f64());
+    }
+
+    fn violation(&mut self, life: Option<usize>, msg: String) {
+        self.say(&format!("VIOLATION: {msg}"));
+        self.violations.push((life, msg));
+    }
+
+    fn note(&mut self, msg: String) {
+        self.say(&format!("note: {msg}"));
+        self.notes.push(msg);
+    }
+
+    fn faults(&self) -> u32 {
+        self.kills + self.stops + self.blackholes + self.restarts
+    }
+
+    /// A direct connection to Redis for sampling and dumps (not through any proxy).
+    fn probe(&mut self) -> Option<&mut Connection> {
+        if self.probe.is_none() {
+            let con = redis::Client::open(self.s.url())
+                .ok()?
+                .get_connection_with_timeout(Duration::from_secs(1))
+                .ok()?;
+            con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            self.probe = Some(con);
+        }
+        self.probe.as_mut()
+    }
+
+    fn dump(&mut self) -> Option<BTreeMap<String, Val>> {
+        let pattern = self.ks.scan_pattern();
+        let con = self.probe()?;
+        match try_dump(con, &pattern) {
+            Ok(d) => Some(d),
+            Err(_) => {
+                self.probe = None;
+                None
+            }
+        }
+    }
+
+    // ---- processes ----------------------------------------------------------------------
+
+    fn spawn(&mut self, slot: usize) -> usize {
+        self.next_n += 1;
+        let id = format!("s{slot}-{:04}", self.next_n);
+        let nrooms = self.rng.usize(3..=5);
+        let peers = self.rng.u32(2..=4);
+        let rooms: Vec<String> = (1..=nrooms).map(|k| format!("{id}-r{k}")).collect();
+        let proxy = self.s.proxy();
+        let log = self.dir.join(format!("{id}.log"));
+        let stderr = File::create(&log).expect("create node log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sfu-redis"))
+            .args(["node", "--json", "--stage", STAGE, "--instance-id", &id])
+            .args(["--redis-url", &proxy.url()])
+            .args(["--peers-per-room", &peers.to_string()])
+            .args(["--rooms", &rooms.join(",")])
+            .args(FAST)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .expect("spawn sfu-redis node");
+        let stdout = child.stdout.take().expect("stdout");
+        let tx = self.tx.clone();
+        let name = id.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let at = Instant::now();
+                let v = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| json!({ "event": "not_json", "line": line }));
+                if tx
+                    .send(Ev {
+                        at,
+                        id: name.clone(),
+                        v,
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let now = Instant::now();
+        let li = self.lives.len();
+        self.lives.push(Life {
+            id: id.clone(),
+            slot,
+            rooms: rooms.clone(),
+            peers,
+            node: NodeProc {
+                id: id.clone(),
+                rooms,
+                child,
+            },
+            proxy: Some(proxy),
+            phase: Phase::Spawning,
+            spawned: now,
+            ready_at: None,
+            cool_until: now,
+            faults: Vec::new(),
+            killed_at: None,
+            lost: BTreeSet::new(),
+            reaped_self: Vec::new(),
+            log,
+        });
+        self.by_id.insert(id.clone(), li);
+        self.slot_life[slot] = Some(li);
+        self.respawn_at[slot] = None;
+        self.say(&format!(
+            "spawn {id} (slot {slot}, {nrooms} rooms x {peers} peers)"
+        ));
+        li
+    }
+
+    /// The process is gone (kill -9 or exit): the instance must be reaped; the slot is
+    /// refilled after `respawn_in`.
+    fn mark_dead(&mut self, li: usize, now: Instant, respawn_in: Duration) {
+        let l = &mut self.lives[li];
+        if let Some(f) = l.faults.last_mut().filter(|f| !f.done) {
+            f.end = now;
+            f.done = true;
+        }
+        l.killed_at = Some(now);
+        l.phase = Phase::Dead;
+        l.proxy = None;
+        let slot = l.slot;
+        if self.leader_now.as_deref() == Some(l.id.as_str()) {
+            self.leader_now = None;
+        }
+        if self.slot_life[slot] == Some(li) {
+            self.slot_life[slot] = None;
+            self.respawn_at[slot] = Some(now + respawn_in);
+        }
+    }
+
+    fn kill9(&mut self, li: usize) {
+        let l = &mut self.lives[li];
+        let _ = l.node.child.kill();
+        let _ = l.node.child.wait();
+        let was = match l.phase {
+            Phase::Faulted => format!(" (while {})", l.current_fault().unwrap().kind.name()),
+            _ => String::new(),
+        };
+        let id = l.id.clone();
+        let leader = self.leader_now.as_deref() == Some(id.as_str());
+        let respawn = ms(self.rng.u64(500..=3_000));
+        self.mark_dead(li, Instant::now(), respawn);
+        self.kills += 1;
+        self.say(&format!(
+            "kill -9 {id}{}{was}",
+            if leader { " (leader)" } else { "" }
+        ));
+    }
+
+    fn begin_fault(&mut self, li: usize, kind: Kind, dur: Duration) {
+        let leader = self.leader_now.as_deref() == Some(self.lives[li].id.as_str());
+        let l = &mut self.lives[li];
+        let now = Instant::now();
+        match kind {
+            Kind::Stop => {
+                if !sig(l.node.pid(), "STOP") {
+                    return;
+                }
+                self.stops += 1;
+            }
+            Kind::Blackhole(d) => {
+                l.proxy.as_ref().expect("live proxy").blackhole(d);
+                self.blackholes += 1;
+            }
+        }
+        l.faults.push(Fault {
+            kind,
+            start: now,
+            end: now + dur,
+            done: false,
+        });
+        l.phase = Phase::Faulted;
+        let id = l.id.clone();
+        self.say(&format!(
+            "{} {id}{} for {:.2}s",
+            kind.name(),
+            if leader { " (leader)" } else { "" },
+            dur.as_secs_f64()
+        ));
+    }
+
+    fn end_fault(&mut self, li: usize) {
+        let now = Instant::now();
+        let l = &mut self.lives[li];
+        let Some(f) = l.faults.last_mut().filter(|f| !f.done) else {
+            return;
+        };
+        match f.kind {
+            Kind::Stop => {
+                sig(l.node.pid(), "CONT");
+            }
+            Kind::Blackhole(_) => {
+                if let Some(p) = &l.proxy {
+                    p.heal();
+                }
+            }
+        }
+        // Recorded after the heal: the recorded span covers the real one.
+        f.end = Instant::now().max(now);
+        f.done = true;
+        l.phase = Phase::Running;
+        l.cool_until = f.end + COOL_DOWN;
+    }
+
+    fn disrupted(&self) -> usize {
+        self.slot_life
+            .iter()
+            .filter(|s| match s {
+                None => true,
+                Some(li) => self.lives[*li].phase != Phase::Running,
+            })
+            .count()
+    }
+
+    fn current(&self) -> Vec<usize> {
+        self.slot_life.iter().flatten().copied().collect()
+    }
+
+    // ---- events -------------------------------------------------------------------------
+
+    fn pump(&mut self, wait: Duration) {
+        let mut batch: Vec<Ev> = self.rx.recv_timeout(wait).ok().into_iter().collect();
+        batch.extend(self.rx.try_iter());
+        for e in batch {
+            self.on_event(e);
+        }
+    }
+
+    fn on_event(&mut self, e: Ev) {
+        let Some(&li) = self.by_id.get(&e.id) else {
+            self.violation(None, format!("event from an unknown process: {}", e.v));
+            return;
+        };
+        if e.v["instance"] != e.id.as_str() {
+            self.violation(
+                Some(li),
+                format!("{}: event of another instance: {}", e.id, e.v),
+            );
+        }
+        let id = e.id.clone();
+        match e.v["event"].as_str().unwrap_or("") {
+            "ready" => {
+                let l = &mut self.lives[li];
+                l.ready_at = Some(e.at);
+                if l.phase == Phase::Spawning {
+                    l.phase = Phase::Running;
+                }
+                let (rooms, peers) = (
+                    l.rooms.len() as u64,
+                    l.rooms.len() as u64 * u64::from(l.peers),
+                );
+                let took = e.at - l.spawned;
+                if e.v["rooms"] != rooms || e.v["peers"] != peers {
+                    self.violation(
+                        Some(li),
+                        format!(
+                            "{id}: ready with {}, expected {rooms} rooms and {peers} peers",
+                            e.v
+                        ),
+                    );
+                }
+                self.say(&format!("{id} ready after {:.2}s", took.as_secs_f64()));
+            }
+            "leader_acquired" => {
+                self.leader_now = Some(id.clone());
+                self.say(&format!("{id} leads, epoch {}", e.v["epoch"]));
+            }
+            "leader_lost" => {
+                if self.leader_now.as_deref() == Some(id.as_str()) {
+                    self.leader_now = None;
+                }
+                self.say(&format!("{id} lost the lead: {}", e.v["reason"]));
+            }
+            "instance_reaped" => {
+                self.say(&format!(
+                    "{id} reaped {} ({} rooms, {} peers, {} skipped)",
+                    e.v["dead"], e.v["rooms"], e.v["peers"], e.v["skipped_rooms"]
+                ));
+            }
+            "candidates" => {}
+            "room_lost" => {
+                let room = e.v["room"].as_str().unwrap_or_default().to_owned();
+                let l = &mut self.lives[li];
+                if !l.rooms.contains(&room) {
+                    self.violation(Some(li), format!("{id}: lost a room it never had: {}", e.v));
+                } else if l.lost.insert(room.clone()) {
+                    // Not part of a reaped_self report (that one lists the room first). Here
+                    // nobody else ever pins a node's rooms and no host closes one, so a room
+                    // lost by an instance that was not reaped is a room of a live instance lost.
+                    self.violation(
+                        Some(li),
+                        format!(
+                            "{id} lost room {room} without being reaped (new owner {}): a live instance's room is gone",
+                            e.v["new_owner"]
+                        ),
+                    );
+                }
+            }
+            "reaped_self" => {
+                let l = &mut self.lives[li];
+                let held: BTreeSet<String> = l.kept_rooms().cloned().collect();
+                let reported: BTreeSet<String> = e.v["room_ids"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str().map(str::to_owned))
+                    .collect();
+                l.lost.extend(reported.iter().cloned());
+                l.reaped_self.push(e.at);
+                if reported != held || e.v["rooms"] != reported.len() {
+                    self.violation(
+                        Some(li),
+                        format!("{id}: reaped_self reports {}, but it held {held:?}", e.v),
+                    );
+                }
+                self.say(&format!(
+                    "{id} found it was reaped (zombie): {} rooms lost",
+                    reported.len()
+                ));
+            }
+            other => {
+                self.violation(
+                    Some(li),
+                    format!("{id}: unexpected output ({other}): {}", e.v),
+                );
+            }
+        }
+        self.events.push(e);
+    }
+
+    // ---- the loop -----------------------------------------------------------------------
+
+    /// One turn: events, due fault ends, exits, respawns, the restore watch, samples.
+    fn step(&mut self) {
+        self.pump(ms(20));
+        let now = Instant::now();
+        for li in self.current() {
+            if self.lives[li].current_fault().is_some_and(|f| f.end <= now) {
+                self.end_fault(li);
+            }
+        }
+        self.check_processes();
+        for slot in 0..SLOTS {
+            if self.slot_life[slot].is_none()
+                && self.respawn_at[slot].is_some_and(|t| t <= Instant::now())
+            {
+                self.spawn(slot);
+            }
+        }
+        self.watch_restore();
+        self.sample();
+    }
+
+    fn check_processes(&mut self) {
+        for li in self.current() {
+            let now = Instant::now();
+            let exited = self.lives[li].node.child.try_wait().ok().flatten();
+            let l = &self.lives[li];
+            if let Some(status) = exited {
+                let (id, tail) = (l.id.clone(), l.log_tail(20));
+                if l.phase == Phase::Spawning {
+                    self.spawn_failures += 1;
+                    self.note(format!("{id} exited during start-up ({status}):\n{tail}"));
+                } else {
+                    self.violation(
+                        Some(li),
+                        format!("{id} exited on its own ({status}):\n{tail}"),
+                    );
+                }
+                self.mark_dead(li, now, ms(1_000));
+            } else if l.phase == Phase::Spawning && now - l.spawned > READY_WITHIN {
+                let id = l.id.clone();
+                self.violation(Some(li), format!("{id} not ready within {READY_WITHIN:?}"));
+                let _ = self.lives[li].node.child.kill();
+                let _ = self.lives[li].node.child.wait();
+                self.mark_dead(li, now, ms(1_000));
+            }
+        }
+    }
+
+    /// Samples the lease key and the epoch counter (every 250 ms) and `fleet_status` (every
+    /// second).
+    fn sample(&mut self) {
+        let now = Instant::now();
+        let in_restart = self.restart.is_some_and(|(began, back)| {
+            now >= began && now <= back + self.t.lease_ttl + Duration::from_secs(2)
+        });
+        if now >= self.next_sample {
+            self.next_sample = now + ms(250);
+            let (leader_key, epoch_key) = (self.ks.leader(), self.ks.epoch());
+            let read = self.probe().map(|con| {
+                redis::pipe()
+                    .get(&leader_key)
+                    .get(&epoch_key)
+                    .query::<(Option<String>, Option<u64>)>(con)
+            });
+            match read {
+                Some(Ok((holder, epoch))) => {
+                    self.samples += 1;
+                    if let Some(h) = holder.filter(|h| !self.by_id.contains_key(h)) {
+                        self.violation(
+                            None,
+                            format!("the lease key holds {h:?}, not a known instance"),
+                        );
+                    }
+                    let epoch = epoch.unwrap_or(0);
+                    if !in_restart && epoch < self.max_epoch_sampled {
+                        let max = self.max_epoch_sampled;
+                        self.violation(
+                            None,
+                            format!("the epoch counter went back from {max} to {epoch}"),
+                        );
+                    }
+                    if !in_restart {
+                        self.max_epoch_sampled = self.max_epoch_sampled.max(epoch);
+                    }
+                }
+                Some(Err(_)) => self.probe = None,
+                None => {}
+            }
+        }
+        if now >= self.next_status {
+            self.next_status = now + ms(1_000);
+            match fleet_status(&self.checker) {
+                Ok(st) => {
+                    self.status_samples += 1;
+                    if let Some(h) = st.leader.as_ref().filter(|h| !self.by_id.contains_key(*h)) {
+                        self.violation(
+                            None,
+                            format!("status names leader {h:?}, not a known instance"),
+                        );
+                    }
+                    if !st.is_clean() {
+                        self.violation(None, format!("status reports problems: {}", st.to_json()));
+                    }
+                }
+                Err(e) => {
+                    self.status_errors += 1;
+                    if !in_restart {
+                        self.note(format!("fleet_status failed outside the restart: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the restart: each node that was running then must have written back its
+    /// heartbeat, pins, indexes and peer records within a couple of ticks.
+    fn watch_restore(&mut self) {
+        if self.restore_pending.is_empty() {
+            return;
+        }
+        let Some((_, back)) = self.restart else {
+            return;
+        };
+        let Some(dump) = self.dump() else {
+            return;
+        };
+        let now = Instant::now();
+        // Two ticks plus one command timeout, and a second of scheduling slack (loaded CI).
+        let limit = self.t.heartbeat_interval * 2 + self.t.command_timeout + Duration::from_secs(1);
+        for li in std::mem::take(&mut self.restore_pending) {
+            let l = &self.lives[li];
+            if l.phase != Phase::Running {
+                let id = l.id.clone();
+                self.note(format!(
+                    "{id} faulted before it restored; restore not timed"
+                ));
+                continue;
+            }
+            let problems = owned_problems(&self.ks, &dump, l);
+            if problems.is_empty() {
+                let took = now - back;
+                self.say(&format!("{} restored after {} ms", l.id, took.as_millis()));
+                self.restore_times.push((l.id.clone(), took));
+            } else if now - back > limit {
+                let id = l.id.clone();
+                self.violation(
+                    Some(li),
+                    format!("{id} not restored {limit:?} after the Redis restart: {problems:#?}"),
+                );
+            } else {
+                self.restore_pending.push(li);
+            }
+        }
+    }
+
+    fn restart_redis(&mut self) {
+        let measured: Vec<usize> = self
+            .current()
+            .into_iter()
+            .filter(|li| self.lives[*li].phase == Phase::Running)
+            .collect();
+        self.say("restart redis-server (no persistence: every key is lost)");
+        let began = Instant::now();
+        self.probe = None;
+        self.s.redis.restart().expect("restart redis-server");
+        let back = Instant::now();
+        self.restarts += 1;
+        self.restart = Some((began, back));
+        self.restore_pending = measured;
+        self.hold_until = back + Duration::from_secs(3);
+        self.say(&format!(
+            "redis-server back after {} ms",
+            (back - began).as_millis()
+        ));
+    }
+
+    /// One random fault on an eligible node (if the disruption budget allows).
+    fn inject(&mut self) {
+        let now = Instant::now();
+        let roll = self.rng.u32(0..13);
+        // Now and then kill a node that is already paused or cut off.
+        if roll < 2 && self.rng.u32(0..4) == 0 {
+            let faulted: Vec<usize> = self
+                .current()
+                .into_iter()
+                .filter(|li| self.lives[*li].phase == Phase::Faulted)
+                .collect();
+            if !faulted.is_empty() {
+                let li = faulted[self.rng.usize(0..faulted.len())];
+                self.kill9(li);
+                return;
+            }
+        }
+        if self.disrupted() >= MAX_DISRUPTED {
+            return;
+        }
+        let eligible: Vec<usize> = self
+            .current()
+            .into_iter()
+            .filter(|li| {
+                let l = &self.lives[*li];
+                l.phase == Phase::Running && l.cool_until <= now
+            })
+            .collect();
+        if eligible.is_empty() {
+            return;
+        }
+        let leader = eligible
+            .iter()
+            .copied()
+            .find(|li| self.leader_now.as_deref() == Some(self.lives[*li].id.as_str()));
+        let li = match leader {
+            Some(li) if self.rng.u32(0..100) < 35 => li,
+            _ => eligible[self.rng.usize(0..eligible.len())],
+        };
+        if roll < 2 {
+            self.kill9(li);
+            return;
+        }
+        let dir =
+            [Direction::Upstream, Direction::Downstream, Direction::Both][self.rng.usize(0..3)];
+        let (kind, (lo, hi)) = match roll {
+            2..=4 => (Kind::Stop, SHORT),
+            5 => (Kind::Stop, MEDIUM),
+            6..=7 => (Kind::Stop, LONG),
+            8..=10 => (Kind::Blackhole(dir), SHORT),
+            11 => (Kind::Blackhole(dir), MEDIUM),
+            _ => (Kind::Blackhole(dir), LONG),
+        };
+        let d = ms(self.rng.u64(lo..=hi));
+        self.begin_fault(li, kind, d);
+    }
+
+    // ---- phases -------------------------------------------------------------------------
+
+    fn start_fleet(&mut self) {
+        for slot in 0..SLOTS {
+            self.spawn(slot);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline
+            && (self
+                .current()
+                .iter()
+                .any(|li| self.lives[*li].phase == Phase::Spawning)
+                || self.leader_now.is_none())
+        {
+            self.step();
+        }
+        assert!(
+            self.current()
+                .iter()
+                .all(|li| self.lives[*li].phase == Phase::Running),
+            "five nodes ready"
+        );
+        assert!(self.leader_now.is_some(), "a leader within 60 s");
+    }
+
+    fn fault_period(&mut self) {
+        let period = Duration::from_secs(self.secs);
+        let t0 = Instant::now();
+        let end = t0 + period;
+        let restart_at = t0 + period.mul_f64(0.25 + 0.5 * self.rng.f64());
+        let mut next = t0 + ms(500);
+        while Instant::now() < end {
+            self.step();
+            let now = Instant::now();
+            let spawning = self
+                .current()
+                .iter()
+                .any(|li| self.lives[*li].phase == Phase::Spawning);
+            if self.restart.is_none() && now >= restart_at && !spawning {
+                self.restart_redis();
+                continue;
+            }
+            if now >= next && now >= self.hold_until {
+                self.inject();
+                next = now + ms(self.rng.u64(300..=1_500));
+            }
+        }
+        if self.restart.is_none() {
+            // Start-ups kept it from happening (very short periods): once, now.
+            while self
+                .current()
+                .iter()
+                .any(|li| self.lives[*li].phase == Phase::Spawning)
+            {
+                self.step();
+            }
+            self.restart_redis();
+        }
+    }
+
+    /// Heal everything, refill every slot, wait two full reap windows, then poll until the
+    /// fleet has converged (bounded).
+    fn quiesce(&mut self) {
+        self.say("quiescence: healing every fault, continuing every paused node");
+        for li in self.current() {
+            self.end_fault(li);
+        }
+        for slot in 0..SLOTS {
+            if self.slot_life[slot].is_none() {
+                self.spawn(slot);
+            }
+        }
+        let healed = Instant::now();
+        let window = reap_window(&self.t);
+        while Instant::now() < healed + window * 2
+            || (self
+                .current()
+                .iter()
+                .any(|li| self.lives[*li].phase == Phase::Spawning)
+                && Instant::now() < healed + READY_WITHIN + window)
+            || !self.restore_pending.is_empty()
+        {
+            self.step();
+        }
+        let deadline = Instant::now() + Duration::from_secs(45);
+        let mut next_check = Instant::now();
+        loop {
+            self.step();
+            if Instant::now() < next_check {
+                continue;
+            }
+            next_check = Instant::now() + ms(500);
+            if self.converged() {
+                self.say(&format!(
+                    "converged {:.1}s after the heal",
+                    healed.elapsed().as_secs_f64()
+                ));
+                break;
+            }
+            if Instant::now() > deadline {
+                self.say("not converged within 45 s; checking anyway");
+                break;
+            }
+        }
+        self.pump(ms(100));
+    }
+
+    fn converged(&mut self) -> bool {
+        let Some(dump) = self.dump() else {
+            return false;
+        };
+        let Ok(st) = fleet_status(&self.checker) else {
+            return false;
+        };
+        let live: BTreeSet<&str> = self
+            .lives
+            .iter()
+            .filter(|l| l.live())
+            .map(|l| l.id.as_str())
+            .collect();
+        let registered: BTreeSet<&str> = st.instances.iter().map(|i| i.id.as_str()).collect();
+        live == registered
+            && st.instances.iter().all(|i| i.alive)
+            && st.leader_alive
+            && self.lives.iter().all(|l| {
+                if l.live() {
+                    owned_problems(&self.ks, &dump, l).is_empty()
+                } else {
+                    references(&dump, std::slice::from_ref(&l.id)).is_empty()
+                }
+            })
+    }
+
+    // ---- the checker --------------------------------------------------------------------
+
+    fn check(&mut self) {
+        self.say("checking");
+        let dump = loop {
+            if let Some(d) = self.dump() {
+                break d;
+            }
+            std::thread::sleep(ms(100));
+        };
+        let safe_limit = self.t.stale_threshold + self.t.two_phase_delay
+            - self.t.command_timeout
+            - self.t.heartbeat_interval
+            - ms(500);
+        let reaped: Vec<(Instant, String)> = self
+            .events
+            .iter()
+            .filter(|e| e.is("instance_reaped"))
+            .map(|e| (e.at, e.v["dead"].as_str().unwrap_or_default().to_owned()))
+            .collect();
+        let mut found = Vec::new();
+        let mut long_unreaped = Vec::new();
+        for (li, l) in self.lives.iter().enumerate() {
+            let id = &l.id;
+            let reaps_of: Vec<Instant> = reaped
+                .iter()
+                .filter(|(_, d)| d == id)
+                .map(|(at, _)| *at)
+                .collect();
+            if l.live() {
+                // (1) everything it did not report lost is there, whole.
+                for p in owned_problems(&self.ks, &dump, l) {
+                    found.push((li, format!("live node lost data: {p}")));
+                }
+                let lost: Vec<String> = l.lost.iter().cloned().collect();
+                let back = references(&dump, &lost);
+                if !back.is_empty() {
+                    found.push((
+                        li,
+                        format!("{id}: rooms it reported lost came back: {back:#?}"),
+                    ));
+                }
+                let longest = l.longest_fault();
+                if longest <= safe_limit
+                    && (!l.lost.is_empty() || !l.reaped_self.is_empty() || !reaps_of.is_empty())
+                {
+                    found.push((
+                        li,
+                        format!(
+                            "{id}: its longest fault was {} ms (faults: {}), yet it lost {:?}, reaped_self {} times, reaped {} times",
+                            longest.as_millis(),
+                            fault_list(l),
+                            l.lost,
+                            l.reaped_self.len(),
+                            reaps_of.len()
+                        ),
+                    ));
+                }
+                // A pause past the reap window normally makes a zombie; it is not guaranteed
+                // (a leader change or the restart in between can delay the reap past the
+                // pause), so an unreaped long pause is only noted.
+                for f in l.faults.iter().filter(|f| f.kind == Kind::Stop && f.done) {
+                    if f.end.saturating_duration_since(f.start) < ms(LONG.0) {
+                        continue;
+                    }
+                    let restart_between = self.restart.is_some_and(|(began, _)| {
+                        began + reap_window(&self.t) >= f.start && began <= f.end
+                    });
+                    if !restart_between && !l.reaped_self.iter().any(|t| *t >= f.end) {
+                        long_unreaped.push(format!(
+                            "{id} paused {} ms from +{:.2}s was not reaped meanwhile",
+                            f.end.saturating_duration_since(f.start).as_millis(),
+                            self.rel(f.start)
+                        ));
+                    }
+                }
+                // A reap of a node that lives on must have been noticed by it (reaped_self),
+                // unless Redis lost everything before it resumed. The node may notice while
+                // the reap still runs (score 0), so shortly before the reap's event too; two
+                // zombie episodes of one node are further apart (cool-down plus a pause).
+                for at in &reaps_of {
+                    let noticed = l.reaped_self.iter().any(|t| *t + ms(2_000) > *at);
+                    let wiped = self.restart.is_some_and(|(began, _)| {
+                        began > *at && l.faults.iter().any(|f| f.contains(began))
+                    });
+                    if !noticed && !wiped {
+                        found.push((
+                            li,
+                            format!("{id} was reaped at +{:.2}s while it lives on, and never reported reaped_self", self.rel(*at)),
+                        ));
+                    }
+                }
+            } else {
+                // (4) a dead instance leaves nothing behind.
+                let left = references(&dump, std::slice::from_ref(id));
+                if !left.is_empty() {
+                    found.push((li, format!("dead instance {id} not reaped: {left:#?}")));
+                }
+            }
+        }
+        // (4/5) nothing else registered.
+        let zset: Vec<String> = match dump.get(&self.ks.heartbeats()) {
+            Some(Val::ZSet(z)) => z.iter().map(|(m, _)| m.clone()).collect(),
+            _ => Vec::new(),
+        };
+        for m in zset {
+            if !self.by_id.get(&m).is_some_and(|li| self.lives[*li].live()) {
+                found.push((usize::MAX, format!("{m} is registered but is no live node")));
+            }
+        }
+        for (li, msg) in found {
+            self.violation((li != usize::MAX).then_some(li), msg);
+        }
+        for n in long_unreaped {
+            self.note(n);
+        }
+        // (5) status: every live node alive, a live leader.
+        match fleet_status(&self.checker) {
+            Ok(st) => {
+                for l in self.lives.iter().filter(|l| l.live()) {
+                    let alive = st.instances.iter().any(|i| i.id == l.id && i.alive);
+                    if !alive {
+                        let msg = format!("{} is not alive in status: {}", l.id, st.to_json());
+                        self.violations.push((None, msg));
+                    }
+                }
+                let leader_live = st
+                    .leader
+                    .as_ref()
+                    .and_then(|h| self.by_id.get(h))
+                    .is_some_and(|li| self.lives[*li].live());
+                if !(leader_live && st.leader_alive) {
+                    self.violation(None, format!("no live leader in status: {}", st.to_json()));
+                }
+                if !st.is_clean() {
+                    self.violation(None, format!("status reports problems: {}", st.to_json()));
+                }
+            }
+            Err(e) => self.violation(None, format!("fleet_status failed after quiescence: {e}")),
+        }
+        // (2) the audit: two scans 1.5 s apart.
+        let options = AuditOptions {
+            repair: false,
+            settle: ms(1_500),
+        };
+        match audit(&self.checker, &options) {
+            Ok(report) if report.clean() => self.say("audit clean"),
+            Ok(report) => {
+                for p in report.remaining() {
+                    let msg = format!("audit: {} at {}: {}", p.kind, p.key, p.detail);
+                    self.violation(None, msg);
+                }
+            }
+            Err(e) => self.violation(None, format!("audit failed: {e}")),
+        }
+        // (3) leadership.
+        self.check_leadership();
+    }
+
+    fn rel(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.start).as_secs_f64()
+    }
+
+    /// Terms from the events; epochs never repeat and increase in arrival order; terms do not
+    /// overlap (beyond `SLACK`) unless the older leader could not act at that moment.
+    fn check_leadership(&mut self) -> (usize, Option<i128>) {
+        let mut evs: Vec<&Ev> = self
+            .events
+            .iter()
+            .filter(|e| e.is("leader_acquired") || e.is("leader_lost"))
+            .collect();
+        evs.sort_by_key(|e| e.at);
+        let mut found: Vec<(Option<usize>, String)> = Vec::new();
+        let mut notes = Vec::new();
+        let mut terms: Vec<Term> = Vec::new();
+        let mut open: HashMap<usize, usize> = HashMap::new();
+        let mut seen: BTreeMap<u64, String> = BTreeMap::new();
+        let mut max_so_far: Option<(u64, Instant)> = None;
+        for e in &evs {
+            let li = self.by_id[&e.id];
+            if e.is("leader_acquired") {
+                let Some(epoch) = e.v["epoch"].as_u64() else {
+                    found.push((
+                        Some(li),
+                        format!("leader_acquired without an epoch: {}", e.v),
+                    ));
+                    continue;
+                };
+                if let Some(prev) = seen.insert(epoch, e.id.clone()) {
+                    found.push((
+                        Some(li),
+                        format!("epoch {epoch} handed out twice: {prev} and {}", e.id),
+                    ));
+                }
+                match max_so_far {
+                    Some((max, max_at)) if epoch <= max => {
+                        // A node paused between its acquire and printing it prints late.
+                        let l = &self.lives[li];
+                        if l.stopped_at(max_at) {
+                            notes.push(format!(
+                                "epoch {epoch} of {} arrived after epoch {max}: it was paused meanwhile",
+                                e.id
+                            ));
+                        } else {
+                            found.push((
+                                Some(li),
+                                format!(
+                                    "epochs out of order: {} acquired epoch {epoch} (arrived +{:.2}s) after epoch {max} (+{:.2}s)",
+                                    e.id,
+                                    self.rel(e.at),
+                                    self.rel(max_at)
+                                ),
+                            ));
+                        }
+                    }
+                    _ => max_so_far = Some((epoch, e.at)),
+                }
+                if open.contains_key(&li) {
+                    found.push((
+                        Some(li),
+                        format!(
+                            "{} acquired epoch {epoch} while its previous term was open",
+                            e.id
+                        ),
+                    ));
+                }
+                open.insert(li, terms.len());
+                terms.push(Term {
+                    life: li,
+                    epoch,
+                    start: e.at,
+                    end: None,
+                    how: String::new(),
+                });
+            } else if let Some(ti) = open.remove(&li) {
+                terms[ti].end = Some(e.at);
+                terms[ti].how = e.v["reason"].as_str().unwrap_or_default().to_owned();
+            } else {
+                notes.push(format!(
+                    "{} sent leader_lost with no open term: {}",
+                    e.id, e.v
+                ));
+            }
+        }
+        for (li, ti) in open {
+            if let Some(k) = self.lives[li].killed_at {
+                terms[ti].end = Some(k);
+                terms[ti].how = "kill -9".into();
+            }
+        }
+        terms.sort_by_key(|t| t.start);
+        let mut min_gap: Option<i128> = None;
+        let mut explained = 0;
+        for j in 0..terms.len() {
+            for i in 0..j {
+                let (a, b) = (&terms[i], &terms[j]);
+                if a.life == b.life {
+                    continue;
+                }
+                if let Some(end) = a.end {
+                    // Handover gaps between a capable old leader and the next one.
+                    let la = &self.lives[a.life];
+                    let capable = !la.incapable_at(b.start)
+                        && !la.incapable_at(end.checked_sub(ms(1)).unwrap_or(end))
+                        && la.killed_at != Some(end);
+                    if i + 1 == j && capable {
+                        let gap = b.start.duration_since(self.start).as_millis() as i128
+                            - end.duration_since(self.start).as_millis() as i128;
+                        min_gap = Some(min_gap.map_or(gap, |m: i128| m.min(gap)));
+                    }
+                }
+                let overlaps = a.end.map_or(true, |end| end > b.start + SLACK);
+                if !overlaps {
+                    continue;
+                }
+                let la = &self.lives[a.life];
+                let (ida, idb) = (la.id.clone(), self.lives[b.life].id.clone());
+                let what = format!(
+                    "{ida}'s term (epoch {}, +{:.2}s..{}) overlaps {idb}'s (epoch {}, from +{:.2}s)",
+                    a.epoch,
+                    self.rel(a.start),
+                    a.end
+                        .map_or("open".into(), |e| format!("+{:.2}s {}", self.rel(e), a.how)),
+                    b.epoch,
+                    self.rel(b.start)
+                );
+                if la.incapable_at(b.start) {
+                    explained += 1;
+                    notes.push(format!("{what}: {ida} was paused or cut off then"));
+                } else {
+                    found.push((Some(a.life), what));
+                }
+            }
+        }
+        for n in notes {
+            self.note(n);
+        }
+        for (li, msg) in found {
+            self.violation(li, msg);
+        }
+        let n = terms.len();
+        self.say(&format!(
+            "leadership: {n} terms, {explained} overlaps explained by a paused or cut-off old leader, smallest handover gap {} ms",
+            min_gap.map_or("-".into(), |g| g.to_string())
+        ));
+        (n, min_gap)
+    }
+
+    fn summary(&self, took: Duration) -> String {
+        let reaps = self
+            .events
+            .iter()
+            .filter(|e| e.is("instance_reaped"))
+            .count();
+        let zombies = self
+            .lives
+            .iter()
+            .filter(|l| !l.reaped_self.is_empty())
+            .count();
+        let terms = self
+            .events
+            .iter()
+            .filter(|e| e.is("leader_acquired"))
+            .count();
+        let restore = self
+            .restore_times
+            .iter()
+            .map(|(_, d)| d.as_millis())
+            .max()
+            .map_or("-".into(), |m| format!("{m}ms"));
+        format!(
+            "chaos: seed={} secs={} faults={} (kill9={} stop={} blackhole={} restart={}) reaps={} zombies={} lives={} leader_terms={} restore_max={} violations={} took={:.0}s",
+            self.seed,
+            self.secs,
+            self.faults(),
+            self.kills,
+            self.stops,
+            self.blackholes,
+            self.restarts,
+            reaps,
+            zombies,
+            self.lives.len(),
+            terms,
+            restore,
+            self.violations.len(),
+            took.as_secs_f64()
+        )
+    }
+}
+
+fn fault_list(l: &Life) -> String {
+    l.faults
+        .iter()
+        .map(|f| {
+            format!(
+                "{} {}ms",
+                f.kind.name(),
+                f.end.saturating_duration_since(f.start).as_millis()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// From a death to the end of its reap, in the worst case (the dead node led: its lease
+/// expires, a new leader acquires, finds it stale, waits the two-phase delay, reaps).
+fn reap_window(t: &Timings) -> Duration {
+    t.stale_threshold + t.two_phase_delay + t.reap_interval + t.lease_ttl + t.lease_refresh
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn chaos_kill_pause_partition_restart_then_check() {
+    let seed = env_u64("SFU_CHAOS_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let secs = env_u64("SFU_CHAOS_SECS").unwrap_or(DEFAULT_SECS);
+    eprintln!("chaos: seed={seed} secs={secs} (SFU_CHAOS_SEED={seed} reproduces the schedule)");
+    let began = Instant::now();
+    let mut c = Chaos::new(Server::start(), seed, secs);
+    c.start_fleet();
+    c.fault_period();
+    c.quiesce();
+    c.check();
+    let summary = c.summary(began.elapsed());
+    let mut involved = BTreeSet::new();
+    for (li, msg) in &c.violations {
+        eprintln!("violation: {msg}");
+        involved.extend(*li);
+    }
+    for l in involved.into_iter().filter_map(|li| c.lives.get(li)) {
+        eprintln!(
+            "---- {} (faults: {}) stderr tail ----\n{}",
+            l.id,
+            fault_list(l),
+            l.log_tail(40)
+        );
+    }
+    for n in &c.notes {
+        eprintln!("note: {n}");
+    }
+    eprintln!(
+        "chaos detail: lease/epoch samples={} status samples={} (errors {}) spawn failures={} notes={} restore after the Redis restart: {:?}",
+        c.samples,
+        c.status_samples,
+        c.status_errors,
+        c.spawn_failures,
+        c.notes.len(),
+        c.restore_times
+            .iter()
+            .map(|(id, d)| format!("{id} {} ms", d.as_millis()))
+            .collect::<Vec<_>>()
+    );
+    // Straight to the process's stderr, past the test harness's capture: CI logs show the
+    // summary line whether the test passes or fails.
+    {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "{summary}");
+    }
+    assert!(
+        c.violations.is_empty(),
+        "{} violations (seed {seed}); see above",
+        c.violations.len()
+    );
+}
