@@ -34,26 +34,16 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// Microseconds Redis spent executing commands since the last `CONFIG RESETSTAT`, from
-/// `INFO commandstats` (the server-side share of a measurement).
-fn server_usec(con: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(con)
-        .expect("INFO");
+/// CPU time (user + system, µs) the Redis server process has used so far, from `INFO cpu`:
+/// the server-side cost of a measurement is the difference of two readings.
+fn server_cpu_us(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(con).expect("INFO");
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info"))
-        .filter_map(|l| l.split("usec=").nth(1))
-        .filter_map(|v| v.split(',').next())
-        .filter_map(|v| v.parse::<u64>().ok())
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .map(|s| (s * 1e6) as u64)
         .sum()
-}
-
-fn reset_stats(con: &mut redis::Connection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(con)
-        .expect("RESETSTAT");
 }
 
 /// Median of `n` runs of `f` (each returns its own measured duration).
@@ -74,12 +64,17 @@ fn main() {
     let runs: usize = arg("--runs").and_then(|v| v.parse().ok()).unwrap_or(3);
 
     let server = server();
-    // Everything the library and the baselines send goes through the proxy (a zero delay at
-    // loopback, so both setups pay the same proxy hop); fabrication goes direct.
+    // With --rtt-ms, everything the library and the baselines send goes through a proxy that
+    // delays each direction by half the RTT; fabrication and the PING client go direct. At
+    // loopback there is no proxy (its threads would compete with Redis for the CPU).
     let proxy = FaultProxy::start(("127.0.0.1", server.port())).expect("proxy");
     proxy.set_delay(Duration::from_secs_f64(rtt_ms / 2000.0));
     let direct = server.url();
-    let url = proxy.url();
+    let url = if rtt_ms > 0.0 {
+        proxy.url()
+    } else {
+        direct.clone()
+    };
     let ks = keyspace();
     eprintln!(
         "perf_report: {rooms} rooms x {PEERS_PER_ROOM} peers, rtt {rtt_ms} ms, {runs} runs each"
@@ -91,18 +86,11 @@ fn main() {
     let mut library_server = Vec::new();
     let library = median(runs, || {
         fabricate(&mut fab, &ks, "dead", rooms);
-        reset_stats(&mut fab);
+        let cpu = server_cpu_us(&mut fab);
         let t = Instant::now();
         let c = leader.reap_now("dead").expect("reap").expect("dead");
         let d = t.elapsed();
-        library_server.push(server_usec(&mut fab));
-        if std::env::var("PERF_DEBUG").is_ok() {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut fab)
-                .expect("INFO");
-            eprintln!("{info}");
-        }
+        library_server.push(server_cpu_us(&mut fab) - cpu);
         assert_eq!(c.rooms as usize, rooms);
         d
     });
@@ -118,11 +106,11 @@ fn main() {
     let mut floor_server = Vec::new();
     let floor = median(runs, || {
         let keys = fabricate(&mut fab, &ks, "dead", rooms);
-        reset_stats(&mut fab);
+        let cpu = server_cpu_us(&mut fab);
         let t = Instant::now();
         floor_reap(&mut via, &keys);
         let d = t.elapsed();
-        floor_server.push(server_usec(&mut fab));
+        floor_server.push(server_cpu_us(&mut fab) - cpu);
         d
     });
     floor_server.sort();
@@ -138,13 +126,13 @@ fn main() {
     for r in &names {
         ticker.pin_room(r).expect("pin");
     }
-    reset_stats(&mut fab);
+    let cpu = server_cpu_us(&mut fab);
     let tick = median(runs * 3, || {
         let t = Instant::now();
         ticker.heartbeat_now().expect("tick");
         t.elapsed()
     });
-    let tick_server_us = server_usec(&mut fab) / (runs as u64 * 3);
+    let tick_server_us = (server_cpu_us(&mut fab) - cpu) / (runs as u64 * 3);
     let owners: Vec<String> = names.iter().map(|r| ks.room(r).owner).collect();
     let tick_floor = median(runs * 3, || {
         let t = Instant::now();
@@ -211,9 +199,9 @@ fn main() {
         "library_vs_seed_style": (secs(seed) / secs(library) * 100.0).round() / 100.0,
         "library_vs_floor": (secs(floor) / secs(library) * 100.0).round() / 100.0,
         "library_ms": ms(library),
-        "library_server_ms": library_server[library_server.len() / 2] as f64 / 1000.0,
-        "floor_server_ms": floor_server[floor_server.len() / 2] as f64 / 1000.0,
-        "tick_server_ms_approx": tick_server_us as f64 / 1000.0,
+        "library_server_cpu_ms": library_server[library_server.len() / 2] as f64 / 1000.0,
+        "floor_server_cpu_ms": floor_server[floor_server.len() / 2] as f64 / 1000.0,
+        "tick_server_cpu_ms": tick_server_us as f64 / 1000.0,
         "seed_style_ms": ms(seed),
         "floor_ms": ms(floor),
         "tick_ms": ms(tick),
