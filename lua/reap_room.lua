@@ -69,6 +69,18 @@ for _, p in ipairs(scan[2]) do
     members[#members + 1] = p
   end
 end
+if whole and ARGV[3] == '0' and scan[1] == '0' then
+  -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
+  -- every peer, and nothing can be added while it runs, so the records and the room's keys go
+  -- in one DEL (no SREM, no SCARD).
+  records[#records + 1] = KEYS[1]
+  records[#records + 1] = KEYS[2]
+  records[#records + 1] = KEYS[3]
+  records[#records + 1] = KEYS[4]
+  records[#records + 1] = KEYS[5]
+  redis.call('DEL', unpack(records))
+  return {status, '0', removed}
+end
 -- One variadic DEL and SREM per batch (a batch is at most ARGV[4]-ish members).
 if #records > 0 then
   redis.call('DEL', unpack(records))

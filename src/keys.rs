@@ -273,6 +273,12 @@ impl KeySpace {
         }
     }
 
+    /// `P:room:{R}:owner` alone (the same key as [`KeySpace::room`]`.owner`), for the tick's
+    /// per-room refresh.
+    pub fn room_owner(&self, room: &str) -> String {
+        format!("{}:room:{{{room}}}:owner", self.prefix)
+    }
+
     /// `P:room:{R}:peer:<peer>` (both in wire form).
     pub fn peer(&self, room: &str, peer: &str) -> String {
         format!("{}:room:{{{room}}}:peer:{peer}", self.prefix)
@@ -368,6 +374,14 @@ mod tests {
         assert_eq!(encode_id(IdKind::Room, "%").unwrap(), "%25");
         assert_eq!(encode_id(IdKind::Room, "방").unwrap(), "%EB%B0%A9");
         assert_eq!(decode_id("%EB%B0%A9").unwrap(), "방");
+    }
+
+    #[test]
+    fn room_owner_is_the_room_keys_owner() {
+        let ks = KeySpace::new("sfu", "dev", "main").unwrap();
+        for room in ["r1", "a%3Ab", "%EB%B0%A9"] {
+            assert_eq!(ks.room_owner(room), ks.room(room).owner);
+        }
     }
 
     #[test]

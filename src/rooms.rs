@@ -213,9 +213,20 @@ pub(crate) enum Refreshed {
     Failed(Error),
 }
 
-/// Refreshes every pin in `rooms` (callers' ids) in one pipelined round trip. With `restore`
-/// (after Redis lost its data) the rooms are first re-added to this instance's room index in
-/// the same pipeline, and rooms whose metadata is gone are pinned again.
+/// Refreshes every pin in `rooms` (callers' ids).
+///
+/// Steady state, one pipelined round trip of plain commands: per room `PEXPIRE owner pin_ttl GT`
+/// then `GET owner`. `GT` only ever lengthens a TTL and `PEXPIRE` never changes a value, so the
+/// refresh cannot shorten or overwrite another instance's pin; the `GET` tells whether the pin
+/// is still ours. (Should it name another instance, that instance's pin got at most one
+/// `pin_ttl` longer, which changes no owner: a pin whose owner has no heartbeat can be taken
+/// over and is reaped whatever its TTL.) On the server this costs about 2x a bare pipelined
+/// `PEXPIRE`, where a per-room script costs about 6x (docs/scale.md).
+///
+/// Rooms whose pin is gone go through `pin_refresh.lua` (owner CAS; re-pins a free room) in a
+/// second round trip, as does every room with `restore` (after Redis lost its data: the rooms
+/// are also re-added to this instance's room index, and rooms whose metadata is gone are pinned
+/// again).
 pub(crate) fn refresh_pins(
     sh: &Shared,
     con: &mut Connection,
@@ -228,6 +239,45 @@ pub(crate) fn refresh_pins(
         .iter()
         .filter_map(|r| encode_id(IdKind::Room, r).ok().map(|w| (r.clone(), w)))
         .collect();
+    if restore {
+        return refresh_pins_scripted(sh, con, wires, true);
+    }
+    let mut pipe = redis::pipe();
+    for (_, w) in &wires {
+        let owner = sh.keys.room_owner(w);
+        pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT").ignore();
+        pipe.get(&owner);
+    }
+    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let mut out = Vec::with_capacity(wires.len());
+    let mut lapsed = Vec::new();
+    for ((room, wire), r) in wires.into_iter().zip(replies) {
+        let outcome = match scripts::decode::<Option<String>>(op, r) {
+            Ok(Some(owner)) if owner == sh.me => Refreshed::Ok,
+            Ok(Some(owner)) => Refreshed::Lost(decode_id(&owner).ok()),
+            Ok(None) => {
+                lapsed.push((room, wire));
+                continue;
+            }
+            Err(e) => Refreshed::Failed(e),
+        };
+        out.push((room, outcome));
+    }
+    if !lapsed.is_empty() {
+        out.extend(refresh_pins_scripted(sh, con, lapsed, false)?);
+    }
+    Ok(out)
+}
+
+/// `pin_refresh.lua` for each of `wires` (caller's id, wire form), in one pipelined round trip.
+fn refresh_pins_scripted(
+    sh: &Shared,
+    con: &mut Connection,
+    wires: Vec<(String, String)>,
+    restore: bool,
+) -> Result<Vec<(String, Refreshed)>> {
+    let op = "refresh pins";
+    let ttl = sh.timings.pin_ttl.as_millis() as u64;
     let mut pipe = redis::pipe();
     if restore && !wires.is_empty() {
         let index = sh.keys.instance_rooms(&sh.me);

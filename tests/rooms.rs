@@ -131,8 +131,10 @@ fn lapsed_pin_is_pinned_again_by_the_owner() {
 }
 
 // Protects the refresh owner CAS: when another instance's id is in the pin, the owner's tick
-// reports `room_lost` naming the new owner, forgets the room, and never overwrites the pin.
-// Without the CAS the tick's refresh would write its own id back over the new owner's.
+// reports `room_lost` naming the new owner, forgets the room, and never overwrites the pin,
+// nor shortens its TTL (the tick's `PEXPIRE ... GT` only lengthens). Without the CAS the
+// tick's refresh would write its own id back over the new owner's; with a plain `PEXPIRE` or
+// `GETEX` the new owner's 10-minute pin would drop to this node's pin TTL (a few seconds).
 #[test]
 fn pin_taken_by_another_instance_is_reported_lost_and_not_overwritten() {
     let s = Server::start();
@@ -144,7 +146,7 @@ fn pin_taken_by_another_instance_is_reported_lost_and_not_overwritten() {
         .arg(ks.room("room").owner)
         .arg("usurper")
         .arg("PX")
-        .arg(60_000)
+        .arg(600_000)
         .query(&mut s.con())
         .unwrap();
     let e = log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
@@ -161,6 +163,15 @@ fn pin_taken_by_another_instance_is_reported_lost_and_not_overwritten() {
         (a.stats().heartbeats >= beats + 3).then_some(())
     });
     assert_eq!(get(&s, &ks.room("room").owner).as_deref(), Some("usurper"));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(ks.room("room").owner)
+        .query(&mut s.con())
+        .unwrap();
+    let own_ttl = sfu_redis::Timings::fast().pin_ttl.as_millis() as i64;
+    assert!(
+        pttl > own_ttl * 10,
+        "the new owner's pin TTL was cut to {pttl} ms"
+    );
     assert_eq!(
         a.upsert_peer("room", "p", None, &[]).unwrap_err().kind(),
         ErrorKind::NotOwner
