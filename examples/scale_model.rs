@@ -107,7 +107,7 @@ fn main() {
                 .redis_url(Some(&url))
                 .stage("scale")
                 .instance_id(&format!("sfu-{i}"))
-                .timings(timings.clone())
+                .timings(timings)
                 .build()
                 .expect("config");
             let node = Node::start(cfg).expect("start");
@@ -170,7 +170,7 @@ fn main() {
             .redis_url(Some(&url))
             .stage("scale")
             .instance_id("sfu-empty")
-            .timings(timings.clone())
+            .timings(timings)
             .build()
             .expect("config"),
     )
