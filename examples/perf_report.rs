@@ -9,6 +9,11 @@
 //! the heartbeat tick with 10,000 rooms against its floor (with its round trips counted), and
 //! the latency a second client sees (PING in a loop) while 100,000 rooms are reaped; prints one
 //! JSON object, then the goals and whether each is met.
+//!
+//! `--reap-batch N` sets the leader's reap batch size (default 500).
+//! `--sweep 100,250,500,1000,2000` instead measures, for each batch size, the reap of `--rooms`
+//! rooms (median of `--runs`) and the PING latency during the reap of `--latency-rooms` rooms,
+//! one JSON line per size: the measurement behind the default batch size.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -53,6 +58,77 @@ fn median(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
     v[n / 2]
 }
 
+/// Reaps a fabricated instance of `rooms` rooms while a second client (direct to the server)
+/// sends PING in a loop: the reap's duration and the sorted PING round trips.
+fn reap_with_pings(
+    leader: &Node,
+    fab: &mut redis::Connection,
+    direct: &str,
+    rooms: usize,
+) -> (Duration, Vec<Duration>) {
+    fabricate(fab, &keyspace(), "huge", rooms);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let stop = Arc::clone(&stop);
+        let direct = direct.to_owned();
+        std::thread::spawn(move || {
+            let mut con = connect(&direct);
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let _: String = redis::cmd("PING").query(&mut con).expect("PING");
+                samples.push(t.elapsed());
+            }
+            samples
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let c = leader.reap_now("huge").expect("reap").expect("dead");
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut samples = pinger.join().expect("pinger");
+    assert_eq!(c.rooms as usize, rooms);
+    samples.sort();
+    (took, samples)
+}
+
+/// `--sweep`: the reap and the PING latency for each batch size, at loopback.
+fn sweep(sizes: &[usize], rooms: usize, latency_rooms: usize, runs: usize) {
+    let server = server();
+    let url = server.url();
+    let ks = keyspace();
+    let mut fab = connect(&url);
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    for &batch in sizes {
+        let leader = fast_leader_with_batch(&url, batch);
+        let reap = median(runs, || {
+            fabricate(&mut fab, &ks, "dead", rooms);
+            let t = Instant::now();
+            let c = leader.reap_now("dead").expect("reap").expect("dead");
+            assert_eq!(c.rooms as usize, rooms);
+            t.elapsed()
+        });
+        let (big, samples) = reap_with_pings(&leader, &mut fab, &url, latency_rooms);
+        let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
+        println!(
+            "{}",
+            json!({
+                "reap_batch": batch,
+                "rooms": rooms,
+                "library_ms": ms(reap),
+                "library_rooms_per_s": (rooms as f64 / secs(reap)).round(),
+                "latency_rooms": latency_rooms,
+                "latency_reap_ms": ms(big),
+                "ping_p50_ms": ms(pct(0.50)),
+                "ping_p99_ms": ms(pct(0.99)),
+                "ping_max_ms": ms(*samples.last().expect("samples")),
+            })
+        );
+        leader.leave().ok();
+    }
+}
+
 fn main() {
     let rtt_ms: f64 = arg("--rtt-ms").and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let rooms: usize = arg("--rooms")
@@ -62,6 +138,17 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     let runs: usize = arg("--runs").and_then(|v| v.parse().ok()).unwrap_or(3);
+    let batch: usize = arg("--reap-batch")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(sfu_redis::REAP_BATCH);
+    if let Some(list) = arg("--sweep") {
+        let sizes: Vec<usize> = list
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        sweep(&sizes, rooms, latency_rooms, runs);
+        return;
+    }
 
     let server = server();
     // With --rtt-ms, everything the library and the baselines send goes through a proxy that
@@ -81,7 +168,7 @@ fn main() {
     );
 
     // --- reap ---------------------------------------------------------------------------
-    let leader = fast_leader(&url);
+    let leader = fast_leader_with_batch(&url, batch);
     let mut fab = connect(&direct);
     let mut library_server = Vec::new();
     let library = median(runs, || {
@@ -160,30 +247,7 @@ fn main() {
     ticker.leave().ok();
 
     // --- latency during a big reap ------------------------------------------------------
-    fabricate(&mut fab, &ks, "huge", latency_rooms);
-    let stop = Arc::new(AtomicBool::new(false));
-    let pinger = {
-        let stop = Arc::clone(&stop);
-        let direct = direct.clone();
-        std::thread::spawn(move || {
-            let mut con = connect(&direct);
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let _: String = redis::cmd("PING").query(&mut con).expect("PING");
-                samples.push(t.elapsed());
-            }
-            samples
-        })
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    let t = Instant::now();
-    let c = leader.reap_now("huge").expect("reap").expect("dead");
-    let big_reap = t.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let mut samples = pinger.join().expect("pinger");
-    assert_eq!(c.rooms as usize, latency_rooms);
-    samples.sort();
+    let (big_reap, samples) = reap_with_pings(&leader, &mut fab, &direct, latency_rooms);
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
     let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
     leader.shutdown().ok();
@@ -193,6 +257,7 @@ fn main() {
         "rooms": rooms,
         "peers_per_room": PEERS_PER_ROOM,
         "rtt_ms": rtt_ms,
+        "reap_batch": batch,
         "library_rooms_per_s": rate(library),
         "seed_style_rooms_per_s": rate(seed),
         "floor_rooms_per_s": rate(floor),

@@ -269,6 +269,7 @@ typedef uint32_t SfuPinOutcome;
  * | `two_phase_delay_ms` | 60000 | |
  * | `reap_interval_ms` | 15000 | |
  * | `command_timeout_ms` | 2000 | |
+ * | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
  *
  * The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
  * checked by `sfu_config_validate` and `sfu_node_start`, not by the setters.

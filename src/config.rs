@@ -186,6 +186,7 @@ pub struct Config {
     keys: KeySpace,
     instance_id: String,
     timings: Timings,
+    reap_batch: usize,
 }
 
 impl std::fmt::Debug for Config {
@@ -195,6 +196,7 @@ impl std::fmt::Debug for Config {
             .field("prefix", &self.keys.prefix())
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
+            .field("reap_batch", &self.reap_batch)
             .finish()
     }
 }
@@ -234,6 +236,7 @@ impl Config {
             branch,
             instance_id: Some(self.instance_id.clone()),
             timings: self.timings,
+            reap_batch: self.reap_batch,
         }
     }
 
@@ -257,6 +260,11 @@ impl Config {
     pub fn timings(&self) -> &Timings {
         &self.timings
     }
+
+    /// Index members (rooms, then peers) the reaper handles per batch.
+    pub fn reap_batch(&self) -> usize {
+        self.reap_batch
+    }
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
@@ -270,6 +278,7 @@ pub struct ConfigBuilder {
     branch: String,
     instance_id: Option<String>,
     timings: Timings,
+    reap_batch: usize,
 }
 
 impl std::fmt::Debug for ConfigBuilder {
@@ -281,6 +290,7 @@ impl std::fmt::Debug for ConfigBuilder {
             .field("branch", &self.branch)
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
+            .field("reap_batch", &self.reap_batch)
             .finish()
     }
 }
@@ -294,6 +304,7 @@ impl Default for ConfigBuilder {
             branch: "main".into(),
             instance_id: None,
             timings: Timings::default(),
+            reap_batch: REAP_BATCH,
         }
     }
 }
@@ -360,6 +371,16 @@ impl ConfigBuilder {
         self
     }
 
+    /// Index members (rooms, then peers) the reaper handles per batch: one `SSCAN` page and one
+    /// pipelined round trip of `reap_room.lua` / `reap_peer.lua` calls (default
+    /// [`REAP_BATCH`] = 500, allowed 1 to [`MAX_REAP_BATCH`]). Larger batches reap faster on a
+    /// slow network; smaller ones keep other clients' latency lower while a big instance is
+    /// reaped (measured trade-off: README "Performance", docs/scale.md).
+    pub fn reap_batch(mut self, n: usize) -> Self {
+        self.reap_batch = n;
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
@@ -393,15 +414,32 @@ impl ConfigBuilder {
         encode_id(IdKind::Instance, &instance_id)
             .map_err(|e| Error::config("instance_id", e.to_string()))?;
         self.timings.validate()?;
+        if !(1..=MAX_REAP_BATCH).contains(&self.reap_batch) {
+            return Err(Error::config(
+                "reap_batch",
+                format!(
+                    "{} is out of range; allowed 1 to {MAX_REAP_BATCH}",
+                    self.reap_batch
+                ),
+            ));
+        }
         Ok(Config {
             redis_url: self.redis_url,
             segments: [self.namespace, self.stage, self.branch].map(|s| s.trim().to_owned()),
             keys,
             instance_id,
             timings: self.timings,
+            reap_batch: self.reap_batch,
         })
     }
 }
+
+/// Default of [`ConfigBuilder::reap_batch`]: index members per reap batch, tuned with
+/// `examples/perf_report.rs --reap-batch` (README "Performance").
+pub const REAP_BATCH: usize = 500;
+
+/// Largest [`ConfigBuilder::reap_batch`]: bounds the work of one pipelined round trip.
+pub const MAX_REAP_BATCH: usize = 10_000;
 
 /// `<host>-<pid>-<nonce>`: the host name, the process id and 8 random hex digits drawn at each
 /// call, so a restarted process with the same host and pid is a new identity (docs/DESIGN.md

@@ -39,7 +39,7 @@ mod scripts;
 pub mod status;
 mod store;
 
-pub use config::{redact_url, Config, ConfigBuilder, Timings};
+pub use config::{redact_url, Config, ConfigBuilder, Timings, MAX_REAP_BATCH};
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
 pub use lease::TermRecord;

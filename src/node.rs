@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     pub me: String,
     pub keys: KeySpace,
     pub timings: Timings,
+    /// Index members per reap batch ([`crate::ConfigBuilder::reap_batch`]).
+    pub reap_batch: usize,
     pub redis: Redis,
     pub pool: Pool,
     pub local: Arc<Local>,
@@ -324,6 +326,7 @@ impl Node {
             id: id.clone(),
             keys: config.keys().clone(),
             timings,
+            reap_batch: config.reap_batch(),
             redis: Redis::new(url, timings.command_timeout)?,
             pool: Pool::new(POOL_IDLE),
             local: Arc::clone(&local),

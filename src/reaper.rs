@@ -26,9 +26,7 @@ use crate::node::Shared;
 use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scripts::{self, SCRIPTS};
 
-/// Index members (rooms or peers) handled per batch: one `SSCAN` and one pipelined round trip
-/// of scripts.
-pub const REAP_BATCH: usize = 500;
+pub use crate::config::REAP_BATCH;
 
 /// Most candidates examined per round.
 const MAX_CANDIDATES: usize = 1000;
@@ -89,7 +87,7 @@ pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Opt
     Ok((status == "dead").then_some(now))
 }
 
-/// One `SSCAN` page (about [`REAP_BATCH`] members) of an instance's index: the next cursor
+/// One `SSCAN` page (about `batch` members, [`crate::ConfigBuilder::reap_batch`]) of an instance's index: the next cursor
 /// and the members. A member that is not UTF-8 was not written by this crate and names nothing
 /// it could reap: it is removed from the index (and logged) rather than stopping the reap.
 fn index_page(
@@ -97,12 +95,13 @@ fn index_page(
     op: &'static str,
     index: &str,
     cursor: u64,
+    batch: usize,
 ) -> Result<(u64, Vec<String>)> {
     let (next, raw): (u64, Vec<Vec<u8>>) = redis::cmd("SSCAN")
         .arg(index)
         .arg(cursor)
         .arg("COUNT")
-        .arg(REAP_BATCH)
+        .arg(batch)
         .query(con)
         .map_err(|e| Error::redis(op, e))?;
     let mut members = Vec::with_capacity(raw.len());
@@ -142,7 +141,7 @@ pub(crate) fn reap_rooms(
         if !leading() {
             return Err(lost_lease());
         }
-        let (next, members) = index_page(con, op, &index, cursor)?;
+        let (next, members) = index_page(con, op, &index, cursor, sh.reap_batch)?;
         let mut pending: Vec<(String, String)> =
             members.into_iter().map(|r| (r, "0".to_owned())).collect();
         while !pending.is_empty() {
@@ -236,7 +235,7 @@ pub(crate) fn reap_peers(
         if !leading() {
             return Err(lost_lease());
         }
-        let (next, members) = index_page(con, op, &index, cursor)?;
+        let (next, members) = index_page(con, op, &index, cursor, sh.reap_batch)?;
         let mut unindexed = Vec::new();
         let mut parsed = Vec::new();
         for m in members {

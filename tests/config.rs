@@ -110,6 +110,26 @@ fn nonsensical_timings_are_refused_naming_the_field() {
         .unwrap();
 }
 
+// The reap batch size is validated when the config is built, naming the field: 0 and more
+// than MAX_REAP_BATCH are refused; the bounds themselves are accepted.
+#[test]
+fn reap_batch_is_validated() {
+    assert_eq!(
+        Config::builder().build().unwrap().reap_batch(),
+        sfu_redis::REAP_BATCH
+    );
+    for bad in [0, sfu_redis::MAX_REAP_BATCH + 1] {
+        let e = Config::builder().reap_batch(bad).build().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("reap_batch"), "{e}");
+    }
+    for good in [1, sfu_redis::MAX_REAP_BATCH] {
+        let c = Config::builder().reap_batch(good).build().unwrap();
+        assert_eq!(c.reap_batch(), good);
+        assert_eq!(c.to_builder().build().unwrap().reap_batch(), good);
+    }
+}
+
 // Prefix segments and the instance id are validated when the config is built, naming the
 // field: an empty segment, an oversized one, and invalid instance ids are refused; other
 // characters are escaped (`_` -> `__`, other bytes -> `_XX`) so the prefix stays three

@@ -50,6 +50,11 @@ pub fn leader(url: &str) -> Node {
 /// A leader with timings short enough to win the lease in about a second, and a reap round
 /// interval long enough not to run during a measurement.
 pub fn fast_leader(url: &str) -> Node {
+    fast_leader_with_batch(url, sfu_redis::REAP_BATCH)
+}
+
+/// [`fast_leader`] with its reap batch size set to `batch`.
+pub fn fast_leader_with_batch(url: &str, batch: usize) -> Node {
     let mut t = Timings::from_heartbeat(Duration::from_millis(500), Duration::from_millis(1500));
     t.reap_interval = Duration::from_secs(3600);
     t.two_phase_delay = Duration::from_secs(3600);
@@ -58,6 +63,7 @@ pub fn fast_leader(url: &str) -> Node {
         .stage(STAGE)
         .instance_id("bench-leader")
         .timings(t)
+        .reap_batch(batch)
         .build()
         .expect("config");
     let node = Node::start(cfg).expect("start leader");

@@ -33,6 +33,7 @@ use crate::error::Error;
 /// | `two_phase_delay_ms` | 60000 | |
 /// | `reap_interval_ms` | 15000 | |
 /// | `command_timeout_ms` | 2000 | |
+/// | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
 ///
 /// The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
 /// checked by `sfu_config_validate` and `sfu_node_start`, not by the setters.
@@ -93,13 +94,14 @@ const TIMING_KEYS: [(&str, &str, TimingField); 9] = [
     }),
 ];
 
-const STRING_KEYS: [&str; 6] = [
+const STRING_KEYS: [&str; 7] = [
     "redis_url",
     "namespace",
     "stage",
     "branch",
     "instance_id",
     "timings",
+    "reap_batch",
 ];
 
 fn unknown_key(key: &str) -> Fail {
@@ -130,6 +132,15 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
         "stage" => st.builder = take(st).stage(value),
         "branch" => st.builder = take(st).branch(value),
         "instance_id" => st.builder = take(st).instance_id(value),
+        "reap_batch" => {
+            let n = value.trim().parse::<usize>().map_err(|_| {
+                Fail::from(Error::config(
+                    "reap_batch",
+                    format!("{value:?} is not a whole number"),
+                ))
+            })?;
+            st.builder = take(st).reap_batch(n);
+        }
         "timings" => {
             st.timings = match value {
                 "default" => Timings::default(),

@@ -147,6 +147,13 @@ static void test_config(void) {
     EXPECT(sfu_config_validate(cfg), SFU_OK);
     EXPECT(sfu_config_set(cfg, "timings", "default"), SFU_OK);
     EXPECT(sfu_config_validate(cfg), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "reap_batch", "many"), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("reap_batch");
+    EXPECT(sfu_config_set(cfg, "reap_batch", "0"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("reap_batch");
+    EXPECT(sfu_config_set(cfg, "reap_batch", "250"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_OK);
 
     /* Every timing key, through both setters. */
     set_slow_timings(cfg);

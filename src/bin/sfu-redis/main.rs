@@ -156,6 +156,7 @@ fn flag_for_field(field: &str) -> Option<&'static str> {
         "two_phase_delay" => "--two-phase-delay-ms",
         "reap_interval" => "--reap-interval-ms",
         "command_timeout" => "--command-timeout-ms",
+        "reap_batch" => "--reap-batch",
         _ => return None,
     })
 }

@@ -41,6 +41,10 @@ pub(crate) struct NodeArgs {
     peers_per_room: u32,
     #[command(flatten)]
     timings: TimingArgs,
+    /// Index members (rooms, then peers) the reaper handles per batch (1 to 10000)
+    /// [default: 500].
+    #[arg(long, value_name = "N")]
+    reap_batch: Option<usize>,
     /// Print each event as one JSON line.
     #[arg(long)]
     json: bool,
@@ -228,6 +232,9 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     let mut builder = args.redis.builder().timings(timings);
     if let Some(id) = &args.instance_id {
         builder = builder.instance_id(id);
+    }
+    if let Some(n) = args.reap_batch {
+        builder = builder.reap_batch(n);
     }
     let config = builder.build().map_err(|e| Failure::config(&e))?;
     let plan = plan(&args.rooms, args.peers_per_room)?;
