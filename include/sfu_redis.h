@@ -259,7 +259,7 @@ typedef uint32_t SfuPinOutcome;
  * | `stage` | `dev` | second key prefix segment |
  * | `branch` | `main` | third key prefix segment |
  * | `instance_id` | `<host>-<pid>-<8 hex>` | this instance's id (a new default at each start) |
- * | `timings` | `default` | preset: `default` (10 s heartbeat, 30 s TTL, ...) or `fast` (ms scale, for tests and demos); replaces every timing |
+ * | `timings` | `default` | preset: `default` (10 s heartbeat, 30 s TTL, ...), `fast` (ms scale, for tests and demos), or `from_heartbeat:<interval_ms>,<ttl_ms>` (every other timing derived with the design's ratios, as `Timings::from_heartbeat`); replaces every timing. The `*_ms` keys below each set one timing and derive nothing |
  * | `heartbeat_interval_ms` | 10000 | a timing, in ms (also settable with `sfu_config_set_ms`) |
  * | `heartbeat_ttl_ms` | 30000 | |
  * | `stale_threshold_ms` | 45000 | |
@@ -290,7 +290,8 @@ typedef struct SfuNode SfuNode;
  *
  * Fields that do not apply to `kind` are 0 / NULL. Every string is NUL-terminated UTF-8; ids are
  * the callers' ids (not the Redis wire form). Do not modify the pointers or `ids_len` before
- * `sfu_event_clear`. Initialise a struct with `SfuEvent ev = {0};`.
+ * `sfu_event_clear`. Initialise a struct with `SfuEvent ev = {0};` (C) or
+ * `SfuEvent ev{};` (C++).
  */
 typedef struct SfuEvent {
     /**
@@ -436,7 +437,7 @@ typedef struct SfuStats {
 /**
  * Called by the library's event thread for each event: `user_data` as registered, `event`
  * borrowed for the call only. Must return quickly, must not block, and must not let a C++
- * exception (or a longjmp) escape.
+ * exception (or a longjmp) escape: that aborts the process.
  */
 typedef void (*SfuEventCallback)(void *user_data, const struct SfuEvent *event);
 
@@ -559,6 +560,15 @@ void sfu_event_clear(struct SfuEvent *event);
  * first heartbeat (an unreachable Redis or a wrong password fails here, `SFU_ERR_REDIS`) and
  * starts the heartbeat, lease and reaper threads. Without one: memory-only mode, no threads.
  * `SFU_ERR_INVALID_CONFIG` names the field at fault.
+ *
+ * **It may wait.** If a heartbeat of the same instance id is still live in Redis (a previous
+ * process with this id that stopped without `sfu_node_leave`, or crashed, less than
+ * `heartbeat_ttl_ms` ago), this call waits until that heartbeat expires (at most
+ * `heartbeat_ttl_ms`, 30 s by default), then starts; if the heartbeat keeps being renewed (the
+ * id is live in another process) it fails with `SFU_ERR_INVALID_CONFIG` naming `instance_id`.
+ * The default instance id is new at each start and never waits. On a brand-new dataset no
+ * node is granted the reaper lease for `lease_ttl_ms` (90 s by default): no
+ * `SFU_EVENT_LEADER_ACQUIRED` before then.
  *
  * # Safety
  * `config` is NULL or a live config; `out_node` is NULL or valid for a write.
@@ -750,7 +760,8 @@ SfuStatus sfu_node_next_event(const struct SfuNode *node,
  *
  * **Rules.** The callback must return quickly and must not block (it holds up the events
  * after it, and `sfu_node_free` waits for it); it must not throw a C++ exception or
- * `longjmp` out (catch everything inside). It may call the node's other functions (pin,
+ * `longjmp` out (catch everything inside): an exception reaching the library's frame aborts
+ * the process (Rust does not unwind foreign exceptions through `extern "C"`). It may call the node's other functions (pin,
  * upsert, stats, ...), but `sfu_node_free`, `sfu_node_stop`, `sfu_node_leave`,
  * `sfu_node_set_event_callback` and `sfu_node_next_event` (on any node) are refused there with
  * `SFU_ERR_IN_CALLBACK` instead of deadlocking: ask another thread to do it.

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -310,6 +311,24 @@ public:
                               const std::optional<std::string> &guest = std::nullopt,
                               const Fields &fields = {}) {
         return upsert_peer_detailed(room, peer, guest, fields).generation;
+    }
+
+    /// Without a guest id: `upsert_peer(room, peer, {{"name", "Ada"}})`. (These overloads keep
+    /// a field list in the third place from binding to the guest's `std::string`, which has a
+    /// two-pointer constructor.)
+    std::uint64_t upsert_peer(const std::string &room, const std::string &peer, const Fields &fields) {
+        return upsert_peer_detailed(room, peer, std::nullopt, fields).generation;
+    }
+    std::uint64_t upsert_peer(const std::string &room, const std::string &peer,
+                              std::initializer_list<std::pair<std::string, std::string>> fields) {
+        return upsert_peer_detailed(room, peer, std::nullopt, Fields(fields)).generation;
+    }
+    Upserted upsert_peer_detailed(const std::string &room, const std::string &peer, const Fields &fields) {
+        return upsert_peer_detailed(room, peer, std::nullopt, fields);
+    }
+    Upserted upsert_peer_detailed(const std::string &room, const std::string &peer,
+                                  std::initializer_list<std::pair<std::string, std::string>> fields) {
+        return upsert_peer_detailed(room, peer, std::nullopt, Fields(fields));
     }
 
     Upserted upsert_peer_detailed(const std::string &room, const std::string &peer,

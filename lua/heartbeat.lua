@@ -11,7 +11,8 @@
 -- ARGV[4] the dataset token this instance saw last ('' if none)
 -- ARGV[5] a fresh random value; if the dataset token is missing it is written as
 --         '<value>:<server ms>' (lease_acquire.lua waits a lease TTL after that time)
--- ARGV[6] this process's boot token (random per Node::start)
+-- ARGV[6] this process's boot token (random per Node::start); a key holding 'released' was
+--         left by a graceful stop (heartbeat_release.lua) and is free to register over
 -- ARGV[7] the highest epoch this instance has seen: written back if the counter is lower (it
 --         was lost with Redis's data), so the next term's epoch is higher than every term any
 --         live instance knows of (a new lease is only granted a lease TTL after the dataset
@@ -43,7 +44,7 @@ local token = get(KEYS[3])
 local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
-if ARGV[3] == 'register' and holder and holder ~= ARGV[6] then
+if ARGV[3] == 'register' and holder and holder ~= ARGV[6] and holder ~= 'released' then
   return {'duplicate', now, token or '', epoch}
 end
 local status = 'ok'

@@ -19,6 +19,7 @@ use crate::keys::{Id, IdKind, KeySpace};
 use crate::lease::{LeaderState, TermRecord};
 use crate::memory::MemoryStore;
 use crate::reaper::{self, ReapCounts};
+use crate::scripts::{self, SCRIPTS};
 use crate::store::{
     Local, LocalPeer, PinOutcome, Store, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS,
 };
@@ -655,7 +656,10 @@ impl Node {
 
     /// Stops the worker threads, releases the lease (owner CAS) and emits [`Event::Stopped`].
     /// Pins and peers stay in Redis: they are reaped once this instance is seen dead, unless
-    /// the host closed them. Idempotent; also run by `Drop`. Later calls on the node return
+    /// the host closed them, or a restart with the same instance id takes them back first.
+    /// The heartbeat key is marked released (it keeps its TTL, so the instance still counts as
+    /// alive until it expires): a restart with the same id starts at once instead of waiting
+    /// for it to expire. Idempotent; also run by `Drop`. Later calls on the node return
     /// [`Error::Stopped`].
     ///
     /// # Errors
@@ -665,6 +669,12 @@ impl Node {
             return Ok(());
         }
         self.join_workers();
+        if let Some(sh) = &self.shared {
+            // Best effort: if it fails, a restart with this id waits for the key to expire.
+            if let Err(e) = release_heartbeat(sh) {
+                log::warn!("could not mark the heartbeat released ({e}); a restart with instance id {:?} waits up to heartbeat_ttl", sh.id);
+            }
+        }
         self.events.close(Event::Stopped);
         Ok(())
     }
@@ -788,6 +798,18 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
             return Err(bad(format!("name {k:?} is reserved by sfu-redis")));
         }
     }
+    Ok(())
+}
+
+/// Marks this process's heartbeat key released (owner CAS on the boot token; the key keeps its
+/// TTL, so the instance still looks alive until it expires): a restart with the same id then
+/// registers at once.
+fn release_heartbeat(sh: &Shared) -> Result<()> {
+    let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
+    inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
+    sh.pool.run(&sh.redis, |c| {
+        scripts::call::<i64>(c, "release heartbeat", &inv)
+    })?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub heartbeat: Script,
+    pub heartbeat_release: Script,
     pub pin_room: Script,
     pub pin_refresh: Script,
     pub close_room: Script,
@@ -35,6 +36,7 @@ pub(crate) struct Scripts {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     heartbeat: Script::new(include_str!("../lua/heartbeat.lua")),
+    heartbeat_release: Script::new(include_str!("../lua/heartbeat_release.lua")),
     pin_room: Script::new(include_str!("../lua/pin_room.lua")),
     pin_refresh: Script::new(include_str!("../lua/pin_refresh.lua")),
     close_room: Script::new(include_str!("../lua/close_room.lua")),
@@ -54,9 +56,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 impl Scripts {
-    fn all(&self) -> [&Script; 17] {
+    fn all(&self) -> [&Script; 18] {
         [
             &self.heartbeat,
+            &self.heartbeat_release,
             &self.pin_room,
             &self.pin_refresh,
             &self.close_room,

@@ -430,12 +430,21 @@ fn readme_cpp_example_builds_and_runs() {
         "{}",
         r.describe()
     );
-    let owner = get(
-        &server,
-        &KeySpace::new("sfu", "prod", "main")
-            .unwrap()
-            .room("room-42")
-            .owner,
-    );
-    assert_eq!(owner.as_deref(), Some("sfu-a"));
+    // It owned room-42 (no redirect printed), and leave() closed it with its peers and
+    // unregistered: nothing of the stage is left.
+    assert!(!out.contains("redirect the client"), "{}", r.describe());
+    let ks = KeySpace::new("sfu", "dev", "main").unwrap();
+    assert_eq!(get(&server, &ks.room("room-42").owner), None);
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:room:*", ks.prefix()))
+        .query(&mut server.con())
+        .unwrap();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(ks.heartbeats())
+        .arg(0)
+        .arg(-1)
+        .query(&mut server.con())
+        .unwrap();
+    assert!(members.is_empty(), "still registered: {members:?}");
 }

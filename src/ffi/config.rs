@@ -23,7 +23,7 @@ use crate::error::Error;
 /// | `stage` | `dev` | second key prefix segment |
 /// | `branch` | `main` | third key prefix segment |
 /// | `instance_id` | `<host>-<pid>-<8 hex>` | this instance's id (a new default at each start) |
-/// | `timings` | `default` | preset: `default` (10 s heartbeat, 30 s TTL, ...) or `fast` (ms scale, for tests and demos); replaces every timing |
+/// | `timings` | `default` | preset: `default` (10 s heartbeat, 30 s TTL, ...), `fast` (ms scale, for tests and demos), or `from_heartbeat:<interval_ms>,<ttl_ms>` (every other timing derived with the design's ratios, as `Timings::from_heartbeat`); replaces every timing. The `*_ms` keys below each set one timing and derive nothing |
 /// | `heartbeat_interval_ms` | 10000 | a timing, in ms (also settable with `sfu_config_set_ms`) |
 /// | `heartbeat_ttl_ms` | 30000 | |
 /// | `stale_threshold_ms` | 45000 | |
@@ -124,6 +124,12 @@ fn set_timing(st: &mut ConfigState, key: &str, ms: u64) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `from_heartbeat:<interval_ms>,<ttl_ms>` -> the two numbers.
+fn parse_from_heartbeat(value: &str) -> Option<(u64, u64)> {
+    let (interval, ttl) = value.strip_prefix("from_heartbeat:")?.split_once(',')?;
+    Some((interval.trim().parse().ok()?, ttl.trim().parse().ok()?))
+}
+
 fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
     let take = |st: &mut ConfigState| std::mem::take(&mut st.builder);
     match key {
@@ -145,13 +151,21 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
             st.timings = match value {
                 "default" => Timings::default(),
                 "fast" => Timings::fast(),
-                _ => {
-                    return Err(Error::config(
-                        "timings",
-                        format!("{value:?} is not a preset; use \"default\" or \"fast\""),
-                    )
-                    .into())
-                }
+                _ => match parse_from_heartbeat(value) {
+                    Some((interval, ttl)) => Timings::from_heartbeat(
+                        Duration::from_millis(interval),
+                        Duration::from_millis(ttl),
+                    ),
+                    None => {
+                        return Err(Error::config(
+                            "timings",
+                            format!(
+                                "{value:?} is not a preset; use \"default\", \"fast\" or \"from_heartbeat:<interval_ms>,<ttl_ms>\""
+                            ),
+                        )
+                        .into())
+                    }
+                },
             }
         }
         _ => {

@@ -62,7 +62,8 @@ pub enum SfuLeaderLostReason {
 ///
 /// Fields that do not apply to `kind` are 0 / NULL. Every string is NUL-terminated UTF-8; ids are
 /// the callers' ids (not the Redis wire form). Do not modify the pointers or `ids_len` before
-/// `sfu_event_clear`. Initialise a struct with `SfuEvent ev = {0};`.
+/// `sfu_event_clear`. Initialise a struct with `SfuEvent ev = {0};` (C) or
+/// `SfuEvent ev{};` (C++).
 #[repr(C)]
 #[derive(Debug)]
 pub struct SfuEvent {
@@ -233,7 +234,7 @@ pub unsafe extern "C" fn sfu_event_clear(event: *mut SfuEvent) {
 
 /// Called by the library's event thread for each event: `user_data` as registered, `event`
 /// borrowed for the call only. Must return quickly, must not block, and must not let a C++
-/// exception (or a longjmp) escape.
+/// exception (or a longjmp) escape: that aborts the process.
 pub type SfuEventCallback =
     Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const SfuEvent)>;
 

@@ -143,6 +143,15 @@ unsafe fn node_ref<'a>(node: *const SfuNode) -> Result<&'a SfuNode, Fail> {
 /// starts the heartbeat, lease and reaper threads. Without one: memory-only mode, no threads.
 /// `SFU_ERR_INVALID_CONFIG` names the field at fault.
 ///
+/// **It may wait.** If a heartbeat of the same instance id is still live in Redis (a previous
+/// process with this id that stopped without `sfu_node_leave`, or crashed, less than
+/// `heartbeat_ttl_ms` ago), this call waits until that heartbeat expires (at most
+/// `heartbeat_ttl_ms`, 30 s by default), then starts; if the heartbeat keeps being renewed (the
+/// id is live in another process) it fails with `SFU_ERR_INVALID_CONFIG` naming `instance_id`.
+/// The default instance id is new at each start and never waits. On a brand-new dataset no
+/// node is granted the reaper lease for `lease_ttl_ms` (90 s by default): no
+/// `SFU_EVENT_LEADER_ACQUIRED` before then.
+///
 /// # Safety
 /// `config` is NULL or a live config; `out_node` is NULL or valid for a write.
 #[no_mangle]
@@ -592,7 +601,8 @@ pub unsafe extern "C" fn sfu_node_next_event(
 ///
 /// **Rules.** The callback must return quickly and must not block (it holds up the events
 /// after it, and `sfu_node_free` waits for it); it must not throw a C++ exception or
-/// `longjmp` out (catch everything inside). It may call the node's other functions (pin,
+/// `longjmp` out (catch everything inside): an exception reaching the library's frame aborts
+/// the process (Rust does not unwind foreign exceptions through `extern "C"`). It may call the node's other functions (pin,
 /// upsert, stats, ...), but `sfu_node_free`, `sfu_node_stop`, `sfu_node_leave`,
 /// `sfu_node_set_event_callback` and `sfu_node_next_event` (on any node) are refused there with
 /// `SFU_ERR_IN_CALLBACK` instead of deadlocking: ask another thread to do it.

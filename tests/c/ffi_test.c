@@ -147,6 +147,14 @@ static void test_config(void) {
     EXPECT(sfu_config_validate(cfg), SFU_OK);
     EXPECT(sfu_config_set(cfg, "timings", "default"), SFU_OK);
     EXPECT(sfu_config_validate(cfg), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "timings", "from_heartbeat:1000,3000"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "timings", "from_heartbeat:3000,1000"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG); /* interval >= ttl */
+    MESSAGE_HAS("heartbeat_interval");
+    EXPECT(sfu_config_set(cfg, "timings", "from_heartbeat:1000"), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("from_heartbeat");
+    EXPECT(sfu_config_set(cfg, "timings", "default"), SFU_OK);
     EXPECT(sfu_config_set(cfg, "reap_batch", "many"), SFU_ERR_INVALID_CONFIG);
     MESSAGE_HAS("reap_batch");
     EXPECT(sfu_config_set(cfg, "reap_batch", "0"), SFU_OK);

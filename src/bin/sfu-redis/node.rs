@@ -51,7 +51,7 @@ pub(crate) struct NodeArgs {
     /// On SIGINT/SIGTERM, leave the cluster for good (`Node::leave`): close every room this
     /// instance owns with their peers, drop its registration and release the lease, so other
     /// instances can pin its rooms at once. Without it the rooms stay until the reaper removes
-    /// them once the instance is seen dead (for a restart that keeps serving them, or a crash).
+    /// them once the instance is seen dead, or a restart with the same id clears them.
     #[arg(long)]
     leave_on_exit: bool,
 }

@@ -1,0 +1,85 @@
+//! Restarts with the same instance id on a real redis-server: a live duplicate is refused, a
+//! gracefully stopped id restarts at once, an earlier life's rooms are cleared at registration.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use sfu_redis::{ErrorKind, Node, PinOutcome, Timings};
+use support::*;
+
+const STAGE: &str = "restart";
+
+fn get(s: &Server, key: &str) -> Option<String> {
+    s.con().get(key).unwrap()
+}
+
+// Two live processes must never share an instance id (each would refresh the other's pins and
+// a reap of one would take the other's rooms). A second start with the id of a running node
+// waits for the heartbeat to expire, sees it renewed, and is refused naming `instance_id`;
+// the running node's registration and rooms are untouched. Fails if the boot-token check in
+// heartbeat.lua's 'register' were removed (the second start would succeed).
+#[test]
+fn a_live_duplicate_instance_id_is_refused() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "dup");
+    a.pin_room("room").unwrap();
+    let token = get(&s, &ks.heartbeat("dup")).expect("a's heartbeat key");
+    let e = Node::start(s.config(STAGE, "dup")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("instance_id"), "{e}");
+    assert_eq!(get(&s, &ks.heartbeat("dup")), Some(token));
+    assert_eq!(get(&s, &ks.room("room").owner).as_deref(), Some("dup"));
+    assert_eq!(a.pin_room("room").unwrap(), PinOutcome::AlreadyOurs);
+}
+
+// A graceful stop marks the heartbeat released (keeping its TTL), so a restart with the same
+// id (a rolling deploy with stable ids) registers at once instead of waiting up to
+// heartbeat_ttl, and clears the rooms its earlier life left. With a 20 s heartbeat TTL the
+// restart would take at least 20 s without the release; the bound here is 10 s.
+#[test]
+fn a_gracefully_stopped_id_restarts_at_once_and_clears_its_earlier_rooms() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let t = Timings::from_heartbeat(Duration::from_secs(5), Duration::from_secs(20));
+    let a = s.node_with(STAGE, "rolling", t);
+    a.pin_room("old-room").unwrap();
+    a.shutdown().unwrap();
+    assert_eq!(
+        get(&s, &ks.heartbeat("rolling")).as_deref(),
+        Some("released")
+    );
+    let pttl: i64 = s.con().pttl(ks.heartbeat("rolling")).unwrap();
+    assert!(pttl > 0, "the released key keeps its TTL ({pttl})");
+    let started = Instant::now();
+    let b = s.node_with(STAGE, "rolling", t);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "restart took {took:?}");
+    let token = get(&s, &ks.heartbeat("rolling")).expect("b's heartbeat key");
+    assert_ne!(token, "released");
+    assert_eq!(get(&s, &ks.room("old-room").owner), None);
+    assert_eq!(b.pin_room("new-room").unwrap(), PinOutcome::Pinned);
+    b.shutdown().unwrap();
+}
+
+// The release is an owner CAS on the boot token: a stopping node never marks a key that
+// another process's registration holds now (written over it here, between two of the node's
+// ticks: default timings, so no tick runs before the stop). Fails if the release did not
+// compare the boot token.
+#[test]
+fn a_stop_never_releases_another_process_registration() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let b = s.node_with(STAGE, "cas", Timings::default());
+    let _: () = s
+        .con()
+        .set_ex(ks.heartbeat("cas"), "someone-else", 60)
+        .unwrap();
+    b.shutdown().unwrap();
+    assert_eq!(
+        get(&s, &ks.heartbeat("cas")).as_deref(),
+        Some("someone-else")
+    );
+}
