@@ -86,13 +86,10 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         "duplicate" => Beat::Duplicate,
         s => return Err(Error::bad_data(op, format!("heartbeat.lua replied {s:?}"))),
     };
-    if beat == Beat::Restored && sh.leader.is_leader() {
+    if beat == Beat::Restored {
         // The lease went with the data: stop acting now. (No new term starts anywhere until a
         // lease TTL after the dataset was re-created: lease_acquire.lua.)
-        sh.leader.end();
-        sh.events.emit(Event::LeaderLost {
-            reason: LeaderLostReason::LeaseTaken,
-        });
+        sh.leader.end_with(&sh.events, LeaderLostReason::LeaseTaken);
     }
     if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && mode == Mode::Tick)
     {
@@ -249,12 +246,8 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
         sh.id,
         room_ids.len()
     );
-    if sh.leader.is_leader() {
-        sh.leader.end();
-        sh.events.emit(Event::LeaderLost {
-            reason: LeaderLostReason::DeadlinePassed,
-        });
-    }
+    sh.leader
+        .end_with(&sh.events, LeaderLostReason::DeadlinePassed);
     sh.events.emit(Event::ReapedSelf {
         rooms: room_ids.len(),
         room_ids: room_ids.clone(),

@@ -16,7 +16,7 @@ use redis::{Connection, Value};
 
 use crate::conn::{jitter, Backoff, Link};
 use crate::error::{Error, Result};
-use crate::event::{Event, LeaderLostReason};
+use crate::event::{Event, EventSink, LeaderLostReason};
 use crate::keys::decode_id;
 use crate::node::Shared;
 use crate::scripts::{self, SCRIPTS};
@@ -71,19 +71,24 @@ impl LeaderState {
         self.history.lock().iter().copied().collect()
     }
 
-    /// A new term starts now.
-    fn begin(&self, t: Term) {
-        let mut h = self.history.lock();
-        if h.len() == HISTORY {
-            h.pop_front();
+    /// A new term starts now; `LeaderAcquired` is emitted under the same lock as the change,
+    /// so no `LeaderLost` of this term (from any thread) can be emitted before it.
+    fn begin(&self, t: Term, events: &EventSink) {
+        let mut term = self.term.lock();
+        {
+            let mut h = self.history.lock();
+            if h.len() == HISTORY {
+                h.pop_front();
+            }
+            h.push_back(TermRecord {
+                epoch: t.epoch,
+                started: Instant::now(),
+                deadline: t.deadline,
+                demoted: None,
+            });
         }
-        h.push_back(TermRecord {
-            epoch: t.epoch,
-            started: Instant::now(),
-            deadline: t.deadline,
-            demoted: None,
-        });
-        *self.term.lock() = Some(t);
+        *term = Some(t);
+        events.emit(Event::LeaderAcquired { epoch: t.epoch });
     }
 
     /// A refresh confirmed the lease: the deadline moves.
@@ -94,13 +99,30 @@ impl LeaderState {
         *self.term.lock() = Some(t);
     }
 
-    /// The node stops acting as leader (if it was).
+    /// The node stops acting as leader (if it was), silently (a stopped or crashed node).
     pub(crate) fn end(&self) {
-        if self.term.lock().take().is_some() {
+        let mut term = self.term.lock();
+        if term.take().is_some() {
             if let Some(last) = self.history.lock().back_mut() {
                 last.demoted.get_or_insert(Instant::now());
             }
         }
+    }
+
+    /// The node stops acting as leader if it was, and then emits `LeaderLost { reason }` under
+    /// the same lock: whichever thread ends a term (the lease thread on a late or failed
+    /// refresh, the heartbeat on finding the node reaped or the data lost), exactly one
+    /// `LeaderLost` follows each `LeaderAcquired`. Returns whether a term ended.
+    pub(crate) fn end_with(&self, events: &EventSink, reason: LeaderLostReason) -> bool {
+        let mut term = self.term.lock();
+        if term.take().is_none() {
+            return false;
+        }
+        if let Some(last) = self.history.lock().back_mut() {
+            last.demoted.get_or_insert(Instant::now());
+        }
+        events.emit(Event::LeaderLost { reason });
+        true
     }
 
     /// The term, if its deadline has not passed.
@@ -187,9 +209,9 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
     let mut backoff = Backoff::new(t.lease_refresh / 8, t.lease_refresh);
     let mut next = Instant::now();
     let demote = |reason: LeaderLostReason| {
-        sh.leader.end();
-        let _ = demoted.try_send(());
-        sh.events.emit(Event::LeaderLost { reason });
+        if sh.leader.end_with(&sh.events, reason) {
+            let _ = demoted.try_send(());
+        }
     };
     loop {
         let now = Instant::now();
@@ -244,11 +266,14 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
                     if let Some(r) = repaired {
                         log::warn!("replaced a lease key of type {r} that had no TTL");
                     }
-                    sh.leader.begin(Term {
-                        epoch,
-                        deadline: deadline(sent, t.lease_ttl),
-                    });
-                    sh.announce(&mut link, Event::LeaderAcquired { epoch });
+                    sh.leader.begin(
+                        Term {
+                            epoch,
+                            deadline: deadline(sent, t.lease_ttl),
+                        },
+                        &sh.events,
+                    );
+                    sh.publish(&mut link, &Event::LeaderAcquired { epoch });
                     next = sent + t.lease_refresh;
                 }
                 Ok(Acquire::Held(holder)) => {
@@ -271,19 +296,87 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
     if sh.is_crashed() {
         return;
     }
-    let was_leader = sh.leader.raw().is_some();
-    sh.leader.end();
+    let was_leader = sh.leader.end_with(&sh.events, LeaderLostReason::Shutdown);
+    if was_leader {
+        let _ = demoted.try_send(());
+    }
     // Always try: a refresh that failed on our side may still have extended the lease.
     if let Err(e) = link.run(&sh.redis, |c| release(sh, c)) {
         log::warn!("could not release the lease on shutdown (it will expire): {e}");
     }
     if was_leader {
-        let _ = demoted.try_send(());
-        sh.announce(
+        sh.publish(
             &mut link,
-            Event::LeaderLost {
+            &Event::LeaderLost {
                 reason: LeaderLostReason::Shutdown,
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Two threads end terms while a third begins them (the lease thread acquiring while the
+    // heartbeat finds the node reaped): the event stream must still alternate
+    // LeaderAcquired / LeaderLost, each LeaderLost closing the term just announced. Before
+    // `begin`/`end_with` emitted under the term lock, a term could be ended (and LeaderLost
+    // emitted) between the state change and its LeaderAcquired: the chaos run's checker saw
+    // "acquired epoch 37 while its previous term was open".
+    #[test]
+    fn leadership_events_alternate_whichever_thread_ends_the_term() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let events = EventSink::new("t", tx);
+        let state = LeaderState::default();
+        let terms = 2000u64;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for epoch in 1..=terms {
+                    state.begin(
+                        Term {
+                            epoch,
+                            deadline: Instant::now() + Duration::from_secs(60),
+                        },
+                        &events,
+                    );
+                    while state.raw().is_some() {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            for reason in [LeaderLostReason::DeadlinePassed, LeaderLostReason::LeaseTaken] {
+                let (state, events) = (&state, &events);
+                s.spawn(move || {
+                    let mut ended = 0;
+                    while state.history().last().map(|t| t.epoch) != Some(terms)
+                        || state.raw().is_some()
+                    {
+                        if state.end_with(events, reason) {
+                            ended += 1;
+                        }
+                    }
+                    ended
+                });
+            }
+        });
+        let got: Vec<Event> = rx.try_iter().collect();
+        assert_eq!(got.len() as u64, terms * 2, "one acquired and one lost per term");
+        for (k, pair) in got.chunks(2).enumerate() {
+            assert_eq!(
+                pair[0],
+                Event::LeaderAcquired {
+                    epoch: k as u64 + 1
+                },
+                "event {}",
+                2 * k
+            );
+            assert!(
+                matches!(pair[1], Event::LeaderLost { .. }),
+                "event {}: {:?}",
+                2 * k + 1,
+                pair[1]
+            );
+        }
     }
 }

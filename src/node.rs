@@ -121,6 +121,12 @@ impl Shared {
     /// `P:events` channel, best effort: other processes (dashboards, `redis-cli subscribe`) see
     /// leader changes and reaps without reading every node's output.
     pub(crate) fn announce(&self, link: &mut Link, e: Event) {
+        self.publish(link, &e);
+        self.events.emit(e);
+    }
+
+    /// The pub/sub half of [`Shared::announce`] alone (for events emitted locally elsewhere).
+    pub(crate) fn publish(&self, link: &mut Link, e: &Event) {
         let payload = e.to_json(&self.id).to_string();
         let sent = link.run(&self.redis, |c| {
             redis::cmd("PUBLISH")
@@ -132,7 +138,6 @@ impl Shared {
         if let Err(err) = sent {
             log::debug!("could not publish {}: {err}", e.name());
         }
-        self.events.emit(e);
     }
 
     /// Set by [`Node::simulate_crash`]: threads stop without any cleanup.
