@@ -28,15 +28,18 @@ fn tick(c: &mut Criterion) {
             b.iter(|| node.heartbeat_now().expect("tick"))
         });
         let owners: Vec<String> = names.iter().map(|r| ks.room(r).owner).collect();
-        group.bench_with_input(BenchmarkId::new("floor_pexpire", rooms), &rooms, |b, _| {
-            b.iter(|| {
-                let mut pipe = redis::pipe();
-                for k in &owners {
-                    pipe.pexpire(k, 90_000).ignore();
-                }
-                pipe.query::<()>(&mut con).expect("PEXPIRE");
-            })
-        });
+        // With no rooms the floor sends nothing (an empty pipeline is not a request).
+        if rooms > 0 {
+            group.bench_with_input(BenchmarkId::new("floor_pexpire", rooms), &rooms, |b, _| {
+                b.iter(|| {
+                    let mut pipe = redis::pipe();
+                    for k in &owners {
+                        pipe.pexpire(k, 90_000).ignore();
+                    }
+                    pipe.query::<()>(&mut con).expect("PEXPIRE");
+                })
+            });
+        }
         node.leave().expect("leave");
     }
     group.finish();

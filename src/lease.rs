@@ -345,7 +345,10 @@ mod tests {
                     }
                 }
             });
-            for reason in [LeaderLostReason::DeadlinePassed, LeaderLostReason::LeaseTaken] {
+            for reason in [
+                LeaderLostReason::DeadlinePassed,
+                LeaderLostReason::LeaseTaken,
+            ] {
                 let (state, events) = (&state, &events);
                 s.spawn(move || {
                     let mut ended = 0;
@@ -361,7 +364,11 @@ mod tests {
             }
         });
         let got: Vec<Event> = rx.try_iter().collect();
-        assert_eq!(got.len() as u64, terms * 2, "one acquired and one lost per term");
+        assert_eq!(
+            got.len() as u64,
+            terms * 2,
+            "one acquired and one lost per term"
+        );
         for (k, pair) in got.chunks(2).enumerate() {
             assert_eq!(
                 pair[0],
