@@ -562,9 +562,10 @@ void sfu_event_clear(struct SfuEvent *event);
  * `SFU_ERR_INVALID_CONFIG` names the field at fault.
  *
  * **It may wait.** If a heartbeat of the same instance id is still live in Redis (a previous
- * process with this id that stopped without `sfu_node_leave`, or crashed, less than
- * `heartbeat_ttl_ms` ago), this call waits until that heartbeat expires (at most
- * `heartbeat_ttl_ms`, 30 s by default), then starts; if the heartbeat keeps being renewed (the
+ * process with this id that crashed less than `heartbeat_ttl_ms` ago; one stopped with
+ * `sfu_node_stop` or `sfu_node_leave` does not count), this call waits until that heartbeat
+ * expires (at most `heartbeat_ttl_ms` plus one heartbeat interval, 40 s by default), then
+ * starts; if the heartbeat keeps being renewed (the
  * id is live in another process) it fails with `SFU_ERR_INVALID_CONFIG` naming `instance_id`.
  * The default instance id is new at each start and never waits. On a brand-new dataset no
  * node is granted the reaper lease for `lease_ttl_ms` (90 s by default): no

@@ -1,6 +1,7 @@
 #!lua
--- pin_refresh.lua: extend one of the caller's pins (sent pipelined, one per owned room, on
--- each heartbeat tick).
+-- pin_refresh.lua: extend or re-pin one of the caller's pins, with the owner CAS. The tick
+-- refreshes pins with plain PEXPIRE GT + GET (src/rooms.rs); this script runs, pipelined, for
+-- the pins that GET found gone, and for every pin while restoring after Redis lost its data.
 --
 -- KEYS[1] P:room:{R}:owner
 -- KEYS[2] P:room:{R}:meta

@@ -91,6 +91,10 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         // lease TTL after the dataset was re-created: lease_acquire.lua.)
         sh.leader.end_with(&sh.events, LeaderLostReason::LeaseTaken);
     }
+    if beat == Beat::Duplicate && mode == Mode::Tick {
+        // Another process ticks under this id: never mark the key released on our stop.
+        sh.saw_duplicate.store(true, Ordering::Relaxed);
+    }
     if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && mode == Mode::Tick)
     {
         *sh.token.lock() = token;
@@ -148,6 +152,14 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         let again = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
         if again.beat == Beat::Reaped {
             return resume_after_reap(sh, link, again.server_ms);
+        }
+        if again.beat == Beat::Restored {
+            // Redis lost its data between the two beats: the pins are gone with it, not lost
+            // to anyone. The next tick restores (pins still free, peers), reporting only rooms
+            // another instance took meanwhile.
+            log::warn!("Redis lost its data during this tick; restoring on the next one");
+            sh.restore_pending.store(true, Ordering::Relaxed);
+            return Ok(());
         }
         lose_rooms(sh, link, lost)?;
     }

@@ -92,11 +92,18 @@ impl LeaderState {
     }
 
     /// A refresh confirmed the lease: the deadline moves.
-    fn extend(&self, t: Term) {
+    /// `false` (nothing changed) if the term ended meanwhile (another thread's `end_with`):
+    /// a refresh never brings an ended term back.
+    fn extend(&self, t: Term) -> bool {
+        let mut term = self.term.lock();
+        if term.map(|cur| cur.epoch) != Some(t.epoch) {
+            return false;
+        }
         if let Some(last) = self.history.lock().back_mut() {
             last.deadline = t.deadline;
         }
-        *self.term.lock() = Some(t);
+        *term = Some(t);
+        true
     }
 
     /// The node stops acting as leader (if it was), silently (a stopped or crashed node).
@@ -237,11 +244,16 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
         if let Some(term) = sh.leader.raw() {
             match link.run(&sh.redis, |c| refresh(sh, c)) {
                 Ok(true) if Instant::now() < term.deadline => {
-                    sh.leader.extend(Term {
+                    let extended = sh.leader.extend(Term {
                         epoch: term.epoch,
                         deadline: deadline(sent, t.lease_ttl),
                     });
-                    next = sent + t.lease_refresh;
+                    next = if extended {
+                        sent + t.lease_refresh
+                    } else {
+                        // Ended by the heartbeat meanwhile (reaped or data lost): stays ended.
+                        Instant::now() + jitter(t.lease_refresh)
+                    };
                 }
                 Ok(true) => {
                     demote(LeaderLostReason::DeadlinePassed);
@@ -324,6 +336,35 @@ mod tests {
     // `begin`/`end_with` emitted under the term lock, a term could be ended (and LeaderLost
     // emitted) between the state change and its LeaderAcquired: the chaos run's checker saw
     // "acquired epoch 37 while its previous term was open".
+    // A refresh that returns after another thread ended the term must not bring it back
+    // (the node would lead again with no LeaderAcquired, then emit a second LeaderLost).
+    #[test]
+    fn a_refresh_never_revives_an_ended_term() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let events = EventSink::new("t", tx);
+        let state = LeaderState::default();
+        let term = |epoch| Term {
+            epoch,
+            deadline: Instant::now() + Duration::from_secs(60),
+        };
+        state.begin(term(7), &events);
+        assert!(state.extend(term(7)));
+        assert!(state.end_with(&events, LeaderLostReason::LeaseTaken));
+        assert!(!state.extend(term(7)));
+        assert!(!state.is_leader());
+        assert!(!state.end_with(&events, LeaderLostReason::RefreshFailed));
+        let got: Vec<Event> = rx.try_iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                Event::LeaderAcquired { epoch: 7 },
+                Event::LeaderLost {
+                    reason: LeaderLostReason::LeaseTaken
+                }
+            ]
+        );
+    }
+
     #[test]
     fn leadership_events_alternate_whichever_thread_ends_the_term() {
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -341,7 +382,7 @@ mod tests {
                         &events,
                     );
                     while state.raw().is_some() {
-                        std::hint::spin_loop();
+                        std::thread::yield_now();
                     }
                 }
             });

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::config::{Config, Timings};
 use crate::conn::Link;
@@ -108,6 +108,9 @@ pub(crate) struct Shared {
     pub max_epoch: AtomicU64,
     /// Redis lost its data and this node has not finished writing its pins and peers back.
     pub restore_pending: AtomicBool,
+    /// A tick found another process's boot token under this id: its stop must not mark the
+    /// heartbeat key released (the other process may be the live one).
+    pub saw_duplicate: AtomicBool,
     crashed: AtomicBool,
 }
 
@@ -283,6 +286,10 @@ pub struct Node {
     shared: Option<Arc<Shared>>,
     workers: Mutex<Option<Workers>>,
     stopped: AtomicBool,
+    /// Held (shared) by every host call for its duration; `shutdown` and `leave` take it
+    /// exclusively after setting `stopped`, so no call that passed the check is still writing
+    /// when they release the heartbeat or clean up.
+    ops: RwLock<()>,
     /// The connection of [`Node::heartbeat_now`].
     manual: Mutex<Link>,
 }
@@ -323,6 +330,7 @@ impl Node {
                 shared: None,
                 workers: Mutex::new(None),
                 stopped: AtomicBool::new(false),
+                ops: RwLock::new(()),
                 manual: Mutex::new(Link::new()),
             });
         };
@@ -343,6 +351,7 @@ impl Node {
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
             restore_pending: AtomicBool::new(false),
+            saw_duplicate: AtomicBool::new(false),
             crashed: AtomicBool::new(false),
         });
         register_at_start(&shared)?;
@@ -362,6 +371,7 @@ impl Node {
             shared: Some(shared),
             workers: Mutex::new(Some(workers)),
             stopped: AtomicBool::new(false),
+            ops: RwLock::new(()),
             manual: Mutex::new(Link::new()),
         })
     }
@@ -371,12 +381,21 @@ impl Node {
         &self.id
     }
 
-    fn check_running(&self) -> Result<()> {
+    /// Enters a host call: `Error::Stopped` once `shutdown`/`leave` began, else a guard that
+    /// `shutdown`/`leave` wait for. (A recursive read: never blocks behind their wait, which
+    /// only starts after `stopped` is set, so later calls fail at once.)
+    fn enter(&self) -> Result<RwLockReadGuard<'_, ()>> {
+        let guard = self.ops.read_recursive();
         if self.stopped.load(Ordering::Acquire) {
             Err(Error::Stopped)
         } else {
-            Ok(())
+            Ok(guard)
         }
+    }
+
+    /// After `stopped` is set: waits for the host calls that entered before.
+    fn drain_calls(&self) {
+        drop(self.ops.write());
     }
 
     /// Pins `room` for this instance: free rooms are taken, a pin whose owner's heartbeat is
@@ -387,7 +406,7 @@ impl Node {
     /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`] (a room key of the wrong
     /// type), [`Error::Stopped`].
     pub fn pin_room(&self, room: &str) -> Result<PinOutcome> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let room = Id::new(IdKind::Room, room)?;
         let _guard = self.local.lock_room(&room.raw);
         let outcome = self.store.pin_room(&room)?;
@@ -404,7 +423,7 @@ impl Node {
     /// [`Error::NotOwner`] when another instance (or nobody) owns it; [`Error::InvalidId`],
     /// [`Error::Redis`], [`Error::Stopped`].
     pub fn close_room(&self, room: &str) -> Result<()> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let room = Id::new(IdKind::Room, room)?;
         let _guard = self.local.lock_room(&room.raw);
         // Forget it first so a concurrent heartbeat cannot report it lost.
@@ -428,7 +447,7 @@ impl Node {
     /// # Errors
     /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
     pub fn room_owner(&self, room: &str) -> Result<Option<String>> {
-        self.check_running()?;
+        let _call = self.enter()?;
         self.store.room_owner(&Id::new(IdKind::Room, room)?)
     }
 
@@ -467,7 +486,7 @@ impl Node {
         guest: Option<&str>,
         fields: &[(&str, &str)],
     ) -> Result<Upserted> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let room = Id::new(IdKind::Room, room)?;
         let peer = Id::new(IdKind::Peer, peer)?;
         let guest = guest.map(|g| Id::new(IdKind::Guest, g)).transpose()?;
@@ -503,7 +522,7 @@ impl Node {
     /// hosts a peer removes it); [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`],
     /// [`Error::Stopped`].
     pub fn remove_peer(&self, room: &str, peer: &str, generation: u64) -> Result<bool> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let room = Id::new(IdKind::Room, room)?;
         let peer = Id::new(IdKind::Peer, peer)?;
         let _guard = self.local.lock_room(&room.raw);
@@ -538,7 +557,7 @@ impl Node {
     /// [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`]; [`Error::InvalidConfig`] in
     /// memory-only mode.
     pub fn heartbeat_now(&self) -> Result<()> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let Some(sh) = &self.shared else {
             return Err(Error::config("redis_url", "heartbeats need Redis"));
         };
@@ -558,7 +577,7 @@ impl Node {
     /// [`Error::InvalidId`]; [`Error::Redis`]; [`Error::BadData`]; [`Error::Stopped`];
     /// [`Error::InvalidConfig`] in memory-only mode.
     pub fn reap_now(&self, instance: &str) -> Result<Option<ReapCounts>> {
-        self.check_running()?;
+        let _call = self.enter()?;
         let dead = Id::new(IdKind::Instance, instance)?;
         let Some(sh) = &self.shared else {
             return Err(Error::config("redis_url", "reaping needs Redis"));
@@ -661,10 +680,12 @@ impl Node {
 
     /// Stops the worker threads, releases the lease (owner CAS) and emits [`Event::Stopped`].
     /// Pins and peers stay in Redis: they are reaped once this instance is seen dead, unless
-    /// the host closed them, or a restart with the same instance id takes them back first.
-    /// The heartbeat key is marked released (it keeps its TTL, so the instance still counts as
-    /// alive until it expires): a restart with the same id starts at once instead of waiting
-    /// for it to expire. Idempotent; also run by `Drop`. Later calls on the node return
+    /// the host closed them, or a restart with the same instance id clears them at its
+    /// registration (an earlier life's leftovers). Host calls still running are waited for,
+    /// then the heartbeat key is marked released (it keeps its TTL, so the instance still
+    /// counts as alive until it expires): a restart with the same id starts at once instead of
+    /// waiting for it to expire. Not released if this process ever saw another process tick
+    /// under its id (a duplicate): that one may still be live. Idempotent; also run by `Drop`. Later calls on the node return
     /// [`Error::Stopped`].
     ///
     /// # Errors
@@ -673,6 +694,7 @@ impl Node {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.drain_calls();
         self.join_workers();
         if let Some(sh) = &self.shared {
             // Best effort: if it fails, a restart with this id waits for the key to expire.
@@ -697,6 +719,7 @@ impl Node {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.drain_calls();
         self.join_workers();
         let out = self.release_everything();
         self.events.close(Event::Stopped);
@@ -810,6 +833,13 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
 /// TTL, so the instance still looks alive until it expires): a restart with the same id then
 /// registers at once.
 fn release_heartbeat(sh: &Shared) -> Result<()> {
+    if sh.saw_duplicate.load(Ordering::Relaxed) {
+        log::warn!(
+            "another process used instance id {:?} while this one ran; heartbeat not released",
+            sh.id
+        );
+        return Ok(());
+    }
     let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
     inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
     sh.pool.run(&sh.redis, |c| {

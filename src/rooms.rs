@@ -245,14 +245,24 @@ pub(crate) fn refresh_pins(
     let mut pipe = redis::pipe();
     for (_, w) in &wires {
         let owner = sh.keys.room_owner(w);
-        pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT").ignore();
+        pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT");
         pipe.get(&owner);
     }
     let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut out = Vec::with_capacity(wires.len());
     let mut lapsed = Vec::new();
-    for ((room, wire), r) in wires.into_iter().zip(replies) {
-        let outcome = match scripts::decode::<Option<String>>(op, r) {
+    let mut replies = replies.into_iter();
+    for (room, wire) in wires {
+        let (Some(extended), Some(owner)) = (replies.next(), replies.next()) else {
+            return Err(Error::bad_data(op, "fewer replies than commands"));
+        };
+        // A refused PEXPIRE (NOPERM, a server without GT) must not pass for a refresh: the
+        // pin would lapse every pin_ttl while the GET still names us.
+        if let Err(e) = scripts::decode::<i64>(op, extended) {
+            out.push((room, Refreshed::Failed(e)));
+            continue;
+        }
+        let outcome = match scripts::decode::<Option<String>>(op, owner) {
             Ok(Some(owner)) if owner == sh.me => Refreshed::Ok,
             Ok(Some(owner)) => Refreshed::Lost(decode_id(&owner).ok()),
             Ok(None) => {

@@ -24,10 +24,13 @@ fn get(s: &Server, key: &str) -> Option<String> {
 fn a_live_duplicate_instance_id_is_refused() {
     let s = Server::start();
     let ks = ks(STAGE);
-    let a = s.node(STAGE, "dup");
+    // Seconds, not the fast milliseconds: a stalled heartbeat thread on a loaded machine must
+    // not let a's key expire while b waits.
+    let t = Timings::from_heartbeat(Duration::from_secs(1), Duration::from_secs(4));
+    let a = s.node_with(STAGE, "dup", t);
     a.pin_room("room").unwrap();
     let token = get(&s, &ks.heartbeat("dup")).expect("a's heartbeat key");
-    let e = Node::start(s.config(STAGE, "dup")).unwrap_err();
+    let e = Node::start(s.config_with(STAGE, "dup", t)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("instance_id"), "{e}");
     assert_eq!(get(&s, &ks.heartbeat("dup")), Some(token));
@@ -82,4 +85,26 @@ fn a_stop_never_releases_another_process_registration() {
         get(&s, &ks.heartbeat("cas")).as_deref(),
         Some("someone-else")
     );
+}
+
+// After a tick found another process's boot token under its id (two live processes share the
+// id: a paused one that came back, say), a stop must not mark the key released: the other
+// process may be the live one, and a third start would register over it and clear its rooms.
+// Fails if the release only compared the boot token (the tick wrote ours back over theirs).
+#[test]
+fn a_stop_after_seeing_a_duplicate_does_not_release() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "twice");
+    let _: () = s
+        .con()
+        .set_ex(ks.heartbeat("twice"), "other-process-boot", 60)
+        .unwrap();
+    let beats = a.stats().heartbeats;
+    wait_for(LONG, "two more ticks", || {
+        (a.stats().heartbeats >= beats + 2).then_some(())
+    });
+    a.shutdown().unwrap();
+    let now = get(&s, &ks.heartbeat("twice"));
+    assert_ne!(now.as_deref(), Some("released"));
 }

@@ -265,3 +265,36 @@ fn lost_room_leaves_the_room_index() {
     );
     assert_eq!(me.rooms, 1);
 }
+
+// A tick whose PEXPIRE is refused (here an ACL user without PEXPIRE; likewise a server without
+// `GT`) must count as a failed refresh, reported as bad data each tick, not as a refresh: the
+// GET alone still names this node, so ignoring the PEXPIRE's error would let the pin lapse
+// every pin_ttl unnoticed, open to a takeover. Fails if the PEXPIRE reply is ignored.
+#[test]
+fn refused_pin_refresh_is_reported_not_taken_for_a_refresh() {
+    let s = Server::start();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("nopex")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-pexpire")
+        .query(&mut s.con())
+        .unwrap();
+    let url = s.url().replace("redis://", "redis://nopex:pw@");
+    let a = sfu_redis::Node::start(config_for(
+        &url,
+        STAGE,
+        "inst-a",
+        sfu_redis::Timings::fast(),
+    ))
+    .unwrap();
+    a.pin_room("room").unwrap();
+    let before = a.stats().bad_data;
+    wait_for(LONG, "refused refreshes reported", || {
+        (a.stats().bad_data >= before + 2).then_some(())
+    });
+}
