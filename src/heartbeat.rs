@@ -347,4 +347,35 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>) {
             }
         }
     }
+    // A graceful stop (the host calls have drained: `Node::shutdown`): mark the heartbeat
+    // released, on this thread's connection, so the call is bounded by `command_timeout` and
+    // runs alongside the lease thread's release. Best effort: if it fails, a restart with
+    // this id waits for the key to expire.
+    if !sh.is_crashed() {
+        if let Err(e) = release(sh, &mut link) {
+            log::warn!(
+                "could not mark the heartbeat released ({e}); a restart with instance id {:?} waits up to heartbeat_ttl",
+                sh.id
+            );
+        }
+    }
+}
+
+/// Marks this process's heartbeat key released (owner CAS on the boot token; the key keeps its
+/// TTL, so the instance still looks alive until it expires): a restart with the same id then
+/// registers at once. Skipped if a tick ever found another process's token under this id.
+fn release(sh: &Shared, link: &mut Link) -> Result<()> {
+    if sh.saw_duplicate.load(Ordering::Relaxed) {
+        log::warn!(
+            "another process used instance id {:?} while this one ran; heartbeat not released",
+            sh.id
+        );
+        return Ok(());
+    }
+    let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
+    inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
+    link.run(&sh.redis, |c| {
+        scripts::call::<i64>(c, "release heartbeat", &inv)
+    })?;
+    Ok(())
 }

@@ -19,7 +19,6 @@ use crate::keys::{Id, IdKind, KeySpace};
 use crate::lease::{LeaderState, TermRecord};
 use crate::memory::MemoryStore;
 use crate::reaper::{self, ReapCounts};
-use crate::scripts::{self, SCRIPTS};
 use crate::store::{
     Local, LocalPeer, PinOutcome, Store, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS,
 };
@@ -695,13 +694,8 @@ impl Node {
             return Ok(());
         }
         self.drain_calls();
+        // The heartbeat thread marks the heartbeat released as it exits.
         self.join_workers();
-        if let Some(sh) = &self.shared {
-            // Best effort: if it fails, a restart with this id waits for the key to expire.
-            if let Err(e) = release_heartbeat(sh) {
-                log::warn!("could not mark the heartbeat released ({e}); a restart with instance id {:?} waits up to heartbeat_ttl", sh.id);
-            }
-        }
         self.events.close(Event::Stopped);
         Ok(())
     }
@@ -826,25 +820,6 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
             return Err(bad(format!("name {k:?} is reserved by sfu-redis")));
         }
     }
-    Ok(())
-}
-
-/// Marks this process's heartbeat key released (owner CAS on the boot token; the key keeps its
-/// TTL, so the instance still looks alive until it expires): a restart with the same id then
-/// registers at once.
-fn release_heartbeat(sh: &Shared) -> Result<()> {
-    if sh.saw_duplicate.load(Ordering::Relaxed) {
-        log::warn!(
-            "another process used instance id {:?} while this one ran; heartbeat not released",
-            sh.id
-        );
-        return Ok(());
-    }
-    let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
-    inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
-    sh.pool.run(&sh.redis, |c| {
-        scripts::call::<i64>(c, "release heartbeat", &inv)
-    })?;
     Ok(())
 }
 
