@@ -221,7 +221,7 @@ pub(crate) enum Refreshed {
 /// is still ours. (Should it name another instance, that instance's pin got at most one
 /// `pin_ttl` longer, which changes no owner: a pin whose owner has no heartbeat can be taken
 /// over and is reaped whatever its TTL.) On the server this costs about 2x a bare pipelined
-/// `PEXPIRE`, where a per-room script costs about 6x (docs/scale.md).
+/// `PEXPIRE`, where a per-room script costs about 6x (README "Performance").
 ///
 /// Rooms whose pin is gone go through `pin_refresh.lua` (owner CAS; re-pins a free room) in a
 /// second round trip, as does every room with `restore` (after Redis lost its data: the rooms
