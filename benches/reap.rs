@@ -1,7 +1,9 @@
 //! Reaping a dead instance with 1,000 and 10,000 rooms (4 peers each), three ways on identical
 //! data: the library (`Node::reap_now`: batched SSCAN + pipelined owner-CAS scripts), the
 //! seed-style baseline (SMEMBERS, then one script round trip per room), and the floor (the
-//! same keys removed by pipelined UNLINK, no checks). Each starts its own redis-server.
+//! same keys removed by pipelined UNLINK, no checks), plus the script floor (the same UNLINKs
+//! inside one Lua script per room: the cost of any per-room atomic step before it checks
+//! anything). Each starts its own redis-server.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -52,6 +54,17 @@ fn reap(c: &mut Criterion) {
                 BatchSize::PerIteration,
             )
         });
+        group.bench_with_input(
+            BenchmarkId::new("script_floor", rooms),
+            &rooms,
+            |b, &rooms| {
+                b.iter_batched(
+                    || fabricate(&mut connect(&url), &ks, "dead", rooms),
+                    |keys| script_floor_reap(&mut con, &keys),
+                    BatchSize::PerIteration,
+                )
+            },
+        );
     }
     group.finish();
     node.shutdown().expect("shutdown");

@@ -11,6 +11,11 @@
 //! JSON object, then the goals and whether each is met.
 //!
 //! `--reap-batch N` sets the leader's reap batch size (default 500).
+//! `SFU_PERF_STATS=1` also prints the server's `INFO commandstats` of each library reap (where
+//! the server's time goes, command by command, including the commands inside the scripts).
+//! `script_floor_ms` is the same reap done by the cheapest possible per-room script (`UNLINK`
+//! of the room's keys, no checks): the part of the library's cost that any per-room atomic
+//! step pays.
 //! `--sweep 100,250,500,1000,2000` instead measures, for each batch size, the reap of `--rooms`
 //! rooms (median of `--runs`) and the PING latency during the reap of `--latency-rooms` rooms,
 //! one JSON line per size: the measurement behind the default batch size.
@@ -173,11 +178,25 @@ fn main() {
     let mut library_server = Vec::new();
     let library = median(runs, || {
         fabricate(&mut fab, &ks, "dead", rooms);
+        if std::env::var_os("SFU_PERF_STATS").is_some() {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(&mut fab)
+                .unwrap();
+        }
         let cpu = server_cpu_us(&mut fab);
         let t = Instant::now();
         let c = leader.reap_now("dead").expect("reap").expect("dead");
         let d = t.elapsed();
         library_server.push(server_cpu_us(&mut fab) - cpu);
+        // SFU_PERF_STATS=1: the server's per-command costs of the library's reap.
+        if std::env::var_os("SFU_PERF_STATS").is_some() {
+            let s: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut fab)
+                .unwrap();
+            eprintln!("{s}");
+        }
         assert_eq!(c.rooms as usize, rooms);
         d
     });
@@ -201,6 +220,12 @@ fn main() {
         d
     });
     floor_server.sort();
+    let script_floor = median(runs, || {
+        let keys = fabricate(&mut fab, &ks, "dead", rooms);
+        let t = Instant::now();
+        script_floor_reap(&mut via, &keys);
+        t.elapsed()
+    });
     let _: () = redis::cmd("ZREM")
         .arg(ks.heartbeats())
         .arg("dead")
@@ -263,6 +288,8 @@ fn main() {
         "floor_rooms_per_s": rate(floor),
         "library_vs_seed_style": (secs(seed) / secs(library) * 100.0).round() / 100.0,
         "library_vs_floor": (secs(floor) / secs(library) * 100.0).round() / 100.0,
+        "script_floor_ms": ms(script_floor),
+        "library_vs_script_floor": (secs(script_floor) / secs(library) * 100.0).round() / 100.0,
         "library_ms": ms(library),
         "library_server_cpu_ms": library_server[library_server.len() / 2] as f64 / 1000.0,
         "floor_server_cpu_ms": floor_server[floor_server.len() / 2] as f64 / 1000.0,

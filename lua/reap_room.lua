@@ -26,14 +26,18 @@
 --   'skipped'   another instance owns the room: only the dead instance's peers were removed;
 --   'new_life'  the same instance pinned the room again after t0 (it came back): kept, keep
 --               the index entry.
--- removed = {peer1, instance1, ...}: peer records deleted in this call.
+-- removed = {peer1, instance1, ...}: peer records deleted in this call. For a room deleted
+-- whole whose metadata field solo names the dead instance (pin_room.lua: its peers set was
+-- empty when it was pinned, and upsert_peer.lua writes only records naming the owner),
+-- instance is the dead instance without reading each record; otherwise it is read from the
+-- record, so that other instances' index entries for records left in the room are removed too.
 --
 -- Protects: owner CAS (pitfall "without the owner check the reaper deletes rooms another
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
 -- "never loop unboundedly in Lua" (SSCAN batches).
 local dead, t0 = ARGV[1], tonumber(ARGV[2])
 local owner = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms')
+local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms', 'solo')
 local meta_owner, pinned = meta[1], tonumber(meta[2]) or 0
 local base = string.sub(KEYS[1], 1, -6)
 local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
@@ -46,11 +50,13 @@ else
   status = 'skipped'
 end
 local whole = status == 'reaped' or status == 'gone'
+local solo = whole and meta[3] == dead
 local scan = redis.call('SSCAN', KEYS[3], ARGV[3], 'COUNT', ARGV[4])
 local removed, records, members = {}, {}, {}
 for _, p in ipairs(scan[2]) do
   local rec = base .. 'peer:' .. p
-  local inst = redis.call('HGET', rec, 'instance')
+  local inst
+  if solo then inst = dead else inst = redis.call('HGET', rec, 'instance') end
   local drop = whole
   if not drop and inst == dead then
     drop = (tonumber(redis.call('HGET', rec, 'updated_ms')) or 0) <= t0

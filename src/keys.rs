@@ -14,7 +14,7 @@
 //! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
 //! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
 //! | `P:room:{<R>}:owner` | STRING, PX pin_ttl | owning instance |
-//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `peer_seq` |
+//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `peer_seq`, `solo` |
 //! | `P:room:{<R>}:peers` | SET | peer ids in the room |
 //! | `P:room:{<R>}:guests` | HASH | guest id -> current peer id |
 //! | `P:room:{<R>}:guest-state` | HASH | guest id -> state (written by the host) |

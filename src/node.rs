@@ -563,6 +563,12 @@ impl Node {
         heartbeat::tick(sh, &mut self.manual.lock())
     }
 
+    /// The shared state of a Redis-backed node (unit tests of the crate's internals).
+    #[cfg(test)]
+    pub(crate) fn shared_for_tests(&self) -> &Arc<Shared> {
+        self.shared.as_ref().expect("a Redis-backed node")
+    }
+
     /// Reaps one instance now, on the calling thread, as the leader's reaper would after its
     /// two-phase wait: the atomic re-check still runs (`Ok(None)` if `instance` has a heartbeat
     /// key, a fresh score, or is not registered), then its rooms and peers are removed with the

@@ -6,9 +6,10 @@
 //! 1. `reap_begin.lua`: D has no heartbeat key and a stale score -> score set to 0 ("being
 //!    reaped"), server time t0 returned.
 //! 2. Rooms: `SSCAN` D's room index; `reap_room.lua` for each room of the batch, pipelined
-//!    (owner CAS; a room pinned after t0 belongs to a new life of D and is kept); then the
-//!    deleted records' index entries and the batch's room-index entries go (index after
-//!    record).
+//!    (owner CAS; a room pinned after t0 belongs to a new life of D and is kept); the
+//!    deleted records' index entries and the batch's room-index entries go with the next
+//!    batch's round trip, after the scripts that deleted them (index after record), together
+//!    with the `SSCAN` of the next page: one round trip per batch.
 //! 3. Peers: `SSCAN` D's peer index; `reap_peer.lua` for each, pipelined; then index entries.
 //! 4. `reap_finish.lua`: D's sorted-set entry goes (members that could not be reaped stay in
 //!    its indexes for the audit to report).
@@ -88,8 +89,7 @@ pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Opt
 }
 
 /// One `SSCAN` page (about `batch` members, [`crate::ConfigBuilder::reap_batch`]) of an instance's index: the next cursor
-/// and the members. A member that is not UTF-8 was not written by this crate and names nothing
-/// it could reap: it is removed from the index (and logged) rather than stopping the reap.
+/// and the members (see [`utf8_members`]).
 fn index_page(
     con: &mut Connection,
     op: &'static str,
@@ -104,6 +104,18 @@ fn index_page(
         .arg(batch)
         .query(con)
         .map_err(|e| Error::redis(op, e))?;
+    Ok((next, utf8_members(con, op, index, raw)?))
+}
+
+/// The members of an index page as text. A member that is not UTF-8 was not written by this
+/// crate and names nothing it could reap: it is removed from the index (and logged) rather
+/// than stopping the reap.
+fn utf8_members(
+    con: &mut Connection,
+    op: &'static str,
+    index: &str,
+    raw: Vec<Vec<u8>>,
+) -> Result<Vec<String>> {
     let mut members = Vec::with_capacity(raw.len());
     for m in raw {
         match String::from_utf8(m) {
@@ -122,10 +134,17 @@ fn index_page(
             }
         }
     }
-    Ok((next, members))
+    Ok(members)
 }
 
 /// Reaps the rooms of `dead` (wire form) listed in its index.
+///
+/// One round trip per batch: the batch's `reap_room.lua` calls go out together with the index
+/// clean-up of the previous batch (its scripts already ran: record first, index second) and
+/// the `SSCAN` of the next index page. The last batch's clean-up takes a round trip of its own;
+/// when the reap stops early (lease lost, shutdown, an error), the clean-up already owed is
+/// still sent, best effort: it only removes index entries of records the scripts deleted, and
+/// a redo of the reap could not find them again (the room is gone).
 pub(crate) fn reap_rooms(
     sh: &Shared,
     con: &mut Connection,
@@ -134,87 +153,158 @@ pub(crate) fn reap_rooms(
     leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
 ) -> Result<()> {
+    let mut cleanup = Cleanup::default();
+    let out = reap_room_batches(sh, con, dead, t0, leading, counts, &mut cleanup);
+    if cleanup.len > 0 {
+        if let Err(e) = cleanup.pipe.query::<()>(con) {
+            if out.is_ok() {
+                return Err(Error::redis("reap rooms", e));
+            }
+            log::warn!("reap of {dead} stopped; its last index clean-up failed too: {e}");
+        }
+    }
+    out
+}
+
+/// Index `SREM`s owed for records and rooms already deleted.
+#[derive(Default)]
+struct Cleanup {
+    pipe: redis::Pipeline,
+    len: usize,
+}
+
+fn reap_room_batches(
+    sh: &Shared,
+    con: &mut Connection,
+    dead: &str,
+    t0: i64,
+    leading: &dyn Fn() -> bool,
+    counts: &mut ReapCounts,
+    cleanup: &mut Cleanup,
+) -> Result<()> {
     let op = "reap rooms";
     let index = sh.keys.instance_rooms(dead);
-    let mut cursor = 0u64;
+    if !leading() {
+        return Err(lost_lease());
+    }
+    let (mut cursor, members) = index_page(con, op, &index, 0, sh.reap_batch)?;
+    // (room, SSCAN cursor over its peers): "0" for a room not started yet.
+    let mut pending: Vec<(String, String)> =
+        members.into_iter().map(|r| (r, "0".to_owned())).collect();
     loop {
+        if pending.is_empty() && cursor == 0 {
+            return Ok(());
+        }
         if !leading() {
             return Err(lost_lease());
         }
-        let (next, members) = index_page(con, op, &index, cursor, sh.reap_batch)?;
-        let mut pending: Vec<(String, String)> =
-            members.into_iter().map(|r| (r, "0".to_owned())).collect();
-        while !pending.is_empty() {
-            if !leading() {
-                return Err(lost_lease());
+        let Cleanup {
+            mut pipe,
+            len: sent_cleanup,
+        } = std::mem::take(cleanup);
+        let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
+        for ((_, c), rk) in pending.iter().zip(&keys) {
+            let mut inv = SCRIPTS.reap_room.prepare_invoke();
+            inv.key(&rk.owner)
+                .key(&rk.meta)
+                .key(&rk.peers)
+                .key(&rk.guests)
+                .key(&rk.guest_state)
+                .arg(dead)
+                .arg(t0)
+                .arg(c)
+                .arg(PEER_BATCH);
+            pipe.invoke_script(&inv);
+        }
+        // The next page rides along unless rooms with many peers still need calls: at most
+        // about two batches of scripts per round trip.
+        let scan = cursor != 0 && pending.len() < 2 * sh.reap_batch;
+        if scan {
+            pipe.cmd("SSCAN")
+                .arg(&index)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(sh.reap_batch);
+        }
+        let replies = match scripts::exec(con, &mut pipe) {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing of this round trip is known to have run: the clean-up is still owed.
+                cleanup.pipe = pipe;
+                cleanup.len = sent_cleanup;
+                return Err(Error::redis(op, e));
             }
-            let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
-            let mut pipe = redis::pipe();
-            for ((_, c), rk) in pending.iter().zip(&keys) {
-                let mut inv = SCRIPTS.reap_room.prepare_invoke();
-                inv.key(&rk.owner)
-                    .key(&rk.meta)
-                    .key(&rk.peers)
-                    .key(&rk.guests)
-                    .key(&rk.guest_state)
-                    .arg(dead)
-                    .arg(t0)
-                    .arg(c)
-                    .arg(PEER_BATCH);
-                pipe.invoke_script(&inv);
+        };
+        let mut replies = replies.into_iter();
+        // A failed clean-up is reported after this batch's replies are handled (its scripts
+        // ran; what they deleted is owed to the indexes).
+        let mut failed = None;
+        for r in replies.by_ref().take(sent_cleanup) {
+            if let Err(e) = r {
+                failed.get_or_insert(Error::redis(op, e));
             }
-            let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-            let mut cleanup = redis::pipe();
-            let mut unindex = Unindex::default();
-            let mut unindexed = Vec::new();
-            let mut again = Vec::new();
-            for ((room, _), r) in pending.into_iter().zip(replies) {
-                match scripts::decode::<(String, String, Vec<String>)>(op, r) {
-                    Ok((status, next_cursor, removed)) => {
-                        counts.peers += (removed.len() / 2) as u64;
-                        unindex.add(&room, &removed);
-                        if next_cursor == "again" {
-                            again.push((room, "0".to_owned()));
+        }
+        let mut unindex = Unindex::default();
+        let mut unindexed = Vec::new();
+        let mut again = Vec::new();
+        // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
+        for ((room, _), r) in pending.into_iter().zip(replies.by_ref()) {
+            match scripts::decode::<(String, String, Vec<String>)>(op, r) {
+                Ok((status, next_cursor, removed)) => {
+                    counts.peers += (removed.len() / 2) as u64;
+                    unindex.add(&room, &removed);
+                    if next_cursor == "again" {
+                        again.push((room, "0".to_owned()));
+                        continue;
+                    }
+                    if next_cursor != "0" {
+                        again.push((room, next_cursor));
+                        continue;
+                    }
+                    match status.as_str() {
+                        "reaped" => counts.rooms += 1,
+                        "skipped" => counts.skipped_rooms += 1,
+                        "gone" => {}
+                        // Pinned again by a new life of the same instance: keep indexed.
+                        _ => {
+                            counts.kept += 1;
                             continue;
                         }
-                        if next_cursor != "0" {
-                            again.push((room, next_cursor));
-                            continue;
-                        }
-                        match status.as_str() {
-                            "reaped" => counts.rooms += 1,
-                            "skipped" => counts.skipped_rooms += 1,
-                            "gone" => {}
-                            // Pinned again by a new life of the same instance: keep indexed.
-                            _ => {
-                                counts.kept += 1;
-                                continue;
-                            }
-                        }
-                        unindexed.push(room);
                     }
-                    Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                        counts.failed += 1;
-                        sh.counters.bad_data(&e);
-                        log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
-                    }
-                    // Anything else (a script cache flushed again, OOM, BUSY) is transient:
-                    // stop; the instance stays "being reaped" and the next round redoes it.
-                    Err(e) => return Err(e),
+                    unindexed.push(room);
+                }
+                Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                    counts.failed += 1;
+                    sh.counters.bad_data(&e);
+                    log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
+                }
+                // Anything else (a script cache flushed again, OOM, BUSY) is transient:
+                // stop; the instance stays "being reaped" and the next round redoes it.
+                Err(e) => {
+                    failed.get_or_insert(e);
                 }
             }
-            unindex.flush(sh, &mut cleanup);
-            if !unindexed.is_empty() {
-                cleanup.srem(&index, &unindexed).ignore();
-            }
-            if !cleanup.is_empty() {
-                cleanup.query::<()>(con).map_err(|e| Error::redis(op, e))?;
-            }
-            pending = again;
         }
-        cursor = next;
-        if cursor == 0 {
-            return Ok(());
+        cleanup.len += unindex.flush(sh, &mut cleanup.pipe);
+        if !unindexed.is_empty() {
+            cleanup.pipe.srem(&index, &unindexed);
+            cleanup.len += 1;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        pending = again;
+        if scan {
+            let Some(r) = replies.next() else {
+                return Err(Error::bad_data(op, "fewer replies than commands"));
+            };
+            let (next, raw): (u64, Vec<Vec<u8>>) = scripts::decode(op, r)?;
+            cursor = next;
+            pending.extend(
+                utf8_members(con, op, &index, raw)?
+                    .into_iter()
+                    .map(|r| (r, "0".to_owned())),
+            );
         }
     }
 }
@@ -457,5 +547,97 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
         if sh.leader.is_leader() {
             round(sh, &mut link, shutdown, demoted);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::devserver::LocalRedis;
+    use crate::keys::peer_member;
+    use crate::{Config, Node, Timings};
+
+    // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
+    // of the last batch that ran must still be sent. Each of 300 rooms of a dead instance holds
+    // a record of another instance "x" (no solo mark, so the reap reads it and owes x's index
+    // an SREM). The reap is stopped after two batches; every room it deleted must be gone from
+    // x's index, every room it did not reach must still be there. Fails if the clean-up owed
+    // when the reap stops is dropped (x's index keeps entries pointing at deleted records).
+    #[test]
+    fn a_reap_that_stops_early_still_cleans_the_indexes_of_what_it_deleted() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = Config::builder()
+            .redis_url(Some(&server.url()))
+            .stage("unit")
+            .instance_id("leader")
+            .timings(Timings::fast())
+            .reap_batch(10)
+            .build()
+            .unwrap();
+        let node = Node::start(cfg).unwrap();
+        let sh = node.shared_for_tests();
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let rooms: Vec<String> = (0..300).map(|r| format!("room-{r}")).collect();
+        let mut pipe = redis::pipe();
+        for room in &rooms {
+            let rk = sh.keys.room(room);
+            pipe.sadd(sh.keys.instance_rooms("dead"), room).ignore();
+            pipe.sadd(sh.keys.instance_peers("x"), peer_member(room, "xp"))
+                .ignore();
+            pipe.hset_multiple(&rk.meta, &[("owner", "dead"), ("pinned_ms", "1")])
+                .ignore();
+            pipe.hset_multiple(
+                sh.keys.peer(room, "xp"),
+                &[
+                    ("instance", "x"),
+                    ("guest", ""),
+                    ("generation", "1"),
+                    ("updated_ms", "1"),
+                ],
+            )
+            .ignore();
+            pipe.sadd(&rk.peers, "xp").ignore();
+        }
+        pipe.query::<()>(&mut con).unwrap();
+
+        // Leading for the first page and two batches, then not any more.
+        let checks = Cell::new(0);
+        let leading = || {
+            checks.set(checks.get() + 1);
+            checks.get() <= 3
+        };
+        let mut counts = ReapCounts::default();
+        let out = reap_rooms(sh, &mut con, "dead", i64::MAX / 2, &leading, &mut counts);
+        assert!(matches!(out, Err(Error::NotLeader)), "{out:?}");
+        assert!(
+            counts.rooms > 0 && counts.rooms < 300,
+            "the reap must stop part way: {counts:?}"
+        );
+
+        let x_index: BTreeSet<String> = redis::cmd("SMEMBERS")
+            .arg(sh.keys.instance_peers("x"))
+            .query(&mut con)
+            .unwrap();
+        let mut deleted = 0;
+        for room in &rooms {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(sh.keys.room(room).meta)
+                .query(&mut con)
+                .unwrap();
+            deleted += u64::from(!exists);
+            assert_eq!(
+                x_index.contains(&peer_member(room, "xp")),
+                exists,
+                "{room}: x's index entry must go exactly when the room was deleted"
+            );
+        }
+        assert_eq!(deleted, counts.rooms);
+        node.shutdown().unwrap();
     }
 }

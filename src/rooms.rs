@@ -189,14 +189,18 @@ impl Unindex {
         }
     }
 
-    /// Adds the `SREM`s to `pipe` (at most 1000 members each) and forgets them.
-    pub(crate) fn flush(&mut self, sh: &Shared, pipe: &mut Pipeline) {
+    /// Adds the `SREM`s to `pipe` (at most 1000 members each, replies not ignored) and forgets
+    /// them; returns how many commands it added.
+    pub(crate) fn flush(&mut self, sh: &Shared, pipe: &mut Pipeline) -> usize {
+        let mut n = 0;
         for (instance, members) in std::mem::take(&mut self.by_instance) {
             let key = sh.keys.instance_peers(&instance);
             for chunk in members.chunks(1000) {
-                pipe.srem(&key, chunk).ignore();
+                pipe.srem(&key, chunk);
+                n += 1;
             }
         }
+        n
     }
 }
 

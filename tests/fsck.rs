@@ -478,6 +478,47 @@ fn unindexed_records_and_rooms_are_found_and_reindexed() {
     assert_clean(&run(&s, STAGE, false));
 }
 
+// The reap's solo shortcut (pin_room.lua marks a room pinned while its peers set was empty;
+// reap_room.lua then takes every record in it for the owner's) must not outlive a repair that
+// puts back a record of another instance: add_peer drops the mark. Fails if it does not (a
+// later reap of the owner would leave inst-x's index entry pointing at a deleted record).
+#[test]
+fn reindexing_another_instances_record_drops_the_solo_mark() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    populate(&a, "sr", &[("ap", None)]);
+    let r = ks.room("sr");
+    let solo = || -> Option<String> {
+        redis::cmd("HGET")
+            .arg(&r.meta)
+            .arg("solo")
+            .query(&mut s.con())
+            .unwrap()
+    };
+    assert_eq!(solo().as_deref(), Some("inst-a"));
+    // A stray record of inst-x in the room, indexed by inst-x but missing from the room's set.
+    raw(&s, &["SADD", &ks.instance_peers("inst-x"), "sr/xp"]);
+    raw(
+        &s,
+        &[
+            "HSET",
+            &ks.peer("sr", "xp"),
+            "instance",
+            "inst-x",
+            "guest",
+            "",
+            "generation",
+            "1",
+            "updated_ms",
+            "1",
+        ],
+    );
+    run(&s, STAGE, true);
+    assert!(smembers(&s, &r.peers).contains("xp"));
+    assert_eq!(solo(), None);
+}
+
 // An instance that left index sets but has no sorted-set entry (its reap ended incomplete, or
 // the entry was deleted) is reported as unregistered_instance at its room index; --repair hands
 // it to the reaper (score 0 = being reaped), and a leader then reaps everything it left. An

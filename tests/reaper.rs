@@ -398,6 +398,86 @@ fn dead_instance_whose_pins_expired_is_still_fully_reaped() {
     assert!(left.is_empty(), "leftovers of the dead instance: {left:#?}");
 }
 
+// Protects invariant 2 and invariant 4 for the reap's `solo` shortcut (pin_room.lua,
+// reap_room.lua): a room pinned while it already held a record of another instance ("other",
+// with its index entry) is deleted whole when its owner dies, and the other instance's index
+// entry for that record goes with it. A room pinned empty is marked solo and reaped without
+// reading each record. Fails if pin_room marked every room solo (the other instance's index
+// entry would be left pointing at a deleted record) or if the reap ignored the mark's owner.
+#[test]
+fn whole_room_reap_removes_other_instances_index_entries() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (_leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
+    let d = s.node(STAGE, "solo-d");
+    // "other" left a record in mixed-room (say it owned the room before and its pin lapsed).
+    let other = wire(IdKind::Instance, "other");
+    let mixed = ks.room("mixed-room");
+    let _: () = redis::pipe()
+        .sadd(ks.instance_peers(&other), "mixed-room/o-peer")
+        .ignore()
+        .hset_multiple(
+            ks.peer("mixed-room", "o-peer"),
+            &[
+                ("instance", other.as_str()),
+                ("guest", ""),
+                ("generation", "1"),
+                ("updated_ms", "1"),
+            ],
+        )
+        .ignore()
+        .sadd(&mixed.peers, "o-peer")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(d.pin_room("mixed-room").unwrap(), PinOutcome::Pinned);
+    assert_eq!(d.pin_room("empty-room").unwrap(), PinOutcome::Pinned);
+    let solo = |room: &str| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(ks.room(room).meta)
+            .arg("solo")
+            .query(&mut s.con())
+            .unwrap()
+    };
+    assert_eq!(
+        solo("mixed-room"),
+        None,
+        "a room holding another's record is not solo"
+    );
+    assert_eq!(solo("empty-room").as_deref(), Some("solo-d"));
+    d.upsert_peer("mixed-room", "d-peer-1", None, &[]).unwrap();
+    d.upsert_peer("empty-room", "d-peer-2", Some("d-guest"), &[])
+        .unwrap();
+    d.simulate_crash();
+    let e = log.wait(LONG, "solo-d reaped", |e| reaped(e, "solo-d"));
+    assert_eq!(
+        e,
+        Event::InstanceReaped {
+            dead: "solo-d".into(),
+            rooms: 2,
+            peers: 3,
+            skipped_rooms: 0
+        }
+    );
+    let left = references(
+        &s.dump("*"),
+        &[
+            "solo-d".into(),
+            "mixed-room".into(),
+            "empty-room".into(),
+            "o-peer".into(),
+            "d-peer".into(),
+            "d-guest".into(),
+        ],
+    );
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}
+
 // Protects "an instance never reaps itself". The leader's own heartbeat key is deleted and its
 // score set a minute into the past over and over (every few ms) for a whole round, including
 // its two-phase re-check, while a really dead instance makes the round happen. The leader must

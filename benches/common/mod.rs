@@ -124,6 +124,9 @@ pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) 
                 .arg(score - 1000)
                 .arg("peer_seq")
                 .arg(PEERS_PER_ROOM)
+                // pin_room.lua marks a room pinned while empty: all its records are the owner's.
+                .arg("solo")
+                .arg(dead)
                 .ignore();
             keys.extend([
                 rk.owner.clone(),
@@ -230,6 +233,29 @@ pub fn floor_reap(con: &mut Connection, keys: &[String]) {
             pipe.cmd("UNLINK").arg(*room_keys).ignore();
         }
         pipe.query::<()>(con).expect("UNLINK");
+    }
+}
+
+/// The script floor: the same keys removed by one Lua script per room (`UNLINK` of the keys
+/// passed in `KEYS`, no checks), pipelined 500 per round trip. What any per-room atomic step
+/// costs before it checks anything: EVALSHA's fixed cost and the in-script command overhead.
+pub fn script_floor_reap(con: &mut Connection, keys: &[String]) {
+    let script = redis::Script::new("return redis.call('UNLINK', unpack(KEYS))");
+    let _: String = script.prepare_invoke().load(con).expect("SCRIPT LOAD");
+    for chunk in keys
+        .chunks(5 + PEERS_PER_ROOM)
+        .collect::<Vec<_>>()
+        .chunks(500)
+    {
+        let mut pipe = redis::pipe();
+        for room_keys in chunk {
+            let mut inv = script.prepare_invoke();
+            for k in *room_keys {
+                inv.key(k);
+            }
+            pipe.invoke_script(&inv).ignore();
+        }
+        pipe.query::<()>(con).expect("script floor");
     }
 }
 
