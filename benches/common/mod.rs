@@ -221,8 +221,14 @@ return 1
     reaped
 }
 
-/// The floor: the same keys removed by pipelined `UNLINK` (one per room's keys), no checks.
-pub fn floor_reap(con: &mut Connection, keys: &[String]) {
+/// Sends one command per room of `keys` (as [`fabricate`] returns them: each room's keys, then
+/// the two index keys as one last group), 500 rooms per pipelined round trip.
+fn per_room_pipelined(
+    con: &mut Connection,
+    keys: &[String],
+    what: &str,
+    mut add: impl FnMut(&mut redis::Pipeline, &[String]),
+) {
     for chunk in keys
         .chunks(5 + PEERS_PER_ROOM)
         .collect::<Vec<_>>()
@@ -230,10 +236,17 @@ pub fn floor_reap(con: &mut Connection, keys: &[String]) {
     {
         let mut pipe = redis::pipe();
         for room_keys in chunk {
-            pipe.cmd("UNLINK").arg(*room_keys).ignore();
+            add(&mut pipe, room_keys);
         }
-        pipe.query::<()>(con).expect("UNLINK");
+        pipe.query::<()>(con).expect(what);
     }
+}
+
+/// The floor: the same keys removed by pipelined `UNLINK` (one per room's keys), no checks.
+pub fn floor_reap(con: &mut Connection, keys: &[String]) {
+    per_room_pipelined(con, keys, "UNLINK", |pipe, room_keys| {
+        pipe.cmd("UNLINK").arg(room_keys).ignore();
+    });
 }
 
 /// The script floor: the same keys removed by one Lua script per room (`UNLINK` of the keys
@@ -242,21 +255,13 @@ pub fn floor_reap(con: &mut Connection, keys: &[String]) {
 pub fn script_floor_reap(con: &mut Connection, keys: &[String]) {
     let script = redis::Script::new("return redis.call('UNLINK', unpack(KEYS))");
     let _: String = script.prepare_invoke().load(con).expect("SCRIPT LOAD");
-    for chunk in keys
-        .chunks(5 + PEERS_PER_ROOM)
-        .collect::<Vec<_>>()
-        .chunks(500)
-    {
-        let mut pipe = redis::pipe();
-        for room_keys in chunk {
-            let mut inv = script.prepare_invoke();
-            for k in *room_keys {
-                inv.key(k);
-            }
-            pipe.invoke_script(&inv).ignore();
+    per_room_pipelined(con, keys, "script floor", |pipe, room_keys| {
+        let mut inv = script.prepare_invoke();
+        for k in room_keys {
+            inv.key(k);
         }
-        pipe.query::<()>(con).expect("script floor");
-    }
+        pipe.invoke_script(&inv).ignore();
+    });
 }
 
 /// Every key of the bench prefix (for checks).
