@@ -198,10 +198,9 @@ fn reap_room_batches(
         if !leading() {
             return Err(lost_lease());
         }
-        let Cleanup {
-            mut pipe,
-            len: sent_cleanup,
-        } = std::mem::take(cleanup);
+        let owed = std::mem::take(cleanup);
+        let sent_cleanup = owed.len;
+        let mut pipe = owed.pipe.clone();
         let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
         for ((_, c), rk) in pending.iter().zip(&keys) {
             let mut inv = SCRIPTS.reap_room.prepare_invoke();
@@ -229,9 +228,9 @@ fn reap_room_batches(
         let replies = match scripts::exec(con, &mut pipe) {
             Ok(r) => r,
             Err(e) => {
-                // Nothing of this round trip is known to have run: the clean-up is still owed.
-                cleanup.pipe = pipe;
-                cleanup.len = sent_cleanup;
+                // Nothing of this round trip is known to have run: the clean-up is still owed
+                // (only it: this batch's scripts are not sent again without the lease check).
+                *cleanup = owed;
                 return Err(Error::redis(op, e));
             }
         };
