@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sfu_redis::faultproxy::FaultProxy;
 use sfu_redis::Node;
+use sfu_redis_testkit::faultproxy::FaultProxy;
 
 use common::*;
 

@@ -10,7 +10,6 @@
 //! - [`keys`]: the key schema (prefix `<namespace>:<stage>:<branch>`, hash tags, id encoding).
 //! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
 //! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`).
-//! - [`devserver`]: a private `redis-server` for demos, tests and benchmarks.
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
 //!
@@ -22,11 +21,8 @@
 pub mod audit;
 pub mod config;
 mod conn;
-pub mod devserver;
 mod error;
 mod event;
-pub mod faultproxy;
-pub mod ffi;
 mod heartbeat;
 pub mod keys;
 mod lease;

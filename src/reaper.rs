@@ -555,9 +555,9 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::devserver::LocalRedis;
     use crate::keys::peer_member;
     use crate::{Config, Node, Timings};
+    use sfu_redis_testkit::devserver::LocalRedis;
 
     // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
     // of the last batch that ran must still be sent. Each of 300 rooms of a dead instance holds

@@ -553,7 +553,7 @@ impl Chaos {
         let proxy = self.s.proxy();
         let log = self.dir.join(format!("{id}.log"));
         let stderr = File::create(&log).expect("create node log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sfu-redis"))
+        let mut child = Command::new(support::procs::cli_bin())
             .args(["node", "--json", "--stage", STAGE, "--instance-id", &id])
             .args(["--redis-url", &proxy.url()])
             .args(["--peers-per-room", &peers.to_string()])

@@ -877,7 +877,7 @@ fn repair_refuses_a_short_settle_delay_and_memory_only_mode() {
 // The CLI
 
 fn fsck(url: Option<&str>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sfu-redis"));
+    let mut c = Command::new(support::procs::cli_bin());
     c.arg("fsck")
         .args(["--stage", STAGE])
         .args(args)

@@ -17,8 +17,6 @@ use sfu_redis::status::fleet_status;
 use sfu_redis::{redact_url, Config, Event, Node, PinOutcome, Timings, EVENT_CAPACITY};
 use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sfu-redis");
-
 // ---------------------------------------------------------------------------------------------
 // Ids
 // ---------------------------------------------------------------------------------------------
@@ -301,7 +299,7 @@ fn unix_socket_password_under_a_percent_encoded_name_is_never_printed() {
 #[test]
 fn cli_never_prints_the_password_even_with_debug_logging() {
     let url = format!("redis+unix:///tmp/sfu-no-such-redis.sock?pass=abc@{TAIL}");
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::cli_bin())
         .args([
             "node",
             "--redis-url",
@@ -343,11 +341,12 @@ const ST: &str = "st";
 // process would abort with "memory allocation of N bytes failed" (SIGABRT) instead.
 #[test]
 fn huge_peers_per_room_is_refused_with_exit_2_naming_the_flag() {
+    let bin = support::procs::cli_bin().display().to_string();
     let t = Instant::now();
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -v 1000000; exec timeout 15 {BIN} node --rooms r --peers-per-room 4294967295"
+            "ulimit -v 1000000; exec timeout 15 {bin} node --rooms r --peers-per-room 4294967295"
         ))
         .env("RUST_BACKTRACE", "0")
         .env_remove("REDIS_URL")
@@ -408,7 +407,7 @@ fn status_survives_an_odd_score_and_shows_the_healthy_fleet() {
         .arg("odd")
         .query(&mut s.con())
         .unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(support::procs::cli_bin())
         .args(["status", "--redis-url", &s.url(), "--stage", ST])
         .output()
         .unwrap();

@@ -477,7 +477,7 @@ fn password_never_appears_in_binary_output() {
         .unwrap();
     let port = s.redis.port();
     let run = |url: &str, args: &[&str], secret: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sfu-redis"))
+        let mut child = Command::new(support::procs::cli_bin())
             .args(args)
             .args(["--redis-url", url])
             .env("RUST_LOG", "trace")

@@ -368,7 +368,7 @@ fn many_instances_are_paged_with_zscan() {
 }
 
 fn cli(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sfu-redis"));
+    let mut cmd = Command::new(support::procs::cli_bin());
     for var in [
         "REDIS_URL",
         "SFU_NAMESPACE",

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use redis::Connection;
-use sfu_redis::devserver::LocalRedis;
 use sfu_redis::keys::{peer_member, KeySpace};
 use sfu_redis::{Config, Node, Timings};
+use sfu_redis_testkit::devserver::LocalRedis;
 
 /// Peers per room in every reap benchmark.
 pub const PEERS_PER_ROOM: usize = 4;

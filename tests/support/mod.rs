@@ -1,5 +1,5 @@
 //! Test support: a real `redis-server` per test on a random port (see
-//! `sfu_redis::devserver::LocalRedis`), whose log is printed when the test panics, plus
+//! `sfu_redis_testkit::devserver::LocalRedis`), whose log is printed when the test panics, plus
 //! helpers to build nodes with fast timings and poll with deadlines.
 //!
 //! Beyond that: an [`EventLog`] that records every event a node emits, a dump of every key
@@ -14,10 +14,10 @@ pub mod procs;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use sfu_redis::devserver::LocalRedis;
-pub use sfu_redis::faultproxy::{Direction, FaultProxy};
 use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace, ParsedKey};
 use sfu_redis::{Config, Event, Node, Timings};
+use sfu_redis_testkit::devserver::LocalRedis;
+pub use sfu_redis_testkit::faultproxy::{Direction, FaultProxy};
 
 /// A private server for one test; prints its log if the test panics.
 pub struct Server {
@@ -42,7 +42,7 @@ impl Server {
         self.redis.url()
     }
 
-    /// A fault-injecting TCP proxy in front of this server (`sfu_redis::faultproxy`).
+    /// A fault-injecting TCP proxy in front of this server (`sfu_redis_testkit::faultproxy`).
     pub fn proxy(&self) -> FaultProxy {
         FaultProxy::start(("127.0.0.1", self.redis.port())).expect("start fault proxy")
     }

@@ -2,8 +2,9 @@
 //! such as `faketime`), collect their JSON events on one channel, send signals.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -57,6 +58,41 @@ impl Drop for NodeProc {
     }
 }
 
+/// The `sfu-redis` binary of the `cli` package, built once per test process with the profile
+/// of this test binary (the CLI is its own package, so `CARGO_BIN_EXE_*` does not reach the
+/// library's tests; a plain `cargo test --test X` from a clean clone still works).
+pub fn cli_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        // This test binary lives in <target>/<profile>/deps/.
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary in <target>/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("<target>").to_path_buf();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = [root.join("cli/Cargo.toml"), root.join("../cli/Cargo.toml")]
+            .into_iter()
+            .find(|p| p.exists())
+            .expect("cli/Cargo.toml beside the test's package");
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--quiet", "--bin", "sfu-redis", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("run cargo build --bin sfu-redis");
+        assert!(st.success(), "cargo build --bin sfu-redis failed");
+        let bin = profile_dir.join("sfu-redis");
+        assert!(bin.exists(), "no sfu-redis in {}", profile_dir.display());
+        bin
+    })
+}
+
 pub fn signal(pid: u32, sig: &str) {
     let st = Command::new("kill")
         .arg(format!("-{sig}"))
@@ -94,7 +130,7 @@ impl<'a> Spawn<'a> {
     }
 
     pub fn run(&self, tx: mpsc::Sender<(String, Value)>) -> NodeProc {
-        let bin = env!("CARGO_BIN_EXE_sfu-redis");
+        let bin = cli_bin();
         let mut cmd = Command::new(bin);
         if let Some(offset) = self.faketime {
             let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use redis::Connection;
-use sfu_redis::devserver::LocalRedis;
 use sfu_redis::keys::{peer_member, KeySpace};
 use sfu_redis::status::{fleet_status, FleetStatus};
 use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
+use sfu_redis_testkit::devserver::LocalRedis;
 
 use crate::{event_fields, signal_channel, signalled, Failure};
 

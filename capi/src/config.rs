@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::error::{arg_str, boundary, boundary_void, not_null, Fail, SfuStatus};
-use crate::config::{Config, ConfigBuilder, Timings};
-use crate::error::Error;
+use crate::error::{arg_str, boundary, boundary_void, not_null, Fail, SfuStatus};
+use sfu_redis::Error;
+use sfu_redis::{Config, ConfigBuilder, Timings};
 
 /// A configuration under construction (opaque). Create it with `sfu_config_new` or
 /// `sfu_config_from_env`, change it with `sfu_config_set` / `sfu_config_set_ms`, pass it to
@@ -140,7 +140,7 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
         "instance_id" => st.builder = take(st).instance_id(value),
         "reap_batch" => {
             let n = value.trim().parse::<usize>().map_err(|_| {
-                Fail::from(Error::config(
+                Fail::from(config_error(
                     "reap_batch",
                     format!("{value:?} is not a whole number"),
                 ))
@@ -157,8 +157,8 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
                         Duration::from_millis(ttl),
                     ),
                     None => {
-                        return Err(Error::config(
-                            "timings",
+                        return Err(config_error(
+                    "timings",
                             format!(
                                 "{value:?} is not a preset; use \"default\", \"fast\" or \"from_heartbeat:<interval_ms>,<ttl_ms>\""
                             ),
@@ -173,7 +173,7 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
                 return Err(unknown_key(key));
             };
             let ms = value.trim().parse::<u64>().map_err(|_| {
-                Fail::from(Error::config(
+                Fail::from(config_error(
                     name,
                     format!("{value:?} is not a whole number of milliseconds"),
                 ))
@@ -291,4 +291,9 @@ pub unsafe extern "C" fn sfu_config_free(config: *mut SfuConfig) {
             drop(unsafe { Box::from_raw(config) });
         }
     });
+}
+
+/// An `InvalidConfig` error naming the C key's field.
+fn config_error(field: &'static str, reason: String) -> Error {
+    Error::InvalidConfig { field, reason }
 }

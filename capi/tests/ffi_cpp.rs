@@ -9,6 +9,7 @@
 //!   leak.
 
 mod ffi_support;
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader, Read};
@@ -406,7 +407,7 @@ fn example_host_links_statically() {
 #[test]
 fn readme_cpp_example_builds_and_runs() {
     // The program of the README's "C and C++" section, pointed at a private server.
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root().join("../README.md")).unwrap();
     let section = readme
         .split("\n## C and C++\n")
         .nth(1)

@@ -8,16 +8,16 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use super::config::SfuConfig;
-use super::error::{
+use crate::config::SfuConfig;
+use crate::error::{
     arg_opt_str, arg_str, boundary, not_null, owned_c_string, refuse_in_callback, write_opt, Fail,
     SfuStatus,
 };
-use super::event::{dispatch, ForeignCallback, SfuEvent, SfuEventCallback, SfuFinalizer};
-use crate::error::Error;
-use crate::event::Event;
-use crate::node::Node;
-use crate::store::PinOutcome;
+use crate::event::{dispatch, ForeignCallback, SfuEvent, SfuEventCallback, SfuFinalizer};
+use sfu_redis::Error;
+use sfu_redis::Event;
+use sfu_redis::Node;
+use sfu_redis::PinOutcome;
 
 /// A started node (opaque): one SFU instance's handle on the shared Redis (or on memory in
 /// memory-only mode). Start it with `sfu_node_start`; release it with `sfu_node_free`. Usable
@@ -229,6 +229,12 @@ pub unsafe extern "C" fn sfu_node_pin_room(
             PinOutcome::AlreadyOurs => (SfuPinOutcome::SFU_PIN_ALREADY_OURS, None),
             PinOutcome::TookOver { previous } => (SfuPinOutcome::SFU_PIN_TOOK_OVER, Some(previous)),
             PinOutcome::Held { owner } => (SfuPinOutcome::SFU_PIN_HELD, Some(owner)),
+            other => {
+                return Err(Fail::new(
+                    SfuStatus::SFU_ERR_PANIC,
+                    format!("pin outcome {other:?} has no C value"),
+                ))
+            }
         };
         // SAFETY: valid for writes per the contract (the optional one may be NULL).
         unsafe {
@@ -463,7 +469,7 @@ pub unsafe extern "C" fn sfu_node_stats(
 /// and whose pointers were not modified.
 #[no_mangle]
 pub unsafe extern "C" fn sfu_stats_clear(stats: *mut SfuStats) {
-    super::error::boundary_void(|| {
+    crate::error::boundary_void(|| {
         if stats.is_null() {
             return;
         }

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use sfu_redis::faultproxy::{Direction, FaultProxy};
+//! use sfu_redis_testkit::faultproxy::{Direction, FaultProxy};
 //!
 //! let proxy = FaultProxy::start("127.0.0.1:6379")?;
 //! let url = proxy.url(); // point the node here
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
+use sfu_redis::{Error, Result};
 
 /// Which way traffic flows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The committed C header is exactly what cbindgen generates from src/ffi/ (rustls-ffi's
+//! The committed C header is exactly what cbindgen generates from capi/src/ (rustls-ffi's
 //! check), and both headers compile cleanly as C99 and as C++17.
 //!
 //! `SFU_UPDATE_HEADER=1 cargo test --test ffi_header` rewrites include/sfu_redis.h.
@@ -13,7 +13,7 @@ fn generate() -> Vec<u8> {
     let config = cbindgen::Config::from_file(root().join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root().join("src/ffi/mod.rs"))
+        .with_src(root().join("src/lib.rs"))
         .generate()
         .expect("cbindgen generates the header");
     let mut out = Vec::new();

@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::error::{Error, ErrorKind};
+use sfu_redis::{Error, ErrorKind};
 
 /// The result of every fallible C call. The numbers are stable: a code is never renumbered or
 /// reused, and new codes get new numbers.
@@ -118,6 +118,9 @@ pub(crate) fn status_of(kind: ErrorKind) -> SfuStatus {
         ErrorKind::Stopped => SfuStatus::SFU_ERR_STOPPED,
         ErrorKind::NotLeader => SfuStatus::SFU_ERR_NOT_LEADER,
         ErrorKind::Io => SfuStatus::SFU_ERR_IO,
+        // `ErrorKind` is non-exhaustive: a kind without its own code yet is a bug of this
+        // layer (every kind gets a new, never reused number), reported as such.
+        _ => SfuStatus::SFU_ERR_PANIC,
     }
 }
 

@@ -6,8 +6,8 @@ use std::ptr;
 
 use crossbeam_channel::{select, Receiver};
 
-use super::error::{as_callback, boundary_void, c_string, panic_text};
-use crate::event::{Event, LeaderLostReason};
+use crate::error::{as_callback, boundary_void, c_string, panic_text};
+use sfu_redis::{Event, LeaderLostReason};
 
 /// What an `SfuEvent` reports. Numbers are stable and never reused.
 #[repr(u32)]
@@ -180,6 +180,8 @@ impl SfuEvent {
                 (out.ids, out.ids_len) = list(room_ids);
             }
             Event::Stopped => out.kind = SfuEventKind::SFU_EVENT_STOPPED,
+            // An event kind newer than this C layer: SFU_EVENT_NONE with its JSON.
+            _ => {}
         }
         out.json = own(&e.to_json(instance).to_string());
         out

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use sfu_redis::{Error, Result};
 
 /// A running private `redis-server`.
 #[derive(Debug)]
@@ -104,8 +104,10 @@ impl LocalRedis {
 
     fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        let client = redis::Client::open(self.url().as_str())
-            .map_err(|e| Error::redis("connect to local redis-server", e))?;
+        let client = redis::Client::open(self.url().as_str()).map_err(|source| Error::Redis {
+            op: "connect to local redis-server".into(),
+            source,
+        })?;
         loop {
             if let Some(child) = &mut self.child {
                 if let Ok(Some(status)) = child.try_wait() {
