@@ -104,7 +104,7 @@ fn main() {
     let nodes: Vec<Node> = (0..instances)
         .map(|i| {
             let cfg = Config::builder()
-                .redis_url(Some(&url))
+                .redis_url(&url)
                 .stage("scale")
                 .instance_id(&format!("sfu-{i}"))
                 .timings(timings)
@@ -167,7 +167,7 @@ fn main() {
     // with no rooms (measured on a node that owns none).
     let empty = Node::start(
         Config::builder()
-            .redis_url(Some(&url))
+            .redis_url(&url)
             .stage("scale")
             .instance_id("sfu-empty")
             .timings(timings)

@@ -330,13 +330,22 @@ impl ConfigBuilder {
         b
     }
 
-    /// The Redis URL (`redis://[user:pass@]host:port[/db]`); `None` or an empty string means
-    /// memory-only mode.
-    pub fn redis_url(mut self, url: Option<&str>) -> Self {
-        self.redis_url = url
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(String::from);
+    /// The Redis URL (`redis://[user:pass@]host:port[/db]`): a `&str`, `String` or `&String`, or
+    /// an `Option<&str>`. `None` or an empty string means memory-only mode (see
+    /// [`crate::Node::mode`]).
+    ///
+    /// ```
+    /// let c = sfu_redis::Config::builder().redis_url("redis://127.0.0.1:6379").build()?;
+    /// assert_eq!(c.redis_url(), Some("redis://127.0.0.1:6379"));
+    /// let m = sfu_redis::Config::builder().redis_url(None).build()?;
+    /// assert_eq!(m.redis_url(), None);
+    /// # Ok::<(), sfu_redis::Error>(())
+    /// ```
+    pub fn redis_url(mut self, url: impl IntoRedisUrl) -> Self {
+        self.redis_url = url.into_redis_url().and_then(|u| {
+            let u = u.trim();
+            (!u.is_empty()).then(|| u.to_owned())
+        });
         self
     }
 
@@ -553,6 +562,39 @@ fn is_password_parameter(raw_name: &str) -> bool {
         .is_some_and(|(name, _)| {
             name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password")
         })
+}
+
+/// What [`ConfigBuilder::redis_url`] takes: a URL (`&str`, `String`, `&String`) or an
+/// `Option<&str>` (`None` means memory-only mode).
+pub trait IntoRedisUrl {
+    /// The URL, if any (not yet trimmed).
+    fn into_redis_url(self) -> Option<String>;
+}
+
+impl IntoRedisUrl for &str {
+    fn into_redis_url(self) -> Option<String> {
+        Some(self.to_owned())
+    }
+}
+
+impl IntoRedisUrl for String {
+    fn into_redis_url(self) -> Option<String> {
+        Some(self)
+    }
+}
+
+impl IntoRedisUrl for &String {
+    fn into_redis_url(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+/// `None` (memory-only mode) or `Some(url)`. The one `Option` form, so a bare `None` needs no
+/// type annotation.
+impl IntoRedisUrl for Option<&str> {
+    fn into_redis_url(self) -> Option<String> {
+        self.map(str::to_owned)
+    }
 }
 
 #[cfg(test)]

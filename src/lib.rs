@@ -35,7 +35,10 @@ mod scripts;
 pub mod status;
 mod store;
 
-pub use config::{redact_url, Config, ConfigBuilder, Timings, MAX_REAP_BATCH};
+pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Timings, MAX_REAP_BATCH};
+/// The receiver of [`Node::events`] (re-exported so a host that stores it needs no
+/// `crossbeam-channel` dependency of its own).
+pub use crossbeam_channel::Receiver;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
 pub use lease::TermRecord;

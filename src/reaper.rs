@@ -569,7 +569,7 @@ mod tests {
     fn a_reap_that_stops_early_still_cleans_the_indexes_of_what_it_deleted() {
         let server = LocalRedis::start().expect("start redis-server");
         let cfg = Config::builder()
-            .redis_url(Some(&server.url()))
+            .redis_url(server.url())
             .stage("unit")
             .instance_id("leader")
             .timings(Timings::fast())

@@ -325,10 +325,7 @@ fn password_never_shows_in_errors() {
     // The wrong password is reported as such (the kind says Redis, not config).
     let e = Node::start(
         Config::builder()
-            .redis_url(Some(&format!(
-                "redis://:wrong@127.0.0.1:{}",
-                s.redis.port()
-            )))
+            .redis_url(format!("redis://:wrong@127.0.0.1:{}", s.redis.port()))
             .build()
             .unwrap(),
     )
@@ -336,7 +333,7 @@ fn password_never_shows_in_errors() {
     assert_eq!(e.kind(), ErrorKind::Redis, "{e}");
     // The right password works, and the node's stats never show it.
     let url = format!("redis://:{SECRET}@127.0.0.1:{}", s.redis.port());
-    let n = Node::start(Config::builder().redis_url(Some(&url)).build().unwrap()).unwrap();
+    let n = Node::start(Config::builder().redis_url(&url).build().unwrap()).unwrap();
     n.pin_room("r").unwrap();
     no_secret("stats", &format!("{:?}", n.stats()));
     no_secret("node", &format!("{n:?}"));
@@ -373,7 +370,7 @@ fn unix_socket_password_never_shows() {
         let (display, debug) = start_error_text(&url).expect("refused");
         no_secret(&url, &display);
         no_secret(&url, &debug);
-        let builder = Config::builder().redis_url(Some(&url));
+        let builder = Config::builder().redis_url(&url);
         no_secret("ConfigBuilder Debug", &format!("{builder:?}"));
         no_secret("redact_url", &sfu_redis::redact_url(&url));
     }
@@ -424,7 +421,7 @@ fn redaction_hides_every_password_shape() {
             Some(want) => assert_eq!(&shown, want, "{url}"),
             None => assert!(shown.starts_with("<redis:// URL"), "{url}: {shown}"),
         }
-        let builder = Config::builder().redis_url(Some(url));
+        let builder = Config::builder().redis_url(url);
         no_secret("ConfigBuilder Debug", &format!("{builder:?}"));
         match builder.build() {
             Ok(c) => no_secret("Config Debug", &format!("{c:?}")),

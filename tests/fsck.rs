@@ -749,7 +749,7 @@ fn other_prefixes_are_never_listed_or_touched() {
     assert_eq!(foreign(&s), before);
 
     let config = Config::builder()
-        .redis_url(Some(&s.url()))
+        .redis_url(s.url())
         .stage(STAGE)
         .branch("main-2")
         .timings(Timings::fast())

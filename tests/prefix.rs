@@ -121,7 +121,7 @@ fn branches_sharing_a_name_prefix_are_separate() {
     let s = Server::start();
     let cfg = |branch: &str, id: &str| {
         Config::builder()
-            .redis_url(Some(&s.url()))
+            .redis_url(s.url())
             .stage("dev")
             .branch(branch)
             .instance_id(id)
@@ -162,7 +162,7 @@ fn branches_sharing_a_name_prefix_are_separate() {
 /// A node of branch `branch` of stage `dev` on `s`, with fast timings.
 fn branch_node(s: &Server, branch: &str, id: &str) -> Node {
     let config = Config::builder()
-        .redis_url(Some(&s.url()))
+        .redis_url(s.url())
         .stage("dev")
         .branch(branch)
         .instance_id(id)

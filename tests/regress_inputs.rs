@@ -156,7 +156,7 @@ fn ids_over_the_limit_or_with_controls_are_refused() {
 
 fn branch_config(s: &Server, branch: &str, instance: &str) -> Config {
     Config::builder()
-        .redis_url(Some(&s.url()))
+        .redis_url(s.url())
         .stage("dev")
         .branch(branch)
         .instance_id(instance)
@@ -271,7 +271,7 @@ fn unix_socket_password_under_a_percent_encoded_name_is_never_printed() {
         .unwrap();
     let good = format!("redis+unix://{}?p%61ss={TAIL}", sock.display());
     let cfg = Config::builder()
-        .redis_url(Some(&good))
+        .redis_url(&good)
         .instance_id("y")
         .build()
         .unwrap();

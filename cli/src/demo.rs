@@ -157,7 +157,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
     let stage = format!("demo-{:08x}", fastrand::u32(..));
     let timings = Timings::fast();
     let base = Config::builder()
-        .redis_url(Some(&url))
+        .redis_url(&url)
         .stage(&stage)
         .timings(timings);
     let keys = base
