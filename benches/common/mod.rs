@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use redis::Connection;
-use sfu_redis::keys::{peer_member, KeySpace};
+use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, Node, Timings};
+use sfu_redis_testkit::data::{fabricate_dead, DeadInstance, FakeRoom, BATCH};
 use sfu_redis_testkit::devserver::LocalRedis;
 
 /// Peers per room in every reap benchmark.
@@ -90,85 +91,23 @@ fn server_ms(con: &mut Connection) -> i64 {
     s * 1000 + us / 1000
 }
 
-/// Writes a dead instance `dead` with `rooms` rooms of [`PEERS_PER_ROOM`] peers each, as the
-/// library writes them (indexes, pins already expired, metadata naming it, peer records,
-/// guests), with a heartbeat score a minute old and no heartbeat key. Returns every key
-/// written (for the floor).
+/// Writes a dead instance `dead` with `rooms` rooms (`<dead>-r<k>`) of [`PEERS_PER_ROOM`]
+/// peers each, as the library writes them (`sfu_redis_testkit::data::fabricate_dead`: indexes,
+/// pins for an hour, metadata naming it with the `solo` mark, peer records, guests), with a
+/// heartbeat score a minute old and no heartbeat key. Returns every key written (for the
+/// floor).
 pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) -> Vec<String> {
     let score = server_ms(con) - 60_000;
-    let mut keys = Vec::with_capacity(rooms * (5 + PEERS_PER_ROOM) + 2);
-    for chunk in (0..rooms).collect::<Vec<_>>().chunks(500) {
-        let mut pipe = redis::pipe();
-        for &r in chunk {
-            let room = format!("{dead}-r{r}");
-            let rk = ks.room(&room);
-            pipe.sadd(ks.instance_rooms(dead), &room).ignore();
-            for p in 0..PEERS_PER_ROOM {
-                pipe.sadd(
-                    ks.instance_peers(dead),
-                    peer_member(&room, &format!("p{p}")),
-                )
-                .ignore();
-            }
-            pipe.cmd("SET")
-                .arg(&rk.owner)
-                .arg(dead)
-                .arg("PX")
-                .arg(3_600_000)
-                .ignore();
-            pipe.cmd("HSET")
-                .arg(&rk.meta)
-                .arg("owner")
-                .arg(dead)
-                .arg("pinned_ms")
-                .arg(score - 1000)
-                .arg("peer_seq")
-                .arg(PEERS_PER_ROOM)
-                // pin_room.lua marks a room pinned while empty: all its records are the owner's.
-                .arg("solo")
-                .arg(dead)
-                .ignore();
-            keys.extend([
-                rk.owner.clone(),
-                rk.meta.clone(),
-                rk.peers.clone(),
-                rk.guests.clone(),
-                rk.guest_state.clone(),
-            ]);
-            for p in 0..PEERS_PER_ROOM {
-                let peer = format!("p{p}");
-                let guest = format!("g{p}");
-                let rec = ks.peer(&room, &peer);
-                pipe.cmd("HSET")
-                    .arg(&rec)
-                    .arg("instance")
-                    .arg(dead)
-                    .arg("guest")
-                    .arg(&guest)
-                    .arg("generation")
-                    .arg(p + 1)
-                    .arg("updated_ms")
-                    .arg(score - 500)
-                    .arg("name")
-                    .arg("bench")
-                    .ignore();
-                pipe.sadd(&rk.peers, &peer).ignore();
-                pipe.hset(&rk.guests, &guest, &peer).ignore();
-                pipe.hset(&rk.guest_state, &guest, "joined").ignore();
-                keys.push(rec);
-            }
-        }
-        pipe.query::<()>(con).expect("fabricate");
-    }
-    redis::cmd("ZADD")
-        .arg(ks.heartbeats())
-        .arg(score)
-        .arg(dead)
-        .query::<()>(con)
-        .expect("ZADD");
-    keys.push(ks.instance_rooms(dead));
-    keys.push(ks.instance_peers(dead));
-    keys
+    let spec = DeadInstance {
+        pin_px: Some(3_600_000),
+        solo: true,
+        peer_field: Some("bench"),
+        ..DeadInstance::new(dead, score)
+    };
+    let rooms: Vec<FakeRoom> = (0..rooms)
+        .map(|r| FakeRoom::numbered(format!("{dead}-r{r}"), PEERS_PER_ROOM))
+        .collect();
+    fabricate_dead(con, ks, &spec, &rooms).expect("fabricate")
 }
 
 /// The seed system's reap, on the same data: `SMEMBERS` of the room index, then one script
@@ -222,7 +161,7 @@ return 1
 }
 
 /// Sends one command per room of `keys` (as [`fabricate`] returns them: each room's keys, then
-/// the two index keys as one last group), 500 rooms per pipelined round trip.
+/// the two index keys as one last group), [`BATCH`] rooms per pipelined round trip.
 fn per_room_pipelined(
     con: &mut Connection,
     keys: &[String],
@@ -232,7 +171,7 @@ fn per_room_pipelined(
     for chunk in keys
         .chunks(5 + PEERS_PER_ROOM)
         .collect::<Vec<_>>()
-        .chunks(500)
+        .chunks(BATCH)
     {
         let mut pipe = redis::pipe();
         for room_keys in chunk {
@@ -250,7 +189,7 @@ pub fn floor_reap(con: &mut Connection, keys: &[String]) {
 }
 
 /// The script floor: the same keys removed by one Lua script per room (`UNLINK` of the keys
-/// passed in `KEYS`, no checks), pipelined 500 per round trip. What any per-room atomic step
+/// passed in `KEYS`, no checks), pipelined [`BATCH`] per round trip. What any per-room atomic step
 /// costs before it checks anything: EVALSHA's fixed cost and the in-script command overhead.
 pub fn script_floor_reap(con: &mut Connection, keys: &[String]) {
     let script = redis::Script::new("return redis.call('UNLINK', unpack(KEYS))");
