@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 
 use sfu_redis::{Error, Result};
 
+/// Ports tried before [`LocalRedis::start`] gives up (a port found free can be taken before
+/// the server binds it).
+const START_ATTEMPTS: u32 = 5;
+
 /// A running private `redis-server`.
 #[derive(Debug)]
 pub struct LocalRedis {
@@ -41,10 +45,10 @@ impl LocalRedis {
     /// # Errors
     /// As [`LocalRedis::start`].
     pub fn start_with(extra: &[&str]) -> Result<LocalRedis> {
-        let mut first_error = None;
         // A port found free can be taken before the server binds it; try a few. Each attempt
         // has its own dir (a failed attempt's `Drop` removes it).
-        for _ in 0..5 {
+        let mut attempt = 1;
+        loop {
             let dir = std::env::temp_dir().join(format!(
                 "sfu-redis-{}-{:08x}",
                 std::process::id(),
@@ -62,14 +66,13 @@ impl LocalRedis {
                 Ok(()) => return Ok(server),
                 Err(e) => {
                     let not_installed = matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
-                    first_error.get_or_insert(e);
-                    if not_installed {
-                        break;
+                    if not_installed || attempt == START_ATTEMPTS {
+                        return Err(e);
                     }
                 }
             }
+            attempt += 1;
         }
-        Err(first_error.unwrap_or(Error::Stopped))
     }
 
     fn spawn(&mut self) -> Result<()> {
