@@ -80,7 +80,9 @@ pub fn lib_dir() -> &'static Path {
     })
 }
 
-fn need(tool: &str) {
+/// Fails the test, naming the package to install, when `tool --version` does not run: these
+/// tests never pass silently for want of a tool.
+pub fn need(tool: &str, debian_packages: &str) {
     let ok = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
@@ -89,7 +91,7 @@ fn need(tool: &str) {
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "`{tool}` is needed by the C/C++ tests: install it (Debian: apt-get install -y g++ valgrind)"
+        "`{tool}` is needed by the C/C++ tests: install it (Debian: apt-get install -y {debian_packages})"
     );
 }
 
@@ -123,7 +125,7 @@ fn compile(
     flags: &[&str],
     link: &[String],
 ) -> PathBuf {
-    need(compiler);
+    need(compiler, "gcc g++ valgrind");
     let exe = out_dir().join(name);
     let out = Command::new(compiler)
         .args(flags)
