@@ -81,7 +81,8 @@ inline std::string str_or_empty(const char *s) { return s == nullptr ? std::stri
 
 } // namespace detail
 
-/// The library's version ("0.1.0").
+/// The version of the library loaded at run time ("0.1.0"); the header's own version is
+/// SFU_REDIS_VERSION (and SFU_REDIS_VERSION_MAJOR, _MINOR, _PATCH) from sfu_redis.h.
 inline std::string version() { return sfu_version(); }
 
 /// A configuration: key/value settings (see SfuConfig in sfu_redis.h for the keys).
@@ -122,10 +123,16 @@ public:
     }
     /// redis://[user:password@]host:port[/db]; empty = memory-only mode.
     Config &redis_url(const std::string &url) { return set("redis_url", url); }
+    /// The first part of every key, <namespace>:<stage>:<branch> ("sfu" by default). Named
+    /// with a trailing underscore because `namespace` is a C++ keyword; the key is "namespace".
+    Config &namespace_(const std::string &v) { return set("namespace", v); }
     Config &stage(const std::string &v) { return set("stage", v); }
     Config &branch(const std::string &v) { return set("branch", v); }
     Config &instance_id(const std::string &v) { return set("instance_id", v); }
-    /// "default" or "fast" (millisecond timings for tests and demos).
+    /// One of three presets: "default"; "fast" (millisecond timings for tests and demos); or
+    /// "from_heartbeat:<interval_ms>,<ttl_ms>", every timing derived from the heartbeat's
+    /// interval and TTL (as Timings::from_heartbeat in Rust). A preset replaces every timing;
+    /// set single ones after it with set_ms.
     Config &timings(const std::string &preset) { return set("timings", preset); }
 
     /// Throws sfu::Error (SFU_ERR_INVALID_CONFIG, naming the field) if the node would refuse it.

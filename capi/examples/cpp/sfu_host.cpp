@@ -8,7 +8,8 @@
 //       -L target/release -lsfu_redis -Wl,-rpath,$PWD/target/release     (one line)
 //   ./sfu_host --redis-url redis://127.0.0.1:6379 --instance sfu-a --rooms r1,r2 --peers 2
 //
-// Output (stdout, one line each, flushed): `pinned <room> <outcome> [<other instance>]`,
+// Output (stdout, one line each, flushed): `version header=<SFU_REDIS_VERSION>
+// library=<sfu_version()>`, `started <instance>`, `pinned <room> <outcome> [<other instance>]`,
 // `peer <room> <peer> <generation>`, `event <json>`, `hammer ok ...` / `hammer FAILED ...`,
 // `stats <instance> rooms=<n> peers=<n> leader=<0|1>`, `exit <code>`. Errors go to stderr.
 // Exit status: 0 on success, 1 on an error or a failed check, 2 on bad arguments.
@@ -66,6 +67,7 @@ const char *outcome_name(sfu::PinOutcome o) {
 }
 
 struct Options {
+    std::string name_space;                                    // --namespace, "" = the default
     std::vector<std::pair<std::string, std::string>> settings; // config key/values, in order
     std::vector<std::string> rooms;
     unsigned peers_per_room = 0;
@@ -77,7 +79,8 @@ struct Options {
 };
 
 void usage() {
-    std::fputs("usage: sfu_host [--redis-url URL] [--stage S] [--instance ID] [--timings default|fast]\n"
+    std::fputs("usage: sfu_host [--redis-url URL] [--namespace NS] [--stage S] [--instance ID]\n"
+               "                [--timings default|fast|from_heartbeat:<interval_ms>,<ttl_ms>]\n"
                "                [--set key=value]... [--rooms r1,r2] [--peers N] [--run-ms MS]\n"
                "                [--hammer THREADS] [--ops N] [--poll] [--leave]\n",
                stderr);
@@ -102,6 +105,8 @@ bool parse(int argc, char **argv, Options &o) {
             return false;
         } else if (a == "--redis-url") {
             o.settings.emplace_back("redis_url", v);
+        } else if (a == "--namespace") {
+            o.name_space = v;
         } else if (a == "--stage") {
             o.settings.emplace_back("stage", v);
         } else if (a == "--instance") {
@@ -234,7 +239,12 @@ bool hammer(sfu::Node &node, unsigned threads, unsigned ops, std::uint64_t peers
 int run(const Options &o) {
     // Declared before the node: its handler writes it until the node is destroyed.
     std::atomic<bool> stopped_event{false};
+    // The header this program was compiled with, and the library it runs with.
+    say(std::string("version header=") + SFU_REDIS_VERSION + " library=" + sfu::version());
     sfu::Config config;
+    if (!o.name_space.empty()) {
+        config.namespace_(o.name_space);
+    }
     for (const auto &kv : o.settings) {
         config.set(kv.first, kv.second);
     }
