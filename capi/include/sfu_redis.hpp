@@ -15,7 +15,9 @@
 // - Strings go in and out as std::string (UTF-8); nothing to free by hand.
 // - Every failure throws sfu::Error, carrying the C status code (status()) and the library's
 //   message (message()).
-// - Link with -lsfu_redis (plus -lpthread -ldl -lm when linking libsfu_redis.a statically).
+// - Link with -lsfu_redis, or let the installed package do it (capi/install.sh): pkg-config
+//   `sfu_redis`, or CMake find_package(sfu_redis CONFIG) with the targets sfu_redis::sfu_redis
+//   (shared) and sfu_redis::sfu_redis_static (libsfu_redis.a and the system libraries it needs).
 //
 // Threads: a Node may be used from several threads at once. An event handler runs on the
 // library's event thread (see sfu_node_set_event_callback in sfu_redis.h): it must return

@@ -3,10 +3,17 @@
 // --hammer N it also drives the node from N threads at once (pins, upserts, removes) and checks
 // the results.
 //
-//   cargo build --release --lib
-//   g++ -std=c++17 -I include examples/cpp/sfu_host.cpp -o sfu_host
-//       -L target/release -lsfu_redis -Wl,-rpath,$PWD/target/release     (one line)
-//   ./sfu_host --redis-url redis://127.0.0.1:6379 --instance sfu-a --rooms r1,r2 --peers 2
+// Build it against an installed sfu-redis (from the repository root; see the README's "C and
+// C++" section), with CMake (capi/examples/cpp/CMakeLists.txt) or with pkg-config:
+//
+//   bash capi/install.sh --prefix $HOME/.local
+//   cmake -S capi/examples/cpp -B build/sfu_host -DCMAKE_PREFIX_PATH=$HOME/.local
+//   cmake --build build/sfu_host              # add -DSFU_REDIS_STATIC=ON to link libsfu_redis.a
+//   build/sfu_host/sfu_host --redis-url redis://127.0.0.1:6379 --instance sfu-a --rooms r1,r2 --peers 2
+//
+//   export PKG_CONFIG_PATH=$HOME/.local/lib/pkgconfig
+//   g++ -std=c++17 capi/examples/cpp/sfu_host.cpp -o sfu_host $(pkg-config --cflags --libs sfu_redis)
+//       -Wl,-rpath,$(pkg-config --variable=libdir sfu_redis)                (one line)
 //
 // Output (stdout, one line each, flushed): `version header=<SFU_REDIS_VERSION>
 // library=<sfu_version()>`, `started <instance>`, `pinned <room> <outcome> [<other instance>]`,
