@@ -20,6 +20,18 @@
 #include <stdint.h>
 
 /**
+ * The version of this header (sfu-redis-capi's package version), for compile-time checks such
+ * as `#if SFU_REDIS_VERSION_MAJOR == 0 && SFU_REDIS_VERSION_MINOR >= 1`. sfu_version() returns
+ * the version of the library loaded at run time; with the header and library of one install
+ * they are equal. Within one major version (0 for every 0.x release), the C API only gains
+ * items: the shared library's SONAME is libsfu_redis.so.<major>.
+ */
+#define SFU_REDIS_VERSION_MAJOR 0
+#define SFU_REDIS_VERSION_MINOR 1
+#define SFU_REDIS_VERSION_PATCH 0
+#define SFU_REDIS_VERSION "0.1.0"
+
+/**
  * The result of every fallible C call. The numbers are stable: a code is never renumbered or
  * reused, and new codes get new numbers.
  */

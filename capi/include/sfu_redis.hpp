@@ -15,7 +15,9 @@
 // - Strings go in and out as std::string (UTF-8); nothing to free by hand.
 // - Every failure throws sfu::Error, carrying the C status code (status()) and the library's
 //   message (message()).
-// - Link with -lsfu_redis (plus -lpthread -ldl -lm when linking libsfu_redis.a statically).
+// - Link with -lsfu_redis, or let the installed package do it (capi/install.sh): pkg-config
+//   `sfu_redis`, or CMake find_package(sfu_redis CONFIG) with the targets sfu_redis::sfu_redis
+//   (shared) and sfu_redis::sfu_redis_static (libsfu_redis.a and the system libraries it needs).
 //
 // Threads: a Node may be used from several threads at once. An event handler runs on the
 // library's event thread (see sfu_node_set_event_callback in sfu_redis.h): it must return
@@ -81,7 +83,8 @@ inline std::string str_or_empty(const char *s) { return s == nullptr ? std::stri
 
 } // namespace detail
 
-/// The library's version ("0.1.0").
+/// The version of the library loaded at run time ("0.1.0"); the header's own version is
+/// SFU_REDIS_VERSION (and SFU_REDIS_VERSION_MAJOR, _MINOR, _PATCH) from sfu_redis.h.
 inline std::string version() { return sfu_version(); }
 
 /// A configuration: key/value settings (see SfuConfig in sfu_redis.h for the keys).
@@ -122,10 +125,16 @@ public:
     }
     /// redis://[user:password@]host:port[/db]; empty = memory-only mode.
     Config &redis_url(const std::string &url) { return set("redis_url", url); }
+    /// The first part of every key, <namespace>:<stage>:<branch> ("sfu" by default). Named
+    /// with a trailing underscore because `namespace` is a C++ keyword; the key is "namespace".
+    Config &namespace_(const std::string &v) { return set("namespace", v); }
     Config &stage(const std::string &v) { return set("stage", v); }
     Config &branch(const std::string &v) { return set("branch", v); }
     Config &instance_id(const std::string &v) { return set("instance_id", v); }
-    /// "default" or "fast" (millisecond timings for tests and demos).
+    /// One of three presets: "default"; "fast" (millisecond timings for tests and demos); or
+    /// "from_heartbeat:<interval_ms>,<ttl_ms>", every timing derived from the heartbeat's
+    /// interval and TTL (as Timings::from_heartbeat in Rust). A preset replaces every timing;
+    /// set single ones after it with set_ms.
     Config &timings(const std::string &preset) { return set("timings", preset); }
 
     /// Throws sfu::Error (SFU_ERR_INVALID_CONFIG, naming the field) if the node would refuse it.

@@ -8,19 +8,17 @@
 //! - the host under valgrind memcheck (with Redis and memory-only): zero errors, no definite
 //!   leak.
 
+mod ffi_host;
 mod ffi_support;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
-use serde_json::Value;
 use sfu_redis::keys::KeySpace;
 
+use ffi_host::Host;
 use ffi_support::{assert_memcheck_clean, build, build_static, root, run};
 use support::{references, Server, LONG};
 
@@ -37,121 +35,6 @@ fn host() -> &'static Path {
     })
 }
 
-/// A running host process; its stdout lines arrive on a channel, its stderr is kept.
-struct Host {
-    name: String,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Host {
-    fn spawn(name: &str, args: &[&str]) -> Host {
-        let mut child = Command::new(host())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sfu_host");
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().expect("stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().expect("stderr");
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut buf = String::new();
-            let _ = err.read_to_string(&mut buf);
-            sink.lock().unwrap().push_str(&buf);
-        });
-        Host {
-            name: name.to_owned(),
-            child,
-            lines,
-            seen: Vec::new(),
-            stderr,
-        }
-    }
-
-    fn transcript(&self) -> String {
-        format!(
-            "--- {} stdout\n{}\n--- {} stderr\n{}",
-            self.name,
-            self.seen.join("\n"),
-            self.name,
-            self.stderr.lock().unwrap()
-        )
-    }
-
-    /// The first line (from now on) that satisfies `pred`, within `timeout`.
-    fn line(&mut self, timeout: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if pred(&l) {
-                        return l;
-                    }
-                }
-                Err(_) => panic!(
-                    "{}: no {what} within {timeout:?}\n{}",
-                    self.name,
-                    self.transcript()
-                ),
-            }
-        }
-    }
-
-    /// The next event named `name` whose JSON satisfies `pred`.
-    fn event(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let line = self.line(LONG, &format!("event {name}"), |l| {
-            l.strip_prefix("event ")
-                .and_then(|j| serde_json::from_str::<Value>(j).ok())
-                .is_some_and(|v| v["event"] == name && pred(&v))
-        });
-        serde_json::from_str(line.strip_prefix("event ").unwrap()).unwrap()
-    }
-
-    /// Waits for the process to exit (within `timeout`) and returns its exit code.
-    fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                // Collect what is left of stdout.
-                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                    self.seen.push(l);
-                }
-                return st.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit within {timeout:?}\n{}",
-                self.name,
-                self.transcript()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn get(server: &Server, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(&mut server.con()).unwrap()
 }
@@ -164,6 +47,7 @@ fn two_hosts_sigkill_the_leader_the_other_takes_over_and_reaps_it() {
     let common = ["--redis-url", &url, "--stage", "cpp", "--timings", "fast"];
 
     let mut a = Host::spawn(
+        host(),
         "cpp-a",
         &[
             &common[..],
@@ -176,6 +60,7 @@ fn two_hosts_sigkill_the_leader_the_other_takes_over_and_reaps_it() {
     a.event("leader_acquired", |v| v["epoch"].as_u64().is_some());
 
     let mut b = Host::spawn(
+        host(),
         "cpp-b",
         &[
             &common[..],
@@ -226,6 +111,7 @@ fn eight_cpp_threads_hammer_one_node() {
     let me = "cpp-hammer";
     // Default timings: pins live 90 s, so they can be checked after the host exits.
     let mut h = Host::spawn(
+        host(),
         me,
         &[
             "--redis-url",

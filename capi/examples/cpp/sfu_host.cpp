@@ -3,12 +3,20 @@
 // --hammer N it also drives the node from N threads at once (pins, upserts, removes) and checks
 // the results.
 //
-//   cargo build --release --lib
-//   g++ -std=c++17 -I include examples/cpp/sfu_host.cpp -o sfu_host
-//       -L target/release -lsfu_redis -Wl,-rpath,$PWD/target/release     (one line)
-//   ./sfu_host --redis-url redis://127.0.0.1:6379 --instance sfu-a --rooms r1,r2 --peers 2
+// Build it against an installed sfu-redis (from the repository root; see the README's "C and
+// C++" section), with CMake (capi/examples/cpp/CMakeLists.txt) or with pkg-config:
 //
-// Output (stdout, one line each, flushed): `pinned <room> <outcome> [<other instance>]`,
+//   bash capi/install.sh --prefix $HOME/.local
+//   cmake -S capi/examples/cpp -B build/sfu_host -DCMAKE_PREFIX_PATH=$HOME/.local
+//   cmake --build build/sfu_host              # add -DSFU_REDIS_STATIC=ON to link libsfu_redis.a
+//   build/sfu_host/sfu_host --redis-url redis://127.0.0.1:6379 --instance sfu-a --rooms r1,r2 --peers 2
+//
+//   export PKG_CONFIG_PATH=$HOME/.local/lib/pkgconfig
+//   g++ -std=c++17 capi/examples/cpp/sfu_host.cpp -o sfu_host $(pkg-config --cflags --libs sfu_redis)
+//       -Wl,-rpath,$(pkg-config --variable=libdir sfu_redis)                (one line)
+//
+// Output (stdout, one line each, flushed): `version header=<SFU_REDIS_VERSION>
+// library=<sfu_version()>`, `started <instance>`, `pinned <room> <outcome> [<other instance>]`,
 // `peer <room> <peer> <generation>`, `event <json>`, `hammer ok ...` / `hammer FAILED ...`,
 // `stats <instance> rooms=<n> peers=<n> leader=<0|1>`, `exit <code>`. Errors go to stderr.
 // Exit status: 0 on success, 1 on an error or a failed check, 2 on bad arguments.
@@ -66,6 +74,7 @@ const char *outcome_name(sfu::PinOutcome o) {
 }
 
 struct Options {
+    std::string name_space;                                    // --namespace, "" = the default
     std::vector<std::pair<std::string, std::string>> settings; // config key/values, in order
     std::vector<std::string> rooms;
     unsigned peers_per_room = 0;
@@ -77,7 +86,8 @@ struct Options {
 };
 
 void usage() {
-    std::fputs("usage: sfu_host [--redis-url URL] [--stage S] [--instance ID] [--timings default|fast]\n"
+    std::fputs("usage: sfu_host [--redis-url URL] [--namespace NS] [--stage S] [--instance ID]\n"
+               "                [--timings default|fast|from_heartbeat:<interval_ms>,<ttl_ms>]\n"
                "                [--set key=value]... [--rooms r1,r2] [--peers N] [--run-ms MS]\n"
                "                [--hammer THREADS] [--ops N] [--poll] [--leave]\n",
                stderr);
@@ -102,6 +112,8 @@ bool parse(int argc, char **argv, Options &o) {
             return false;
         } else if (a == "--redis-url") {
             o.settings.emplace_back("redis_url", v);
+        } else if (a == "--namespace") {
+            o.name_space = v;
         } else if (a == "--stage") {
             o.settings.emplace_back("stage", v);
         } else if (a == "--instance") {
@@ -234,7 +246,12 @@ bool hammer(sfu::Node &node, unsigned threads, unsigned ops, std::uint64_t peers
 int run(const Options &o) {
     // Declared before the node: its handler writes it until the node is destroyed.
     std::atomic<bool> stopped_event{false};
+    // The header this program was compiled with, and the library it runs with.
+    say(std::string("version header=") + SFU_REDIS_VERSION + " library=" + sfu::version());
     sfu::Config config;
+    if (!o.name_space.empty()) {
+        config.namespace_(o.name_space);
+    }
     for (const auto &kv : o.settings) {
         config.set(kv.first, kv.second);
     }

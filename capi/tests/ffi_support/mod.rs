@@ -17,23 +17,43 @@ pub fn out_dir() -> PathBuf {
     d
 }
 
+/// `<target>/<profile>`, the directory of this test binary's profile.
+pub fn profile_dir() -> PathBuf {
+    // This test binary lives in <target>/<profile>/deps/.
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Whether this test binary was built with the release profile.
+pub fn is_release() -> bool {
+    profile_dir().file_name().is_some_and(|n| n == "release")
+}
+
+/// The cargo that runs the tests (`CARGO`), else `cargo` from `PATH`.
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The shared library's SONAME: `libsfu_redis.so.<major>` (see `capi/build.rs`).
+pub fn soname() -> String {
+    format!("libsfu_redis.so.{}", env!("CARGO_PKG_VERSION_MAJOR"))
+}
+
 /// The directory holding `libsfu_redis.so` / `.a` (`target/<profile>`), built once per test
 /// process with `cargo build --lib` and the profile of this test binary, so a plain `cargo
-/// test` from a clean clone works.
+/// test` from a clean clone works. It also gets the `libsfu_redis.so.<major>` link that
+/// programs linked against the library look for at run time (its SONAME; the install step
+/// makes the same link in `<prefix>/lib`).
 pub fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        // This test binary lives in <target>/<profile>/deps/.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary in <target>/<profile>/deps")
-            .to_path_buf();
+        let profile_dir = profile_dir();
         let target_dir = profile_dir.parent().expect("<target>").to_path_buf();
-        let release = profile_dir.file_name().is_some_and(|n| n == "release");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
+        let release = is_release();
+        let mut cmd = Command::new(cargo());
         cmd.arg("build")
             .arg("--lib")
             .arg("--manifest-path")
@@ -50,11 +70,19 @@ pub fn lib_dir() -> &'static Path {
             "no libsfu_redis.so in {}",
             profile_dir.display()
         );
+        let link = profile_dir.join(soname());
+        if std::fs::read_link(&link).ok().as_deref() != Some(Path::new("libsfu_redis.so")) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink("libsfu_redis.so", &link)
+                .unwrap_or_else(|e| panic!("link {} to libsfu_redis.so: {e}", link.display()));
+        }
         profile_dir
     })
 }
 
-fn need(tool: &str) {
+/// Fails the test, naming the package to install, when `tool --version` does not run: these
+/// tests never pass silently for want of a tool.
+pub fn need(tool: &str, debian_packages: &str) {
     let ok = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
@@ -63,7 +91,7 @@ fn need(tool: &str) {
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "`{tool}` is needed by the C/C++ tests: install it (Debian: apt-get install -y g++ valgrind)"
+        "`{tool}` is needed by the C/C++ tests: install it (Debian: apt-get install -y {debian_packages})"
     );
 }
 
@@ -97,7 +125,7 @@ fn compile(
     flags: &[&str],
     link: &[String],
 ) -> PathBuf {
-    need(compiler);
+    need(compiler, "gcc g++ valgrind");
     let exe = out_dir().join(name);
     let out = Command::new(compiler)
         .args(flags)
