@@ -19,6 +19,10 @@ use redis::{Connection, FromRedisValue, Pipeline, RedisResult, Value};
 /// otherwise: 1000 items per page.
 pub const SCAN_COUNT: usize = 1000;
 
+/// Most point look-ups (or items) per pipelined round trip of the readers that page with this
+/// module (the audit, the fleet status): 500, so no round trip holds Redis for long.
+pub const LOOKUP_BATCH: usize = 500;
+
 /// Collections whose next pages a [`Pager`] fetches in one pipelined round trip (so at most
 /// `PAGE_KEYS x SCAN_COUNT` items are in memory at once).
 pub const PAGE_KEYS: usize = 100;

@@ -26,7 +26,7 @@ use crate::scan::{Cursor, Scan};
 use crate::scripts;
 
 /// Instances whose keys are looked up in one pipeline.
-pub const STATUS_BATCH: usize = 500;
+pub const STATUS_BATCH: usize = crate::scan::LOOKUP_BATCH;
 
 const OP: &str = "read fleet status";
 

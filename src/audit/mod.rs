@@ -102,8 +102,8 @@ pub use self::problem::{Problem, ProblemKind};
 pub use self::report::AuditReport;
 pub use crate::scan::SCAN_COUNT;
 
-/// Most look-ups (or collections paged at once) per pipelined round trip.
-pub const BATCH: usize = 500;
+/// Most look-ups per pipelined round trip ([`crate::scan::LOOKUP_BATCH`], 500).
+pub const BATCH: usize = crate::scan::LOOKUP_BATCH;
 
 /// The default settle delay between the two scans: 5 s, longer than the default command
 /// timeout (2 s).
