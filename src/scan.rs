@@ -8,6 +8,25 @@
 //! - [`Pager`] walks many collections at once, their next pages pipelined together.
 //! - [`collect`] reads a whole (small) scan into memory.
 //!
+//! ```no_run
+//! use sfu_redis::scan::{collect, items_as, Cursor, Scan};
+//!
+//! # fn main() -> redis::RedisResult<()> {
+//! let mut con = redis::Client::open("redis://127.0.0.1/")?.get_connection()?;
+//! // Every key of one prefix (small data sets only: it is all kept in memory).
+//! let keys = collect(&mut con, Scan::keys("sfu:dev:main:*"))?;
+//! // One page of a set, 500 members at most per call, resumed from a saved cursor; the
+//! // position to save next is `None` once the set is done.
+//! let index = "sfu:dev:main:{ctl}:instance:sfu-a:rooms";
+//! let mut cursor = Cursor::at(Scan::set(index).count(500), "0");
+//! if let Some(items) = cursor.next_page(&mut con)? {
+//!     let rooms: Vec<String> = items_as(items)?;
+//!     println!("{} keys; rooms {rooms:?}; next {:?}", keys.len(), cursor.position());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! This module is a leaf: it imports no other module of the crate, and returns the driver's
 //! [`redis::RedisResult`] so each caller names its own operation in its errors.
 
