@@ -9,7 +9,9 @@
 //!   read [`Event`]s and [`Stats`].
 //! - [`keys`]: the key schema (prefix `<namespace>:<stage>:<branch>`, hash tags, id encoding).
 //! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
-//! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`).
+//! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`);
+//!   [`audit::scan`] is one scan of it.
+//! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
 //!
@@ -31,6 +33,7 @@ mod node;
 mod peers;
 mod reaper;
 mod rooms;
+pub mod scan;
 mod scripts;
 pub mod status;
 mod store;

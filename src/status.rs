@@ -8,9 +8,9 @@
 //! ([`FleetStatus::problems`], [`InstanceStatus::problems`]) and the rest is still shown. Only
 //! a failure to reach Redis fails the whole call.
 //!
-//! What it sends: the sorted set is paged with `ZSCAN ... COUNT 1000` (never one `ZRANGE` over
-//! the whole set); each instance's keys are looked up with `TYPE`/`SCARD`, pipelined for
-//! [`STATUS_BATCH`] instances at a time.
+//! What it sends: the sorted set is paged with `ZSCAN ... COUNT 1000` (the crate's pager,
+//! [`crate::scan`]; never one `ZRANGE` over the whole set); each instance's keys are looked up
+//! with `TYPE`/`SCARD`, pipelined for [`STATUS_BATCH`] instances at a time.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,13 +22,11 @@ use crate::config::Config;
 use crate::conn::Redis;
 use crate::error::{Error, Result};
 use crate::keys::decode_id;
+use crate::scan::{Cursor, Scan};
 use crate::scripts;
 
-/// `COUNT` of each `ZSCAN` call over the heartbeat sorted set.
-const SCAN_COUNT: usize = 1000;
-
 /// Instances whose keys are looked up in one pipeline.
-pub const STATUS_BATCH: usize = 500;
+pub const STATUS_BATCH: usize = crate::scan::LOOKUP_BATCH;
 
 const OP: &str = "read fleet status";
 
@@ -264,42 +262,31 @@ fn member_bytes(v: Value) -> Option<Vec<u8>> {
     }
 }
 
-/// Pages through the heartbeat sorted set with `ZSCAN`. A wrong-typed key or an unexpected
-/// reply is a problem of the fleet (and the instances read so far are kept).
+/// Pages through the heartbeat sorted set with `ZSCAN` (the crate's pager, [`crate::scan`]),
+/// its `TYPE` read in the same round trip. A wrong-typed key or an unexpected reply is a
+/// problem of the fleet (and the instances read so far are kept).
 fn scan_members(
     con: &mut Connection,
     key: &str,
     problems: &mut Vec<String>,
 ) -> Result<BTreeMap<Vec<u8>, f64>> {
     let mut members = BTreeMap::new();
-    let mut cursor = "0".to_owned();
-    loop {
+    let mut cursor = Cursor::new(Scan::sorted_set(key));
+    while !cursor.done() {
         let mut pipe = redis::pipe();
-        pipe.cmd("ZSCAN")
-            .arg(key)
-            .arg(&cursor)
-            .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .cmd("TYPE")
-            .arg(key);
+        cursor.add_to(&mut pipe);
+        pipe.cmd("TYPE").arg(key);
         let mut replies = exec(con, &mut pipe, 2)?.into_iter();
         let (page, ty) = (replies.next(), replies.next());
-        let page = match page {
-            Some(Ok(v)) => redis::from_redis_value::<(String, Vec<Value>)>(v).ok(),
+        let items = match page {
+            Some(Ok(v)) => cursor.advance(v).ok(),
             Some(Err(e)) => {
-                let what = match ty.as_ref().map(key_type) {
-                    Some(Ok(t)) if t != "zset" => format!(
-                        "{key} holds a {}, not a sorted set: no instance can register or be reaped",
-                        type_name(&t)
-                    ),
-                    _ => format!("cannot read {key}: {e}"),
-                };
-                problems.push(what);
+                problems.push(unreadable(key, &e, ty.as_ref()));
                 return Ok(members);
             }
             None => None,
         };
-        let Some((next, items)) = page else {
+        let Some(items) = items else {
             problems.push(format!(
                 "{key}: unexpected ZSCAN reply; instances not listed"
             ));
@@ -315,10 +302,19 @@ fn scan_members(
                 None => problems.push(format!("{key}: a member that is not a string")),
             }
         }
-        if next == "0" {
-            return Ok(members);
-        }
-        cursor = next;
+    }
+    Ok(members)
+}
+
+/// Why the sorted set could not be paged: it holds another type (its `TYPE` reply `ty`
+/// says), or the error `e`.
+fn unreadable(key: &str, e: &redis::RedisError, ty: Option<&Reply>) -> String {
+    match ty.map(key_type) {
+        Some(Ok(t)) if t != "zset" => format!(
+            "{key} holds a {}, not a sorted set: no instance can register or be reaped",
+            type_name(&t)
+        ),
+        _ => format!("cannot read {key}: {e}"),
     }
 }
 

@@ -21,7 +21,8 @@
 //! least two full reap windows, then polling until the fleet has converged. The checker:
 //!
 //! 1. every live node owns every room it did not report lost: pin and metadata name it, peer
-//!    set, guest map and peer records complete, its two indexes hold exactly that. Nothing here
+//!    set, guest map and peer records complete, its two indexes hold exactly that (the index
+//!    part is the audit's one consistency scan, `sfu_redis::audit::scan`). Nothing here
 //!    takes a room over or closes one, so the only legal loss is a zombie's (`reaped_self`,
 //!    then `room_lost` for each of its rooms); a `room_lost` outside such a report is a live
 //!    instance's room lost. A room reported lost has no key left anywhere; a node whose faults
@@ -55,8 +56,8 @@ use std::time::{Duration, Instant};
 
 use redis::Connection;
 use serde_json::{json, Value};
-use sfu_redis::audit::{audit, AuditOptions};
-use sfu_redis::keys::{peer_member, KeySpace};
+use sfu_redis::audit::{self, audit, AuditOptions, Problem};
+use sfu_redis::keys::{KeySpace, ParsedKey};
 use sfu_redis::status::fleet_status;
 use sfu_redis::{Config, Timings};
 use support::procs::{NodeProc, FAST};
@@ -298,25 +299,53 @@ fn try_dump(con: &mut Connection, pattern: &str) -> redis::RedisResult<BTreeMap<
     Ok(out)
 }
 
-/// Everything missing or wrong in what `life` must own now: its registration, each room it
-/// did not report lost (pin, metadata, peer set, guest map, peer records) and its two indexes
-/// (exactly those rooms and peers). Ids here are plain `[a-z0-9-]`: wire form = id.
-fn owned_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life) -> Vec<String> {
+/// Everything missing or wrong in what `life` must own now: its registration; for each room
+/// it did not report lost, the pin and metadata name it, its peer records name it and their
+/// guests, the room's peer set holds exactly those peers; the records naming it are exactly
+/// those (no other room's). Ids here are plain `[a-z0-9-]`: wire form = id.
+///
+/// Whether its indexes, guest pointers and sets agree with those records (invariant 4) is the
+/// audit's one consistency scan (`scan`, [`sfu_redis::audit::scan`]): every problem it found
+/// at this life's keys (heartbeat key, two indexes, its rooms' keys) is one here. With the
+/// ownership above, a clean scan means its two indexes hold exactly its rooms and peers and
+/// each guest points at its peer.
+fn owned_problems(
+    ks: &KeySpace,
+    dump: &BTreeMap<String, Val>,
+    scan: &[Problem],
+    life: &Life,
+) -> Vec<String> {
     let id = life.id.as_str();
+    let mut p = registration_problems(ks, dump, id);
+    let kept: BTreeSet<String> = life.kept_rooms().cloned().collect();
+    let mut want_records = BTreeSet::new();
+    for r in &kept {
+        p.extend(room_problems(ks, dump, life, r));
+        want_records.extend((1..=life.peers).map(|k| ks.peer(r, &format!("{r}-p{k}"))));
+    }
+    let named: BTreeSet<String> = dump
+        .iter()
+        .filter(|(k, v)| {
+            matches!(ks.parse(k), Some(ParsedKey::Peer(..)))
+                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(id))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    if named != want_records {
+        p.push(format!(
+            "{id}: the records naming it are {named:?}, expected {want_records:?}"
+        ));
+    }
+    for pr in scan.iter().filter(|pr| at_life_key(ks, &pr.key, id, &kept)) {
+        p.push(format!("{id}: {} at {}: {}", pr.kind, pr.key, pr.detail));
+    }
+    p
+}
+
+/// Its heartbeat key exists and it is in the sorted set with a score above 0.
+fn registration_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<String> {
     let mut p = Vec::new();
-    let string = |k: &str| match dump.get(k) {
-        Some(Val::Str(v)) => Some(v.clone()),
-        _ => None,
-    };
-    let set = |k: &str| match dump.get(k) {
-        Some(Val::Set(v)) => v.clone(),
-        _ => BTreeSet::new(),
-    };
-    let hash = |k: &str| match dump.get(k) {
-        Some(Val::Hash(h)) => h.clone(),
-        _ => BTreeMap::new(),
-    };
-    if string(&ks.heartbeat(id)).is_none() {
+    if !matches!(dump.get(&ks.heartbeat(id)), Some(Val::Str(_))) {
         p.push(format!("{id}: no heartbeat key"));
     }
     match dump.get(&ks.heartbeats()) {
@@ -325,54 +354,66 @@ fn owned_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life) -> V
             "{id}: not in the heartbeats sorted set (or score 0)"
         )),
     }
-    let kept: Vec<&String> = life.kept_rooms().collect();
-    let want_rooms: BTreeSet<String> = kept.iter().map(|r| (*r).clone()).collect();
-    let got_rooms = set(&ks.instance_rooms(id));
-    if got_rooms != want_rooms {
-        p.push(format!(
-            "{id}: room index holds {got_rooms:?}, expected {want_rooms:?}"
-        ));
+    p
+}
+
+/// Room `r` of `life`: pin and metadata name it, its peer records name it and their guests,
+/// the room's peer set holds exactly its peers.
+fn room_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life, r: &str) -> Vec<String> {
+    let id = life.id.as_str();
+    let hash = |k: &str| match dump.get(k) {
+        Some(Val::Hash(h)) => h.clone(),
+        _ => BTreeMap::new(),
+    };
+    let mut p = Vec::new();
+    let rk = ks.room(r);
+    let pin = match dump.get(&rk.owner) {
+        Some(Val::Str(v)) => Some(v.clone()),
+        _ => None,
+    };
+    if pin.as_deref() != Some(id) {
+        p.push(format!("{id}: room {r}: pin is {pin:?}"));
     }
-    let mut want_members = BTreeSet::new();
-    for r in &kept {
-        let rk = ks.room(r);
-        if string(&rk.owner).as_deref() != Some(id) {
-            p.push(format!("{id}: room {r}: pin is {:?}", string(&rk.owner)));
-        }
-        let meta = hash(&rk.meta);
-        if meta.get("owner").map(String::as_str) != Some(id) {
-            p.push(format!("{id}: room {r}: metadata is {meta:?}"));
-        }
-        let mut want_peers = BTreeSet::new();
-        let mut want_guests = BTreeMap::new();
-        for k in 1..=life.peers {
-            let (peer, guest) = (format!("{r}-p{k}"), format!("{r}-g{k}"));
-            want_members.insert(peer_member(r, &peer));
-            let rec = hash(&ks.peer(r, &peer));
-            if rec.get("instance").map(String::as_str) != Some(id)
-                || rec.get("guest") != Some(&guest)
-            {
-                p.push(format!("{id}: room {r}: peer record {peer} is {rec:?}"));
-            }
-            want_peers.insert(peer.clone());
-            want_guests.insert(guest, peer);
-        }
-        let got_peers = set(&rk.peers);
-        if got_peers != want_peers {
-            p.push(format!("{id}: room {r}: peer set is {got_peers:?}"));
-        }
-        let got_guests = hash(&rk.guests);
-        if got_guests != want_guests {
-            p.push(format!("{id}: room {r}: guest map is {got_guests:?}"));
-        }
+    let meta = hash(&rk.meta);
+    if meta.get("owner").map(String::as_str) != Some(id) {
+        p.push(format!("{id}: room {r}: metadata is {meta:?}"));
     }
-    let got_members = set(&ks.instance_peers(id));
-    if got_members != want_members {
-        p.push(format!(
-            "{id}: peer index holds {got_members:?}, expected {want_members:?}"
-        ));
+    let mut want_peers = BTreeSet::new();
+    for k in 1..=life.peers {
+        let (peer, guest) = (format!("{r}-p{k}"), format!("{r}-g{k}"));
+        let rec = hash(&ks.peer(r, &peer));
+        if rec.get("instance").map(String::as_str) != Some(id) || rec.get("guest") != Some(&guest) {
+            p.push(format!("{id}: room {r}: peer record {peer} is {rec:?}"));
+        }
+        want_peers.insert(peer);
+    }
+    let got_peers = match dump.get(&rk.peers) {
+        Some(Val::Set(v)) => v.clone(),
+        _ => BTreeSet::new(),
+    };
+    if got_peers != want_peers {
+        p.push(format!("{id}: room {r}: peer set is {got_peers:?}"));
     }
     p
+}
+
+/// True for a key of instance `id` (heartbeat key, room or peer index) or of one of its
+/// `rooms` (any room key, peer records included).
+fn at_life_key(ks: &KeySpace, key: &str, id: &str, rooms: &BTreeSet<String>) -> bool {
+    match ks.parse(key) {
+        Some(
+            ParsedKey::Heartbeat(i) | ParsedKey::InstanceRooms(i) | ParsedKey::InstancePeers(i),
+        ) => i == id,
+        Some(
+            ParsedKey::RoomOwner(r)
+            | ParsedKey::RoomMeta(r)
+            | ParsedKey::RoomPeers(r)
+            | ParsedKey::RoomGuests(r)
+            | ParsedKey::RoomGuestState(r)
+            | ParsedKey::Peer(r, _),
+        ) => rooms.contains(&r),
+        _ => false,
+    }
 }
 
 struct Chaos {
@@ -535,6 +576,21 @@ impl Chaos {
         let con = self.probe()?;
         match try_dump(con, &pattern) {
             Ok(d) => Some(d),
+            Err(_) => {
+                self.probe = None;
+                None
+            }
+        }
+    }
+
+    /// Every key with its content, then one consistency scan of the audit
+    /// ([`audit::scan`]); `None` when Redis cannot be read right now.
+    fn view(&mut self) -> Option<(BTreeMap<String, Val>, Vec<Problem>)> {
+        let dump = self.dump()?;
+        let ks = self.ks.clone();
+        let con = self.probe()?;
+        match audit::scan(&ks, con) {
+            Ok(scan) => Some((dump, scan)),
             Err(_) => {
                 self.probe = None;
                 None
@@ -963,7 +1019,7 @@ impl Chaos {
         let Some((_, back)) = self.restart else {
             return;
         };
-        let Some(dump) = self.dump() else {
+        let Some((dump, scan)) = self.view() else {
             return;
         };
         let now = Instant::now();
@@ -978,7 +1034,7 @@ impl Chaos {
                 ));
                 continue;
             }
-            let problems = owned_problems(&self.ks, &dump, l);
+            let problems = owned_problems(&self.ks, &dump, &scan, l);
             if problems.is_empty() {
                 let took = now - back;
                 self.say(&format!("{} restored after {} ms", l.id, took.as_millis()));
@@ -1181,7 +1237,7 @@ impl Chaos {
     }
 
     fn converged(&mut self) -> bool {
-        let Some(dump) = self.dump() else {
+        let Some((dump, scan)) = self.view() else {
             return false;
         };
         let Ok(st) = fleet_status(&self.checker) else {
@@ -1199,7 +1255,7 @@ impl Chaos {
             && st.leader_alive
             && self.lives.iter().all(|l| {
                 if l.live() {
-                    owned_problems(&self.ks, &dump, l).is_empty()
+                    owned_problems(&self.ks, &dump, &scan, l).is_empty()
                 } else {
                     references(&dump, std::slice::from_ref(&l.id)).is_empty()
                 }
@@ -1210,9 +1266,9 @@ impl Chaos {
 
     fn check(&mut self) {
         self.say("checking");
-        let dump = loop {
-            if let Some(d) = self.dump() {
-                break d;
+        let (dump, scan) = loop {
+            if let Some(v) = self.view() {
+                break v;
             }
             std::thread::sleep(ms(100));
         };
@@ -1237,7 +1293,7 @@ impl Chaos {
                 .collect();
             if l.live() {
                 // (1) everything it did not report lost is there, whole.
-                for p in owned_problems(&self.ks, &dump, l) {
+                for p in owned_problems(&self.ks, &dump, &scan, l) {
                     found.push((li, format!("live node lost data: {p}")));
                 }
                 let lost: Vec<String> = l.lost.iter().cloned().collect();

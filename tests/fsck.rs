@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use sfu_redis::audit::{audit, AuditOptions, AuditReport, ProblemKind};
+use sfu_redis::audit::{self, audit, AuditOptions, AuditReport, ProblemKind};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, ErrorKind, Node, Timings};
 use support::*;
@@ -434,6 +434,102 @@ fn dangling_index_entries_are_found_and_removed() {
     // The live node still works on its repaired room.
     a.upsert_peer("r", "p2", Some("g2"), &[]).unwrap();
     assert_clean(&run(&s, STAGE, false));
+}
+
+// One scan (`audit::scan`, what `Server::index_problems` and the chaos checker call) finds each
+// gap the tests' former index checker looked for, at the right key: a record missing from its
+// instance's peer index, from its room's `peers` or from its guest's pointer; a `peers` member
+// without a record; a guest pointing at a record of another guest; guest state without a
+// pointer; a peer index entry whose record names another instance; a room its owner does not
+// index; a key outside the schema. Data written by hand for a registered, live instance (no
+// node runs, so nothing repairs it meanwhile). Fails if the scan misses one of them.
+#[test]
+fn one_scan_finds_every_gap_the_index_checker_looked_for() {
+    let s = Server::start();
+    let stage = "one-scan";
+    let ks = ks(stage);
+    register(&s, &ks, "inst-a");
+    register(&s, &ks, "inst-b");
+    let rooms = ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"];
+    let now = s.server_ms().to_string();
+    for r in rooms {
+        let rk = ks.room(r);
+        raw(&s, &["SET", &rk.owner, "inst-a", "PX", "60000"]);
+        raw(
+            &s,
+            &["HSET", &rk.meta, "owner", "inst-a", "pinned_ms", &now],
+        );
+        raw(&s, &["SADD", &ks.instance_rooms("inst-a"), r]);
+    }
+    // A consistent record `p` (guest `guest`) of `instance` in room `r`, with its indexes.
+    let record = |r: &str, p: &str, instance: &str, guest: &str| {
+        let rk = ks.room(r);
+        raw(
+            &s,
+            &[
+                "HSET",
+                &ks.peer(r, p),
+                "instance",
+                instance,
+                "guest",
+                guest,
+                "generation",
+                "1",
+            ],
+        );
+        raw(&s, &["SADD", &rk.peers, p]);
+        raw(
+            &s,
+            &["SADD", &ks.instance_peers(instance), &format!("{r}/{p}")],
+        );
+        if !guest.is_empty() {
+            raw(&s, &["HSET", &rk.guests, guest, p]);
+        }
+    };
+    for r in rooms {
+        record(r, "p1", "inst-a", "");
+    }
+    record("r3", "p3", "inst-a", "g3");
+    record("r5", "p5", "inst-a", "g5");
+    record("r7", "p7", "inst-b", "");
+    let start = audit::scan(&ks, &mut s.con()).unwrap();
+    assert!(start.is_empty(), "consistent to start with: {start:#?}");
+
+    raw(&s, &["SREM", &ks.instance_peers("inst-a"), "r1/p1"]);
+    raw(&s, &["SREM", &ks.room("r2").peers, "p1"]);
+    raw(&s, &["HDEL", &ks.room("r3").guests, "g3"]);
+    raw(&s, &["SADD", &ks.room("r4").peers, "ghost"]);
+    raw(&s, &["HSET", &ks.room("r5").guests, "g-other", "p5"]);
+    raw(&s, &["HSET", &ks.room("r6").guest_state, "g6", "left"]);
+    raw(&s, &["SADD", &ks.instance_peers("inst-a"), "r7/p7"]);
+    raw(&s, &["SREM", &ks.instance_rooms("inst-a"), "r8"]);
+    let unknown = format!("{}:bogus", ks.prefix());
+    raw(&s, &["SET", &unknown, "x"]);
+
+    let problems = audit::scan(&ks, &mut s.con()).unwrap();
+    let got: BTreeSet<(ProblemKind, String)> =
+        problems.iter().map(|p| (p.kind, p.key.clone())).collect();
+    let want: BTreeSet<(ProblemKind, String)> = [
+        (ProblemKind::UnindexedPeer, ks.peer("r1", "p1")),
+        (ProblemKind::UnindexedPeer, ks.peer("r2", "p1")),
+        (ProblemKind::UnindexedPeer, ks.peer("r3", "p3")),
+        (ProblemKind::DanglingRoomPeer, ks.room("r4").peers),
+        (ProblemKind::DanglingGuest, ks.room("r5").guests),
+        (ProblemKind::OrphanedGuestState, ks.room("r6").guest_state),
+        (ProblemKind::DanglingPeerIndex, ks.instance_peers("inst-a")),
+        (ProblemKind::UnindexedRoom, ks.room("r8").meta),
+        (ProblemKind::UnknownKey, unknown.clone()),
+    ]
+    .into();
+    assert_eq!(got, want, "{problems:#?}");
+    assert!(problems.iter().all(|p| !p.repaired));
+    // The tests' checker is the same scan as lines.
+    let lines = s.index_problems(&ks);
+    assert_eq!(lines.len(), problems.len(), "{lines:#?}");
+    for p in &problems {
+        let line = format!("{} at {}: {}", p.kind, p.key, p.detail);
+        assert!(lines.contains(&line), "{line} not in {lines:#?}");
+    }
 }
 
 // A live node's records and room lose index entries (instance peer index, room peers set,

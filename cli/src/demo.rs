@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use redis::Connection;
-use sfu_redis::keys::{peer_member, KeySpace};
+use sfu_redis::audit::{self, Problem};
+use sfu_redis::keys::{KeySpace, ParsedKey};
+use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
 use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
 use sfu_redis_testkit::devserver::LocalRedis;
@@ -28,6 +30,8 @@ const STEP_DEADLINE: Duration = Duration::from_secs(20);
 const POLL: Duration = Duration::from_millis(20);
 /// Timeout of the demo's own Redis calls (checks, cleanup).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Keys removed per `UNLINK` at the end.
+const UNLINK_BATCH: usize = 500;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -288,54 +292,42 @@ fn connect(url: &str) -> Result<Connection, String> {
 }
 
 fn query<T: redis::FromRedisValue>(con: &mut Connection, cmd: &redis::Cmd) -> Result<T, String> {
-    cmd.query(con)
-        .map_err(|e| format!("Redis call failed: {e}"))
+    cmd.query(con).map_err(redis_failed)
 }
 
-/// Every key under `keys`' prefix (SCAN MATCH `P:*`, never KEYS).
+/// Every key under `keys`' prefix, through the library's pager (`SCAN MATCH P:*`, never
+/// `KEYS`).
 fn scan_keys(con: &mut Connection, keys: &KeySpace) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = query(
-            con,
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(keys.scan_pattern())
-                .arg("COUNT")
-                .arg(500),
-        )?;
-        out.extend(batch);
-        cursor = next;
-        if cursor == 0 {
-            return Ok(out);
-        }
-    }
+    let names = scan::collect(con, Scan::keys(keys.scan_pattern())).map_err(redis_failed)?;
+    Ok(names
+        .into_iter()
+        .map(|n| String::from_utf8_lossy(&n).into_owned())
+        .collect())
 }
 
-/// All elements of a hash (fields and values), set or sorted set (members and scores), read
-/// with HSCAN/SSCAN/ZSCAN.
-fn scan_collection(con: &mut Connection, cmd: &str, key: &str) -> Result<Vec<Vec<u8>>, String> {
-    let mut out = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = query(
-            con,
-            redis::cmd(cmd).arg(key).arg(cursor).arg("COUNT").arg(500),
-        )?;
-        out.extend(batch);
-        cursor = next;
-        if cursor == 0 {
-            return Ok(out);
-        }
+fn redis_failed(e: redis::RedisError) -> String {
+    format!("Redis call failed: {e}")
+}
+
+/// True when problem `p` is at a key of one of `rooms` (peer records included).
+fn in_rooms(keys: &KeySpace, p: &Problem, rooms: &[String]) -> bool {
+    match keys.parse(&p.key) {
+        Some(
+            ParsedKey::RoomOwner(r)
+            | ParsedKey::RoomMeta(r)
+            | ParsedKey::RoomPeers(r)
+            | ParsedKey::RoomGuests(r)
+            | ParsedKey::RoomGuestState(r)
+            | ParsedKey::Peer(r, _),
+        ) => rooms.contains(&r),
+        _ => false,
     }
 }
 
 /// Deletes every key under the demo's prefix; returns how many.
 fn cleanup(con: &mut Connection, keys: &KeySpace) -> Result<usize, String> {
     let all = scan_keys(con, keys)?;
-    for chunk in all.chunks(500) {
+    for chunk in all.chunks(UNLINK_BATCH) {
         let _: i64 = query(con, redis::cmd("UNLINK").arg(chunk))?;
     }
     Ok(all.len())
@@ -890,84 +882,25 @@ impl Demo {
     }
 
     /// The survivor's pins, metadata, peer sets, guest maps, peer records, indexes and
-    /// heartbeat are all still there.
+    /// heartbeat are all still there. What it owns is read key by key; whether the indexes,
+    /// guest maps and peer sets agree with the records (invariant 4) is the library's one
+    /// consistency scan (`sfu_redis::audit::scan`): a problem at one of the survivor's rooms
+    /// fails the peers check, any other problem under the prefix the indexes check.
     fn survivor_checks(&mut self, survivor: &str) -> Result<(), String> {
-        let ks = self.keys.clone();
         let rooms = room_ids(letter_of(survivor));
-        let con = &mut self.con;
-        let mut pins = Vec::new();
-        let mut peers = Vec::new();
-        let mut index = Vec::new();
-        for room in &rooms {
-            let rk = ks.room(room);
-            let owner: Option<String> = query(con, redis::cmd("GET").arg(&rk.owner))?;
-            if owner.as_deref() != Some(survivor) {
-                pins.push(format!("{} is {owner:?}", rk.owner));
-            }
-            let meta: Option<String> = query(con, redis::cmd("HGET").arg(&rk.meta).arg("owner"))?;
-            if meta.as_deref() != Some(survivor) {
-                pins.push(format!("{} owner is {meta:?}", rk.meta));
-            }
-            let set: BTreeSet<String> = query(con, redis::cmd("SMEMBERS").arg(&rk.peers))?;
-            let want: BTreeSet<String> = (1..=PEERS_PER_ROOM).map(|k| peer_id(room, k)).collect();
-            if set != want {
-                peers.push(format!("{} holds {set:?}", rk.peers));
-            }
-            for k in 1..=PEERS_PER_ROOM {
-                let (peer, guest) = (peer_id(room, k), guest_id(room, k));
-                let mapped: Option<String> =
-                    query(con, redis::cmd("HGET").arg(&rk.guests).arg(&guest))?;
-                if mapped.as_deref() != Some(peer.as_str()) {
-                    peers.push(format!("{} {guest} -> {mapped:?}", rk.guests));
-                }
-                let key = ks.peer(room, &peer);
-                let (inst, g, name): (Option<String>, Option<String>, Option<String>) = query(
-                    con,
-                    redis::cmd("HMGET")
-                        .arg(&key)
-                        .arg("instance")
-                        .arg("guest")
-                        .arg("display_name"),
-                )?;
-                let want_name = format!("Guest {k}");
-                if inst.as_deref() != Some(survivor)
-                    || g.as_deref() != Some(guest.as_str())
-                    || name.as_deref() != Some(want_name.as_str())
-                {
-                    peers.push(format!(
-                        "{key} is instance={inst:?} guest={g:?} display_name={name:?}"
-                    ));
-                }
+        let scan = audit::scan(&self.keys, &mut self.con).map_err(|e| e.to_string())?;
+        let (mut peers, mut index): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+        for p in &scan {
+            let line = format!("{} at {}: {}", p.kind, p.key, p.detail);
+            if in_rooms(&self.keys, p, &rooms) {
+                peers.push(line);
+            } else {
+                index.push(line);
             }
         }
-        let room_index: BTreeSet<String> =
-            query(con, redis::cmd("SMEMBERS").arg(ks.instance_rooms(survivor)))?;
-        if room_index != rooms.iter().cloned().collect() {
-            index.push(format!(
-                "{} holds {room_index:?}",
-                ks.instance_rooms(survivor)
-            ));
-        }
-        let peer_index: BTreeSet<String> =
-            query(con, redis::cmd("SMEMBERS").arg(ks.instance_peers(survivor)))?;
-        let want: BTreeSet<String> = rooms
-            .iter()
-            .flat_map(|r| (1..=PEERS_PER_ROOM).map(move |k| peer_member(r, &peer_id(r, k))))
-            .collect();
-        if peer_index != want {
-            index.push(format!(
-                "{} holds {peer_index:?}",
-                ks.instance_peers(survivor)
-            ));
-        }
-        let hb: bool = query(con, redis::cmd("EXISTS").arg(ks.heartbeat(survivor)))?;
-        let score: Option<i64> =
-            query(con, redis::cmd("ZSCORE").arg(ks.heartbeats()).arg(survivor))?;
-        if !hb || score.is_none() {
-            index.push(format!(
-                "heartbeat key present: {hb}, sorted-set score: {score:?}"
-            ));
-        }
+        let pins = self.survivor_pins(survivor, &rooms)?;
+        peers.extend(self.survivor_peers(survivor, &rooms)?);
+        index.extend(self.survivor_registration(survivor)?);
         let n = rooms.len();
         let report = |problems: Vec<String>, ok: String| {
             if problems.is_empty() {
@@ -1005,6 +938,88 @@ impl Demo {
         Ok(())
     }
 
+    /// Each room's pin and metadata name the survivor.
+    fn survivor_pins(&mut self, survivor: &str, rooms: &[String]) -> Result<Vec<String>, String> {
+        let con = &mut self.con;
+        let mut pins = Vec::new();
+        for room in rooms {
+            let rk = self.keys.room(room);
+            let owner: Option<String> = query(con, redis::cmd("GET").arg(&rk.owner))?;
+            if owner.as_deref() != Some(survivor) {
+                pins.push(format!("{} is {owner:?}", rk.owner));
+            }
+            let meta: Option<String> = query(con, redis::cmd("HGET").arg(&rk.meta).arg("owner"))?;
+            if meta.as_deref() != Some(survivor) {
+                pins.push(format!("{} owner is {meta:?}", rk.meta));
+            }
+        }
+        Ok(pins)
+    }
+
+    /// Each room holds exactly its peers, each with its record (the survivor, its guest, its
+    /// host field) and its guest pointing at it.
+    fn survivor_peers(&mut self, survivor: &str, rooms: &[String]) -> Result<Vec<String>, String> {
+        let con = &mut self.con;
+        let mut peers = Vec::new();
+        for room in rooms {
+            let rk = self.keys.room(room);
+            let set: BTreeSet<String> = scan::collect(con, Scan::set(&rk.peers))
+                .map_err(redis_failed)?
+                .into_iter()
+                .map(|m| String::from_utf8_lossy(&m).into_owned())
+                .collect();
+            let want: BTreeSet<String> = (1..=PEERS_PER_ROOM).map(|k| peer_id(room, k)).collect();
+            if set != want {
+                peers.push(format!("{} holds {set:?}", rk.peers));
+            }
+            for k in 1..=PEERS_PER_ROOM {
+                let (peer, guest) = (peer_id(room, k), guest_id(room, k));
+                let mapped: Option<String> =
+                    query(con, redis::cmd("HGET").arg(&rk.guests).arg(&guest))?;
+                if mapped.as_deref() != Some(peer.as_str()) {
+                    peers.push(format!("{} {guest} -> {mapped:?}", rk.guests));
+                }
+                let key = self.keys.peer(room, &peer);
+                let (inst, g, name): (Option<String>, Option<String>, Option<String>) = query(
+                    con,
+                    redis::cmd("HMGET")
+                        .arg(&key)
+                        .arg("instance")
+                        .arg("guest")
+                        .arg("display_name"),
+                )?;
+                let want_name = format!("Guest {k}");
+                if inst.as_deref() != Some(survivor)
+                    || g.as_deref() != Some(guest.as_str())
+                    || name.as_deref() != Some(want_name.as_str())
+                {
+                    peers.push(format!(
+                        "{key} is instance={inst:?} guest={g:?} display_name={name:?}"
+                    ));
+                }
+            }
+        }
+        Ok(peers)
+    }
+
+    /// The survivor's heartbeat key and sorted-set score exist.
+    fn survivor_registration(&mut self, survivor: &str) -> Result<Vec<String>, String> {
+        let con = &mut self.con;
+        let hb: bool = query(con, redis::cmd("EXISTS").arg(self.keys.heartbeat(survivor)))?;
+        let score: Option<i64> = query(
+            con,
+            redis::cmd("ZSCORE")
+                .arg(self.keys.heartbeats())
+                .arg(survivor),
+        )?;
+        if !hb || score.is_none() {
+            return Ok(vec![format!(
+                "heartbeat key present: {hb}, sorted-set score: {score:?}"
+            )]);
+        }
+        Ok(Vec::new())
+    }
+
     /// Scans every key under the prefix: no key name, string value, hash field or value, set
     /// member or sorted-set member may contain a dead instance's id or one of its room ids
     /// (peer and guest ids are built from the room ids, so they are covered too).
@@ -1026,9 +1041,11 @@ impl Demo {
                 "string" => query::<Option<Vec<u8>>>(&mut self.con, redis::cmd("GET").arg(key))?
                     .into_iter()
                     .collect(),
-                "hash" => scan_collection(&mut self.con, "HSCAN", key)?,
-                "set" => scan_collection(&mut self.con, "SSCAN", key)?,
-                "zset" => scan_collection(&mut self.con, "ZSCAN", key)?,
+                "hash" => scan::collect(&mut self.con, Scan::hash(key)).map_err(redis_failed)?,
+                "set" => scan::collect(&mut self.con, Scan::set(key)).map_err(redis_failed)?,
+                "zset" => {
+                    scan::collect(&mut self.con, Scan::sorted_set(key)).map_err(redis_failed)?
+                }
                 "list" => query(&mut self.con, redis::cmd("LRANGE").arg(key).arg(0).arg(-1))?,
                 "none" => Vec::new(), // expired between SCAN and TYPE
                 other => {

@@ -1,0 +1,286 @@
+//! The audit (`sfu-redis fsck`): checks one prefix's keys against the data model and, on
+//! request, repairs what is safe to repair while live instances keep running.
+//!
+//! # What is read
+//!
+//! Only the keys of one prefix `P`: `SCAN 0 MATCH P:* COUNT 1000` (never `KEYS`), each key
+//! parsed with [`KeySpace::parse`], so another stage's or branch's keys are never listed, read
+//! or touched (invariant 5; `sfu:dev:main:*` does not match `sfu:dev:main-2:...`). Sets,
+//! hashes and the sorted set are read page by page with `SSCAN`/`HSCAN`/`ZSCAN` (`COUNT 1000`),
+//! point look-ups are pipelined in batches of [`BATCH`], so no single command blocks Redis
+//! for long. The client keeps the key names of the prefix in memory (one scan's worth).
+//!
+//! # What is checked ([`ProblemKind`])
+//!
+//! | kind | key reported | meaning | repair |
+//! |---|---|---|---|
+//! | `orphaned_room` | the room's `meta` (else its first key) | no pin, and the metadata names no registered instance (or there is no metadata) | room deleted (owner CAS) |
+//! | `dangling_room_index` | `P:{ctl}:instance:<I>:rooms` | a room whose pin (or, with no pin, metadata) does not name I | entry removed |
+//! | `dangling_peer_index` | `P:{ctl}:instance:<I>:peers` | a `<room>/<peer>` whose record is missing or names another instance | entry removed |
+//! | `dangling_room_peer` | `P:room:{R}:peers` | a peer id without a record | entry removed |
+//! | `dangling_guest` | `P:room:{R}:guests` | a guest pointing at a missing peer, or at a peer whose record names another guest | pointer (and its guest state) removed |
+//! | `unindexed_peer` | the peer record | missing from its room's `peers`, its instance's peer index, or its guest's pointer | entry added |
+//! | `unindexed_room` | the room's `meta` (else `owner`) | its owner's room index does not list it | entry added |
+//! | `unregistered_instance` | the instance's room index (else peer index, else heartbeat key) | index sets or a heartbeat key but no sorted-set entry | handed to the reaper (score 0) |
+//! | `orphaned_guest_state` | `P:room:{R}:guest-state` | the state of a guest that has no pointer | report only (host data) |
+//! | `wrong_type` | the key | a key of the schema holding another Redis type | report only |
+//! | `malformed_lease` | `P:{ctl}:leader` | the lease value is not an instance id, or it has no TTL | report only |
+//! | `malformed_peer` | the peer record | no `instance` or `generation` field, or unusable values | report only |
+//! | `malformed_value` | the key | another value this crate would not write: an epoch that is not a number, a heartbeat key or pin without TTL, an owner or sorted-set member that is not an id | report only |
+//! | `unknown_key` | the key | a key under the prefix that the schema does not know, or whose ids are not in wire form | report only |
+//!
+//! The checks protect docs/DESIGN.md's invariants: 2 (a dead instance leaves nothing behind:
+//! `orphaned_room`, `unregistered_instance`, the `dangling_*` kinds), 4 (each index holds
+//! exactly what the peer records say: `dangling_*`, `unindexed_*`) and 5 (one prefix only).
+//!
+//! # Repair policy ([`AuditOptions::repair`])
+//!
+//! The data model writes an index entry before its record and deletes the record before the
+//! index entry (cross-slot order), so an index entry without a record may be an operation in
+//! flight. Therefore:
+//!
+//! 1. A problem counts only if two scans separated by [`AuditOptions::settle`] both find it
+//!    (with a zero settle delay, one scan is made and nothing can be repaired). The settle
+//!    delay must be longer than the command timeout, the longest a live operation keeps its
+//!    two steps apart.
+//! 2. Each fix re-checks its item right before it writes: atomically in a Lua script where
+//!    the item lives in one hash slot (`audit_room_index.lua`, `audit_delete_room.lua`,
+//!    `audit_enqueue.lua`).
+//! 3. Index entries are added freely (index before record is always safe). Index entries of
+//!    the control plane that point at a room record (another slot) are removed, then re-read
+//!    after the settle delay once more and put back if their record meanwhile names the
+//!    instance (an upsert or pin in flight): a removal can never leave a live record unindexed.
+//! 4. Orphaned rooms are deleted batch by batch by `audit_delete_room.lua`, only while they
+//!    still have no pin and unchanged metadata (owner CAS); records first, then their index
+//!    entries.
+//! 5. An unregistered instance with leftover index sets and no heartbeat key gets score 0 in
+//!    the sorted set ("being reaped", `audit_enqueue.lua`): the leader's reaper then reaps it
+//!    with its two-phase re-check and owner-CAS scripts. The audit does not reap by itself: it
+//!    holds no lease, and the reaper is the one place that knows how (new lives, takeovers,
+//!    batches). Until a leader runs, `sfu-redis status` shows the instance as being reaped.
+//! 6. Wrong-typed keys, malformed values, unknown keys and guest states are never repaired.
+//!
+//! # Layout
+//!
+//! One scan ([`scan`]) reads the key names first (`snapshot.rs`), then runs one check per
+//! file: `control.rs` (registry, lease, epoch, heartbeat keys, unregistered instances),
+//! `room_indexes.rs`, `peer_indexes.rs`, `rooms.rs` (pins, metadata, orphans, the owner's
+//! room index), `room_peers.rs`, `guests.rs`, `guest_states.rs` and `records.rs`. [`audit`]
+//! runs two scans, keeps what both saw, repairs (`repair.rs`, orphaned rooms in
+//! `delete_room.rs`) and reports (`report.rs`).
+//! Every `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` goes through the crate's one pager, [`crate::scan`].
+
+mod control;
+mod delete_room;
+mod findings;
+mod guest_states;
+mod guests;
+mod peer_indexes;
+mod problem;
+mod read;
+mod records;
+mod repair;
+mod report;
+mod room_indexes;
+mod room_peers;
+mod rooms;
+mod snapshot;
+
+use std::time::Duration;
+
+use redis::Connection;
+
+use self::findings::{in_both, Finding, Findings};
+use self::read::Scan;
+use self::repair::{repair, Entry};
+use crate::config::Config;
+use crate::conn::Redis;
+use crate::error::{Error, Result};
+use crate::keys::KeySpace;
+
+pub use self::problem::{Problem, ProblemKind};
+pub use self::report::AuditReport;
+pub use crate::scan::SCAN_COUNT;
+
+/// Most look-ups per pipelined round trip ([`crate::scan::LOOKUP_BATCH`], 500).
+pub const BATCH: usize = crate::scan::LOOKUP_BATCH;
+
+/// The default settle delay between the two scans: 5 s, longer than the default command
+/// timeout (2 s).
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
+
+const OP: &str = "audit";
+
+/// How [`audit`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditOptions {
+    /// Fix what is safe to fix (module docs, "Repair policy"). Needs `settle` longer than the
+    /// configuration's command timeout.
+    pub repair: bool,
+    /// The delay between the two scans (and before re-reading removed control-plane index
+    /// entries). Zero: one scan, no repair. Default [`DEFAULT_SETTLE`].
+    pub settle: Duration,
+}
+
+impl Default for AuditOptions {
+    fn default() -> Self {
+        AuditOptions {
+            repair: false,
+            settle: DEFAULT_SETTLE,
+        }
+    }
+}
+
+/// Audits the prefix of `config` on `config`'s Redis; see the module docs for what is checked
+/// and what `options.repair` fixes. Takes about `2 x options.settle` plus the scans' time
+/// (`3 x settle` when control-plane index entries are removed).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::InvalidArgument`]
+/// when `options.repair` is set and `options.settle` is not longer than the command timeout;
+/// [`Error::Redis`] when Redis is unreachable or a call fails (a repair may then be partly
+/// done; every step is safe to redo by running the audit again).
+pub fn audit(config: &Config, options: &AuditOptions) -> Result<AuditReport> {
+    let url = config
+        .redis_url()
+        .ok_or_else(|| Error::config("redis_url", "the audit needs a Redis URL (set REDIS_URL)"))?;
+    let timeout = config.timings().command_timeout;
+    check_settle(options, timeout)?;
+    let redis = Redis::new(url, timeout)?;
+    let ks = config.keys();
+    let mut con = redis.connect()?;
+    let first = find(ks, &mut con)?;
+    let found = if options.settle.is_zero() {
+        first
+    } else {
+        // A new connection after each pause: a server with an idle `timeout` may have closed
+        // the old one.
+        drop(con);
+        std::thread::sleep(options.settle);
+        con = redis.connect()?;
+        in_both(&first, find(ks, &mut con)?)
+    };
+    let mut entries: Vec<Entry> = found.into_values().map(Entry::open).collect();
+    if options.repair {
+        repair(ks, &redis, con, &mut entries, options.settle)?;
+    }
+    Ok(AuditReport::from_entries(ks.prefix(), entries))
+}
+
+/// A repair needs a settle delay longer than the command timeout.
+fn check_settle(options: &AuditOptions, timeout: Duration) -> Result<()> {
+    if options.repair && options.settle <= timeout {
+        return Err(Error::InvalidArgument {
+            what: "settle delay",
+            reason: format!(
+                "{} ms must be longer than the command timeout ({} ms) to repair safely",
+                options.settle.as_millis(),
+                timeout.as_millis()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Runs ONE consistency scan of `keys`' prefix on `con` and returns every problem it found,
+/// sorted by kind and key (then member or field), none repaired: the checks of the module
+/// docs' table, with the same kinds, keys and details as [`audit`] reports.
+///
+/// Unlike [`audit`], a single scan cannot tell a real problem from an operation in flight
+/// (an index entry written a moment before its record): call it on a quiescent prefix, or
+/// call it again a moment later and keep what both calls found. This is the consistency
+/// check the crate's tests, its chaos test and the demo rely on (invariants 2, 4 and 5).
+/// Only the prefix's keys are read (`SCAN MATCH P:*`, never `KEYS`); nothing is written.
+///
+/// ```no_run
+/// # fn main() -> sfu_redis::Result<()> {
+/// let keys = sfu_redis::keys::KeySpace::new("sfu", "dev", "main")?;
+/// let mut con = redis::Client::open("redis://127.0.0.1/")
+///     .and_then(|c| c.get_connection())
+///     .expect("connect");
+/// for p in sfu_redis::audit::scan(&keys, &mut con)? {
+///     eprintln!("{} at {}: {}", p.kind, p.key, p.detail);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`Error::Redis`] when a call fails (I/O, timeout); wrong-typed keys and bad values are
+/// problems, not errors.
+pub fn scan(keys: &KeySpace, con: &mut Connection) -> Result<Vec<Problem>> {
+    Ok(find(keys, con)?
+        .into_values()
+        .map(Finding::into_problem)
+        .collect())
+}
+
+/// One full scan of the prefix: every finding, keyed by identity.
+fn find(ks: &KeySpace, con: &mut Connection) -> Result<Findings> {
+    let mut s = Scan {
+        ks,
+        con,
+        out: Findings::new(),
+    };
+    let seen = s.keys()?;
+    let registry = s.registry(&seen)?;
+    s.control(&seen, registry.as_ref())?;
+    s.room_indexes(&seen)?;
+    s.peer_indexes(&seen)?;
+    let orphans = s.rooms(&seen, registry.as_ref())?;
+    s.records(&seen, &orphans)?;
+    Ok(s.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::read::room_names;
+    use super::*;
+
+    #[test]
+    fn kind_names_are_unique_snake_case() {
+        let names: BTreeSet<&str> = ProblemKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), ProblemKind::ALL.len());
+        for n in names {
+            assert!(n.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{n}");
+        }
+    }
+
+    #[test]
+    fn report_json_shape() {
+        let r = AuditReport {
+            prefix: "sfu:dev:main".into(),
+            problems: vec![
+                Problem {
+                    kind: ProblemKind::OrphanedRoom,
+                    key: "k1".into(),
+                    detail: "d".into(),
+                    repaired: true,
+                },
+                Problem {
+                    kind: ProblemKind::WrongType,
+                    key: "k2".into(),
+                    detail: "d".into(),
+                    repaired: false,
+                },
+            ],
+            repaired: 1,
+        };
+        let j = r.to_json();
+        assert_eq!(j["clean"], false);
+        assert_eq!(j["repaired"], 1);
+        assert_eq!(j["problems"][0]["kind"], "orphaned_room");
+        assert_eq!(j["problems"][1]["key"], "k2");
+        assert_eq!(j.as_object().map(|o| o.len()), Some(3));
+    }
+
+    #[test]
+    fn room_index_rule() {
+        assert!(room_names(Some("a"), Some("b"), "a"));
+        assert!(!room_names(Some("b"), Some("a"), "a"));
+        assert!(room_names(None, Some("a"), "a"));
+        assert!(!room_names(None, None, "a"));
+    }
+}

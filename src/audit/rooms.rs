@@ -1,0 +1,226 @@
+//! Per room: the pin's and metadata's values (`malformed_value`), rooms nobody owns
+//! (`orphaned_room`), the owner's room index (`unindexed_room`); then the room's `peers`,
+//! `guests` and `guest-state` (their own files).
+
+use std::collections::BTreeSet;
+
+use redis::{RedisResult, Value};
+
+use super::findings::Fix;
+use super::read::{get, is_id, room_names, Scan};
+use super::snapshot::{RoomSeen, Seen};
+use super::ProblemKind::{OrphanedRoom, UnindexedRoom};
+use super::BATCH;
+use crate::error::Result;
+use crate::keys::KeySpace;
+
+/// Peer records named in the `EXISTS` that tells whether a room still has any key.
+const EXISTS_RECORDS: usize = 8;
+
+/// A room with what the scan saw of it.
+type RoomRef<'s> = (&'s String, &'s RoomSeen);
+
+/// What was read of one room: its pin (`None`: wrong type), the pin's `PTTL`, the metadata's
+/// `owner` and `pinned_ms` (`None`: wrong type), and whether any key of it still exists.
+struct RoomRead {
+    pin: Option<Option<String>>,
+    pttl: Option<i64>,
+    meta: Option<(Option<String>, Option<String>)>,
+    has_keys: bool,
+}
+
+impl RoomRead {
+    fn from_replies(r: &[RedisResult<Value>], n: usize) -> RoomRead {
+        let meta = get::<Vec<Option<String>>>(r.get(4 * n + 2))
+            .map(|v| (v.first().cloned().flatten(), v.get(1).cloned().flatten()));
+        RoomRead {
+            pin: get::<Option<String>>(r.get(4 * n)),
+            pttl: get::<i64>(r.get(4 * n + 1)),
+            meta,
+            has_keys: get::<i64>(r.get(4 * n + 3)).unwrap_or(1) > 0,
+        }
+    }
+}
+
+impl Scan<'_> {
+    /// Per room: pin and metadata values, orphaned rooms, the owner's room index, the room's
+    /// `peers`, `guests` and `guest-state`. Returns the orphaned rooms.
+    pub(super) fn rooms(
+        &mut self,
+        seen: &Seen,
+        registry: Option<&BTreeSet<String>>,
+    ) -> Result<BTreeSet<String>> {
+        let mut orphans = BTreeSet::new();
+        let rooms: Vec<RoomRef<'_>> = seen.rooms.iter().collect();
+        for chunk in rooms.chunks(BATCH) {
+            let owned = self.room_chunk(chunk, registry, &mut orphans)?;
+            self.owner_indexes(&owned)?;
+        }
+        let live: Vec<RoomRef<'_>> = rooms
+            .into_iter()
+            .filter(|(r, _)| !orphans.contains(*r))
+            .collect();
+        self.room_peers(&live)?;
+        self.guests(&live)?;
+        self.guest_states(&live)?;
+        Ok(orphans)
+    }
+
+    /// Reads a chunk of rooms, checks their values and finds the orphans (added to
+    /// `orphans`). Returns the other rooms with their owner (pin, else metadata).
+    fn room_chunk<'s>(
+        &mut self,
+        chunk: &[RoomRef<'s>],
+        registry: Option<&BTreeSet<String>>,
+        orphans: &mut BTreeSet<String>,
+    ) -> Result<Vec<(RoomRef<'s>, String)>> {
+        let mut pipe = redis::pipe();
+        for (room, rs) in chunk {
+            read_room(self.ks, &mut pipe, room, rs);
+        }
+        let r = self.exec(&mut pipe)?;
+        let mut owned = Vec::new();
+        for (n, &(room, rs)) in chunk.iter().enumerate() {
+            let read = RoomRead::from_replies(&r, n);
+            self.room_values(room, &read);
+            let (Some(pin), Some((meta_owner, pinned_ms))) = (read.pin, read.meta) else {
+                continue; // a wrong-typed pin or metadata: reported by itself
+            };
+            if let (None, Some(registry), true) = (&pin, registry, read.has_keys) {
+                if self.orphaned(room, rs, registry, &meta_owner, &pinned_ms) {
+                    orphans.insert(room.clone());
+                    continue;
+                }
+            }
+            if let Some(owner) = pin.or(meta_owner).filter(|o| is_id(o)) {
+                owned.push(((room, rs), owner));
+            }
+        }
+        Ok(owned)
+    }
+
+    /// The pin must be an instance id with a TTL; the metadata's owner an instance id.
+    fn room_values(&mut self, room: &str, read: &RoomRead) {
+        let rk = self.ks.room(room);
+        if let Some(Some(p)) = &read.pin {
+            if !is_id(p) {
+                let detail = format!("the pin holds {p:?}, not an instance id");
+                self.malformed(&rk.owner, "value", detail);
+            }
+            if read.pttl == Some(-1) {
+                let detail = "the pin has no TTL: the room can never be taken over".to_owned();
+                self.malformed(&rk.owner, "ttl", detail);
+            }
+        }
+        if let Some((Some(m), _)) = &read.meta {
+            if !is_id(m) {
+                let detail = format!("the metadata's owner is {m:?}, not an instance id");
+                self.malformed(&rk.meta, "owner", detail);
+            }
+        }
+    }
+
+    /// A room without a pin is orphaned when its metadata names no registered instance (or
+    /// there is none); reports it and returns true.
+    fn orphaned(
+        &mut self,
+        room: &String,
+        rs: &RoomSeen,
+        registry: &BTreeSet<String>,
+        meta_owner: &Option<String>,
+        pinned_ms: &Option<String>,
+    ) -> bool {
+        let why = match meta_owner {
+            None => "no pin and no metadata".to_owned(),
+            Some(m) if !registry.contains(m) => {
+                format!("no pin, and its metadata names {m}, which is not a registered instance")
+            }
+            Some(_) => return false,
+        };
+        let key = representative(self.ks, room, rs);
+        let detail = format!("room {room}: {why} ({} keys)", rs.key_count());
+        let fix = (!rs.wrong_typed).then(|| Fix::DeleteRoom {
+            room: room.clone(),
+            meta_owner: meta_owner.clone().unwrap_or_default(),
+            pinned_ms: pinned_ms.clone().unwrap_or_default(),
+            records: rs.records.iter().cloned().collect(),
+        });
+        self.found(OrphanedRoom, &key, "", detail, fix);
+        true
+    }
+
+    /// The owner's index is read first, then the room again: a missing entry while the room
+    /// read after it still names the owner is a real gap, not a pin in flight.
+    fn owner_indexes(&mut self, owned: &[(RoomRef<'_>, String)]) -> Result<()> {
+        let ks = self.ks;
+        let mut pipe = redis::pipe();
+        for ((room, _), owner) in owned {
+            let rk = ks.room(room);
+            pipe.sismember(ks.instance_rooms(owner), *room)
+                .get(&rk.owner)
+                .hget(&rk.meta, "owner");
+        }
+        let r = self.exec(&mut pipe)?;
+        for (n, ((room, rs), owner)) in owned.iter().enumerate() {
+            let (Some(false), Some(pin), Some(meta)) = (
+                get::<bool>(r.get(3 * n)),
+                get::<Option<String>>(r.get(3 * n + 1)),
+                get::<Option<String>>(r.get(3 * n + 2)),
+            ) else {
+                continue;
+            };
+            if !room_names(pin.as_deref(), meta.as_deref(), owner) {
+                continue;
+            }
+            let rk = ks.room(room);
+            let key = if rs.meta { rk.meta } else { rk.owner };
+            let set = ks.instance_rooms(owner);
+            let detail = format!("room {room}: its owner {owner} does not list it in {set}");
+            let fix = Fix::Add {
+                set,
+                member: (*room).clone(),
+            };
+            self.found(UnindexedRoom, &key, "", detail, Some(fix));
+        }
+        Ok(())
+    }
+}
+
+/// Appends the reads of one room: pin and its `PTTL`, metadata owner and `pinned_ms`, and
+/// whether any of its keys still exists (a room closed meanwhile is no orphan).
+fn read_room(ks: &KeySpace, pipe: &mut redis::Pipeline, room: &str, rs: &RoomSeen) {
+    let rk = ks.room(room);
+    pipe.get(&rk.owner)
+        .pttl(&rk.owner)
+        .cmd("HMGET")
+        .arg(&rk.meta)
+        .arg("owner")
+        .arg("pinned_ms");
+    let exists = pipe
+        .cmd("EXISTS")
+        .arg(&rk.meta)
+        .arg(&rk.peers)
+        .arg(&rk.guests)
+        .arg(&rk.guest_state);
+    for p in rs.records.iter().take(EXISTS_RECORDS) {
+        exists.arg(ks.peer(room, p));
+    }
+}
+
+/// The key an orphaned room is reported at: its metadata, else its first key.
+fn representative(ks: &KeySpace, room: &str, rs: &RoomSeen) -> String {
+    let rk = ks.room(room);
+    if rs.meta {
+        rk.meta
+    } else if rs.peers {
+        rk.peers
+    } else if rs.guests {
+        rk.guests
+    } else if rs.guest_state {
+        rk.guest_state
+    } else if let Some(p) = rs.records.iter().next() {
+        ks.peer(room, p)
+    } else {
+        rk.owner
+    }
+}
