@@ -237,68 +237,6 @@ fn fast_flag(name: &str) -> Duration {
     ms(FAST[i + 1].parse().expect("number"))
 }
 
-/// Every key matching `pattern` with its content (like `Server::dump`, but pipelined and
-/// fallible: it runs while Redis restarts or nodes write).
-fn try_dump(con: &mut Connection, pattern: &str) -> redis::RedisResult<BTreeMap<String, Val>> {
-    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(con)?;
-    let mut p = redis::pipe();
-    for k in &keys {
-        p.cmd("TYPE").arg(k);
-    }
-    let types: Vec<String> = if keys.is_empty() {
-        Vec::new()
-    } else {
-        p.query(con)?
-    };
-    let mut p = redis::pipe();
-    for (k, t) in keys.iter().zip(&types) {
-        match t.as_str() {
-            "string" => p.get(k),
-            "hash" => p.hgetall(k),
-            "set" => p.smembers(k),
-            "zset" => p.zrange_withscores(k, 0, -1),
-            "list" => p.lrange(k, 0, -1),
-            _ => p.cmd("PING"),
-        };
-    }
-    let vals: Vec<redis::Value> = if keys.is_empty() {
-        Vec::new()
-    } else {
-        p.query(con)?
-    };
-    let mut out = BTreeMap::new();
-    for ((k, t), v) in keys.into_iter().zip(types).zip(vals) {
-        let val = match t.as_str() {
-            "none" => continue,
-            "string" => match redis::from_redis_value::<Option<Vec<u8>>>(v) {
-                Ok(Some(b)) => Val::Str(String::from_utf8_lossy(&b).into_owned()),
-                _ => continue,
-            },
-            "hash" => match redis::from_redis_value::<BTreeMap<String, String>>(v) {
-                Ok(h) if !h.is_empty() => Val::Hash(h),
-                _ => continue,
-            },
-            "set" => match redis::from_redis_value::<BTreeSet<String>>(v) {
-                Ok(s) if !s.is_empty() => Val::Set(s),
-                _ => continue,
-            },
-            "zset" => match redis::from_redis_value::<Vec<(String, f64)>>(v) {
-                Ok(z) if !z.is_empty() => {
-                    Val::ZSet(z.into_iter().map(|(m, s)| (m, s as i64)).collect())
-                }
-                _ => continue,
-            },
-            "list" => match redis::from_redis_value::<Vec<String>>(v) {
-                Ok(l) if !l.is_empty() => Val::List(l),
-                _ => continue,
-            },
-            other => Val::Other(other.to_owned()),
-        };
-        out.insert(k, val);
-    }
-    Ok(out)
-}
-
 /// Everything missing or wrong in what `life` must own now: its registration; for each room
 /// it did not report lost, the pin and metadata name it, its peer records name it and their
 /// guests, the room's peer set holds exactly those peers; the records naming it are exactly
@@ -574,7 +512,7 @@ impl Chaos {
     fn dump(&mut self) -> Option<BTreeMap<String, Val>> {
         let pattern = self.ks.scan_pattern();
         let con = self.probe()?;
-        match try_dump(con, &pattern) {
+        match sfu_redis_testkit::data::dump(con, &pattern) {
             Ok(d) => Some(d),
             Err(_) => {
                 self.probe = None;

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use sfu_redis::audit::{self, ProblemKind};
 use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace, ParsedKey};
 use sfu_redis::{Config, Event, Node, Timings};
+use sfu_redis_testkit::data;
+pub use sfu_redis_testkit::data::{references, Val};
 use sfu_redis_testkit::devserver::LocalRedis;
 pub use sfu_redis_testkit::faultproxy::{Direction, FaultProxy};
 
@@ -100,49 +102,9 @@ impl Server {
         s * 1000 + us / 1000
     }
 
-    /// Every key matching `pattern` with its whole content.
+    /// Every key matching `pattern` with its whole content (`sfu_redis_testkit::data::dump`).
     pub fn dump(&self, pattern: &str) -> BTreeMap<String, Val> {
-        let mut con = self.con();
-        let mut out = BTreeMap::new();
-        for key in self.keys(pattern) {
-            let t: String = redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
-            let v = match t.as_str() {
-                "none" => continue, // expired meanwhile
-                "string" => Val::Str(get_string(&mut con, &key)),
-                "hash" => Val::Hash(
-                    redis::cmd("HGETALL")
-                        .arg(&key)
-                        .query::<BTreeMap<String, String>>(&mut con)
-                        .unwrap(),
-                ),
-                "set" => Val::Set(
-                    redis::cmd("SMEMBERS")
-                        .arg(&key)
-                        .query::<BTreeSet<String>>(&mut con)
-                        .unwrap(),
-                ),
-                "zset" => Val::ZSet(
-                    redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .query::<Vec<(String, i64)>>(&mut con)
-                        .unwrap(),
-                ),
-                "list" => Val::List(
-                    redis::cmd("LRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .query::<Vec<String>>(&mut con)
-                        .unwrap(),
-                ),
-                other => Val::Other(other.to_owned()),
-            };
-            out.insert(key, v);
-        }
-        out
+        data::dump(&mut self.con(), pattern).expect("dump the test server's keys")
     }
 
     /// Makes `instance` (caller's id) look dead: heartbeat key deleted and its sorted-set score
@@ -175,68 +137,16 @@ impl Server {
         pin_px: Option<u64>,
         rooms: &[FakeRoom<'_>],
     ) {
-        let i = wire(IdKind::Instance, instance);
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        // Index first, record second (the library's cross-slot order).
-        for (room, peers) in rooms {
-            let r = wire(IdKind::Room, room);
-            pipe.sadd(ks.instance_rooms(&i), &r).ignore();
-            for (peer, _) in *peers {
-                let p = wire(IdKind::Peer, peer);
-                pipe.sadd(ks.instance_peers(&i), peer_member(&r, &p))
-                    .ignore();
-            }
-        }
-        for (room, peers) in rooms {
-            let r = wire(IdKind::Room, room);
-            let rk = ks.room(&r);
-            if let Some(px) = pin_px {
-                pipe.cmd("SET")
-                    .arg(&rk.owner)
-                    .arg(&i)
-                    .arg("PX")
-                    .arg(px)
-                    .ignore();
-            }
-            pipe.cmd("HSET")
-                .arg(&rk.meta)
-                .arg("owner")
-                .arg(&i)
-                .arg("pinned_ms")
-                .arg(score_ms - 1000)
-                .arg("peer_seq")
-                .arg(peers.len())
-                .ignore();
-            for (n, (peer, guest)) in peers.iter().enumerate() {
-                let p = wire(IdKind::Peer, peer);
-                let g = guest.map(|g| wire(IdKind::Guest, g)).unwrap_or_default();
-                pipe.cmd("HSET")
-                    .arg(ks.peer(&r, &p))
-                    .arg("instance")
-                    .arg(&i)
-                    .arg("guest")
-                    .arg(&g)
-                    .arg("generation")
-                    .arg(n + 1)
-                    .arg("updated_ms")
-                    .arg(score_ms - 500)
-                    .arg("name")
-                    .arg(format!("host field of {peer}"))
-                    .ignore();
-                pipe.sadd(&rk.peers, &p).ignore();
-                if !g.is_empty() {
-                    pipe.hset(&rk.guests, &g, &p).ignore();
-                    pipe.hset(&rk.guest_state, &g, "joined").ignore();
-                }
-            }
-        }
-        pipe.cmd("ZADD")
-            .arg(ks.heartbeats())
-            .arg(score_ms)
-            .arg(&i)
-            .ignore();
-        let _: () = pipe.query(&mut self.con()).unwrap();
+        let dead = data::DeadInstance {
+            pin_px,
+            ..data::DeadInstance::new(instance, score_ms)
+        };
+        let rooms: Vec<data::FakeRoom> = rooms
+            .iter()
+            .map(|(room, peers)| data::FakeRoom::with_peers(room, peers))
+            .collect();
+        data::fabricate_dead(&mut self.con(), ks, &dead, &rooms)
+            .expect("fabricate a dead instance");
     }
 
     /// Everything wrong with one prefix, as readable lines `"{kind} at {key}: {detail}"`
@@ -269,11 +179,6 @@ impl Server {
         }
         lines
     }
-}
-
-fn get_string(con: &mut redis::Connection, key: &str) -> String {
-    let v: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(con).unwrap();
-    String::from_utf8_lossy(&v.unwrap_or_default()).into_owned()
 }
 
 impl Drop for Server {
@@ -310,47 +215,6 @@ pub fn ks(stage: &str) -> KeySpace {
 /// The wire form of a valid id.
 pub fn wire(kind: IdKind, id: &str) -> String {
     encode_id(kind, id).expect("valid id")
-}
-
-/// One key's content, as [`Server::dump`] read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Val {
-    Str(String),
-    Hash(BTreeMap<String, String>),
-    Set(BTreeSet<String>),
-    ZSet(Vec<(String, i64)>),
-    List(Vec<String>),
-    Other(String),
-}
-
-/// Every place in `dump` where one of `needles` appears: a key name, a string value, a set
-/// member, a hash field or value, or a sorted-set member. Needles are wire forms.
-pub fn references(dump: &BTreeMap<String, Val>, needles: &[String]) -> Vec<String> {
-    let mut found = Vec::new();
-    for (key, val) in dump {
-        let mut check = |what: &str, s: &str| {
-            for n in needles {
-                if s.contains(n.as_str()) {
-                    found.push(format!("{key}: {what} {s:?} contains {n:?}"));
-                }
-            }
-        };
-        check("key", key);
-        match val {
-            Val::Str(s) => check("value", s),
-            Val::Hash(h) => {
-                for (f, v) in h {
-                    check("field", f);
-                    check("value", v);
-                }
-            }
-            Val::Set(s) => s.iter().for_each(|m| check("member", m)),
-            Val::ZSet(z) => z.iter().for_each(|(m, _)| check("member", m)),
-            Val::List(l) => l.iter().for_each(|m| check("element", m)),
-            Val::Other(_) => {}
-        }
-    }
-    found
 }
 
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
