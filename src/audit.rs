@@ -68,11 +68,11 @@ use redis::{Connection, FromRedisValue, RedisResult, Value};
 use serde_json::{json, Value as Json};
 
 use crate::config::Config;
-use crate::conn::Redis;
+use crate::conn::{self, Redis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{decode_id, peer_member, split_peer_member, KeySpace, ParsedKey};
 use crate::rooms::PEER_BATCH;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// `COUNT` of every `SCAN`, `SSCAN`, `HSCAN` and `ZSCAN` call.
 pub const SCAN_COUNT: usize = 1000;
@@ -437,7 +437,7 @@ fn add(
 // Reading helpers
 
 fn exec(con: &mut Connection, pipe: &mut redis::Pipeline) -> Result<Vec<RedisResult<Value>>> {
-    scripts::exec(con, pipe).map_err(|e| Error::redis(OP, e))
+    conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))
 }
 
 /// A pipelined reply as `T`; `None` on an error reply (a wrong-typed key, reported by its own
@@ -1643,7 +1643,7 @@ fn repair(
                         Some(_) => Outcome::Resolved,
                         None => Outcome::Left("the index holds the wrong type".into()),
                     },
-                    _ => match scripts::decode::<String>(OP, r) {
+                    _ => match conn::decode::<String>(OP, r) {
                         Ok(s) => match s.as_str() {
                             "fixed" => Outcome::Repaired,
                             "gone" => Outcome::Resolved,
@@ -1716,7 +1716,7 @@ fn repair(
         }
         let replies = exec(con, &mut pipe)?;
         for (&i, r) in chunk.iter().zip(replies) {
-            entries[i].outcome = match scripts::decode::<String>(OP, r) {
+            entries[i].outcome = match conn::decode::<String>(OP, r) {
                 Ok(s) => match s.as_str() {
                     "queued" | "empty" => Outcome::Repaired,
                     "registered" => Outcome::Resolved,
@@ -1828,7 +1828,7 @@ fn delete_room(
         for p in peers {
             inv.arg(p);
         }
-        let (status, next, removed): (String, String, Vec<String>) = scripts::call(con, op, &inv)?;
+        let (status, next, removed): (String, String, Vec<String>) = conn::call(con, op, &inv)?;
         let mut pipe = redis::pipe();
         for pair in removed.chunks_exact(2) {
             if !pair[1].is_empty() {

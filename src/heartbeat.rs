@@ -14,7 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::{select, Receiver};
 use redis::Connection;
 
-use crate::conn::{Backoff, Link};
+use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind};
@@ -22,7 +22,7 @@ use crate::node::Shared;
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// First heartbeat of a life, or a regular one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         .arg(&sh.boot)
         .arg(sh.max_epoch.load(Ordering::Relaxed));
     let (status, server_ms, token, epoch): (String, i64, String, String) =
-        scripts::call(con, op, &inv)?;
+        conn::call(con, op, &inv)?;
     let beat = match status.as_str() {
         // The dataset token changed under a heartbeat that found us registered: an earlier
         // heartbeat re-registered us after Redis lost its data, but its reply was lost.
@@ -375,7 +375,7 @@ fn release(sh: &Shared, link: &mut Link) -> Result<()> {
     let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
     inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
     link.run(&sh.redis, |c| {
-        scripts::call::<i64>(c, "release heartbeat", &inv)
+        conn::call::<i64>(c, "release heartbeat", &inv)
     })?;
     Ok(())
 }

@@ -14,12 +14,12 @@ use crossbeam_channel::{select, Receiver, Sender};
 use parking_lot::Mutex;
 use redis::{Connection, Value};
 
-use crate::conn::{jitter, Backoff, Link};
+use crate::conn::{self, jitter, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink, LeaderLostReason};
 use crate::keys::decode_id;
 use crate::node::Shared;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// One leadership term as this node sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +173,7 @@ pub(crate) fn acquire(sh: &Shared, con: &mut Connection) -> Result<Acquire> {
         .arg(&sh.me)
         .arg(sh.timings.lease_ttl.as_millis() as u64)
         .arg(sh.max_epoch.load(Ordering::Relaxed));
-    let (won, v, repaired): (i64, Value, String) = scripts::call(con, op, &inv)?;
+    let (won, v, repaired): (i64, Value, String) = conn::call(con, op, &inv)?;
     let text: String = redis::from_redis_value(v)
         .map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))?;
     if won == 1 {
@@ -196,14 +196,14 @@ pub(crate) fn refresh(sh: &Shared, con: &mut Connection) -> Result<bool> {
     inv.key(sh.keys.leader())
         .arg(&sh.me)
         .arg(sh.timings.lease_ttl.as_millis() as u64);
-    Ok(scripts::call::<i64>(con, "refresh lease", &inv)? == 1)
+    Ok(conn::call::<i64>(con, "refresh lease", &inv)? == 1)
 }
 
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.
 pub(crate) fn release(sh: &Shared, con: &mut Connection) -> Result<bool> {
     let mut inv = SCRIPTS.lease_release.prepare_invoke();
     inv.key(sh.keys.leader()).arg(&sh.me);
-    Ok(scripts::call::<i64>(con, "release lease", &inv)? == 1)
+    Ok(conn::call::<i64>(con, "release lease", &inv)? == 1)
 }
 
 /// The lease thread: non-leaders try to acquire every `lease_refresh` (jittered); the leader

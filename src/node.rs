@@ -10,8 +10,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::config::{Config, Timings};
-use crate::conn::Link;
-use crate::conn::{Pool, Redis};
+use crate::conn::{self, Link, Pool, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
 use crate::heartbeat;
@@ -836,12 +835,7 @@ fn register_at_start(sh: &Shared) -> Result<()> {
     let mut link = Link::new();
     let give_up = Instant::now() + sh.timings.heartbeat_ttl + sh.timings.heartbeat_interval;
     loop {
-        let t0 = link.run(&sh.redis, |c| {
-            redis::cmd("TIME")
-                .query::<(i64, i64)>(c)
-                .map(|(s, us)| s * 1000 + us / 1000)
-                .map_err(|e| Error::redis("read server time", e))
-        })?;
+        let t0 = link.run(&sh.redis, conn::server_time_ms)?;
         match heartbeat::register(sh, &mut link, t0) {
             Err(Error::InvalidConfig { field, reason }) if field == "instance_id" => {
                 if Instant::now() >= give_up {

@@ -7,10 +7,11 @@
 
 use redis::{Connection, ScriptInvocation, Value};
 
+use crate::conn;
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, encode_id, peer_member, IdKind, RoomKeys};
 use crate::node::Shared;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 use crate::store::{LocalPeer, Upserted};
 
 /// Upserts peer `peer` of `room` (wire forms) for this instance; returns its generation.
@@ -34,7 +35,7 @@ pub(crate) fn upsert(
         .arg(&member)
         .query::<()>(con)
         .map_err(|e| Error::redis(op, e))?;
-    let reply: Vec<Value> = scripts::call(con, op, &inv)?;
+    let reply: Vec<Value> = conn::call(con, op, &inv)?;
     let text = |i: usize| -> Result<String> {
         match reply.get(i) {
             Some(v) => redis::from_redis_value_ref(v)
@@ -183,11 +184,11 @@ pub(crate) fn restore(
     for inv in &invs {
         pipe.invoke_script(inv);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut written = 0;
     let mut unindex = redis::pipe();
     for ((room, peer, _, _), r) in wired.iter().zip(replies) {
-        match scripts::decode::<Vec<Value>>(op, r) {
+        match conn::decode::<Vec<Value>>(op, r) {
             Ok(v) if matches!(v.first(), Some(Value::Int(_))) => written += 1,
             Ok(v) => {
                 // not_owner: the room is not ours any more; the index entry goes unless the
@@ -225,7 +226,7 @@ pub(crate) fn remove(
         .arg(peer)
         .arg(generation)
         .arg(&sh.me);
-    let (removed, owner): (i64, String) = scripts::call(con, op, &inv)?;
+    let (removed, owner): (i64, String) = conn::call(con, op, &inv)?;
     if removed == 1 {
         let _: () = redis::cmd("SREM")
             .arg(sh.keys.instance_peers(&sh.me))

@@ -19,13 +19,13 @@ use std::time::Instant;
 use crossbeam_channel::{after, select, tick, Receiver, TryRecvError};
 use redis::Connection;
 
-use crate::conn::Link;
+use crate::conn::{self, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
 use crate::node::Shared;
 use crate::rooms::{Unindex, PEER_BATCH};
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 pub use crate::config::REAP_BATCH;
 
@@ -54,7 +54,7 @@ pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String
     inv.key(sh.keys.heartbeats())
         .arg(sh.timings.stale_threshold.as_millis() as u64)
         .arg(MAX_CANDIDATES);
-    let (_now, ids): (i64, Vec<Vec<u8>>) = scripts::call(con, "find stale instances", &inv)?;
+    let (_now, ids): (i64, Vec<Vec<u8>>) = conn::call(con, "find stale instances", &inv)?;
     Ok(ids
         .into_iter()
         .filter_map(|raw| match String::from_utf8(raw) {
@@ -81,7 +81,7 @@ pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Opt
         .arg(dead)
         .arg(sh.timings.stale_threshold.as_millis() as u64)
         .arg(&sh.me);
-    let (status, now): (String, i64) = scripts::call(con, "re-check candidate", &inv)?;
+    let (status, now): (String, i64) = conn::call(con, "re-check candidate", &inv)?;
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
@@ -225,7 +225,7 @@ fn reap_room_batches(
                 .arg("COUNT")
                 .arg(sh.reap_batch);
         }
-        let replies = match scripts::exec(con, &mut pipe) {
+        let replies = match conn::exec(con, &mut pipe) {
             Ok(r) => r,
             Err(e) => {
                 // Nothing of this round trip is known to have run: the clean-up is still owed
@@ -248,7 +248,7 @@ fn reap_room_batches(
         let mut again = Vec::new();
         // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
         for ((room, _), r) in pending.into_iter().zip(replies.by_ref()) {
-            match scripts::decode::<(String, String, Vec<String>)>(op, r) {
+            match conn::decode::<(String, String, Vec<String>)>(op, r) {
                 Ok((status, next_cursor, removed)) => {
                     counts.peers += (removed.len() / 2) as u64;
                     unindex.add(&room, &removed);
@@ -297,7 +297,7 @@ fn reap_room_batches(
             let Some(r) = replies.next() else {
                 return Err(Error::bad_data(op, "fewer replies than commands"));
             };
-            let (next, raw): (u64, Vec<Vec<u8>>) = scripts::decode(op, r)?;
+            let (next, raw): (u64, Vec<Vec<u8>>) = conn::decode(op, r)?;
             cursor = next;
             pending.extend(
                 utf8_members(con, op, &index, raw)?
@@ -352,9 +352,9 @@ pub(crate) fn reap_peers(
                 .arg(peer);
             pipe.invoke_script(&inv);
         }
-        let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+        let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
         for ((_, _, member), r) in parsed.into_iter().zip(replies) {
-            let status = match scripts::decode::<String>(op, r) {
+            let status = match conn::decode::<String>(op, r) {
                 Ok(status) => status,
                 Err(e) if e.kind() == crate::ErrorKind::BadData => {
                     counts.failed += 1;
@@ -424,7 +424,7 @@ pub(crate) fn reap_instance(
         .arg(dead)
         .arg(counts.kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =
-        scripts::call(con, "finish reap", &inv)?;
+        conn::call(con, "finish reap", &inv)?;
     if status == "retry" {
         log::info!("{dead} wrote {} index members after its reap began but did not register again; the next round reaps them", counts.kept);
     }

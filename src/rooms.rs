@@ -7,10 +7,11 @@
 
 use redis::{Connection, Pipeline};
 
+use crate::conn;
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, encode_id, peer_member, IdKind};
 use crate::node::Shared;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 use crate::store::PinOutcome;
 
 /// Peer records deleted per script call when a room is closed or reaped.
@@ -71,7 +72,7 @@ fn try_pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> 
             .arg(&sh.me)
             .arg(ttl)
             .arg(&stale_owner);
-        let (status, other): (String, String) = scripts::call(con, op, &inv)?;
+        let (status, other): (String, String) = conn::call(con, op, &inv)?;
         // Another instance's id as stored (not decoded if somebody else wrote garbage there:
         // the pin is ours by then, or the caller only needs to know it is held).
         let lenient = |w: String| decode_id(&w).unwrap_or(w);
@@ -115,7 +116,7 @@ pub(crate) fn close(sh: &Shared, con: &mut Connection, room: &str, room_id: &str
             .arg(&sh.me)
             .arg(&cursor)
             .arg(PEER_BATCH);
-        let (status, next, removed): (String, String, Vec<String>) = scripts::call(con, op, &inv)?;
+        let (status, next, removed): (String, String, Vec<String>) = conn::call(con, op, &inv)?;
         unindex_peers(sh, con, room, &removed)?;
         match status.as_str() {
             "more" => cursor = next,
@@ -252,7 +253,7 @@ pub(crate) fn refresh_pins(
         pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT");
         pipe.get(&owner);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut out = Vec::with_capacity(wires.len());
     let mut lapsed = Vec::new();
     let mut replies = replies.into_iter();
@@ -262,11 +263,11 @@ pub(crate) fn refresh_pins(
         };
         // A refused PEXPIRE (NOPERM, a server without GT) must not pass for a refresh: the
         // pin would lapse every pin_ttl while the GET still names us.
-        if let Err(e) = scripts::decode::<i64>(op, extended) {
+        if let Err(e) = conn::decode::<i64>(op, extended) {
             out.push((room, Refreshed::Failed(e)));
             continue;
         }
-        let outcome = match scripts::decode::<Option<String>>(op, owner) {
+        let outcome = match conn::decode::<Option<String>>(op, owner) {
             Ok(Some(owner)) if owner == sh.me => Refreshed::Ok,
             Ok(Some(owner)) => Refreshed::Lost(decode_id(&owner).ok()),
             Ok(None) => {
@@ -316,12 +317,12 @@ fn refresh_pins_scripted(
     for inv in &invs {
         pipe.invoke_script(inv);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     Ok(wires
         .into_iter()
         .zip(replies)
         .map(|((room, _), r)| {
-            let outcome = match scripts::decode::<(String, String)>(op, r) {
+            let outcome = match conn::decode::<(String, String)>(op, r) {
                 Ok((s, _)) if s == "ok" => Refreshed::Ok,
                 Ok((s, _)) if s == "repinned" => Refreshed::Repinned,
                 Ok((s, _)) if s == "gone" => Refreshed::Lost(None),

@@ -19,10 +19,9 @@ use redis::{Connection, RedisResult, Value};
 use serde_json::{json, Value as Json};
 
 use crate::config::Config;
-use crate::conn::Redis;
+use crate::conn::{self, Redis};
 use crate::error::{Error, Result};
 use crate::keys::decode_id;
-use crate::scripts;
 
 /// `COUNT` of each `ZSCAN` call over the heartbeat sorted set.
 const SCAN_COUNT: usize = 1000;
@@ -206,7 +205,7 @@ struct Member {
 }
 
 fn exec(con: &mut Connection, pipe: &mut redis::Pipeline, n: usize) -> Result<Vec<Reply>> {
-    let replies = scripts::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
+    let replies = conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
     if replies.len() != n {
         return Err(Error::bad_data(
             OP,
