@@ -18,11 +18,11 @@ use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind};
-use crate::node::Shared;
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::SCRIPTS;
+use crate::state::Shared;
 
 /// First heartbeat of a life, or a regular one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,12 +60,12 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
     let known = sh.token.lock().clone();
     let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
     let mut inv = SCRIPTS.heartbeat.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(&sh.me))
-        .key(sh.keys.dataset())
-        .key(sh.keys.epoch())
-        .arg(&sh.me)
-        .arg(sh.timings.heartbeat_ttl.as_millis() as u64)
+    inv.key(sh.ctx.keys.heartbeats())
+        .key(sh.ctx.keys.heartbeat(&sh.ctx.me))
+        .key(sh.ctx.keys.dataset())
+        .key(sh.ctx.keys.epoch())
+        .arg(&sh.ctx.me)
+        .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
             Mode::Register => "register",
             Mode::Tick => "tick",
@@ -131,7 +131,9 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
-    let results = link.run(&sh.redis, |c| rooms::refresh_pins(sh, c, &rooms, restore))?;
+    let results = link.run(&sh.redis, |c| {
+        rooms::refresh_pins(&sh.ctx, c, &rooms, restore)
+    })?;
     let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
@@ -164,7 +166,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         lose_rooms(sh, link, lost)?;
     }
     if restore {
-        let restored = link.run(&sh.redis, |c| peers::restore(sh, c, &sh.local.peers()))?;
+        let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
         sh.restore_pending.store(false, Ordering::Relaxed);
     }
@@ -184,7 +186,7 @@ fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>)
         if let Ok(w) = encode_id(IdKind::Room, &room) {
             link.run(&sh.redis, |c| {
                 redis::cmd("SREM")
-                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
                     .arg(&w)
                     .query::<()>(c)
                     .map_err(|e| Error::redis("unindex a lost room", e))
@@ -210,11 +212,11 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
             sh.local.settled(&room);
             continue;
         };
-        match link.run(&sh.redis, |c| rooms::close(sh, c, &w, &room)) {
+        match link.run(&sh.redis, |c| rooms::close(&sh.ctx, c, &w, &room)) {
             Ok(()) => log::info!("room {room:?}: released a pin whose pin_room had timed out"),
             Err(Error::NotOwner { .. }) => link.run(&sh.redis, |c| {
                 redis::cmd("SREM")
-                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
                     .arg(&w)
                     .query::<()>(c)
                     .map_err(|e| Error::redis("unindex an uncertain room", e))
@@ -233,7 +235,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         };
         let _guard = sh.local.lock_room(&room);
         let out = link.run(&sh.redis, |c| {
-            peers::remove(sh, c, (&r, &room), (&p, &peer), generation)
+            peers::remove(&sh.ctx, c, (&r, &room), (&p, &peer), generation)
         });
         match out {
             Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
@@ -269,7 +271,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
             let mut pipe = redis::pipe();
             for r in &room_ids {
                 let w = encode_id(IdKind::Room, r)?;
-                pipe.get(sh.keys.room(&w).owner);
+                pipe.get(sh.ctx.keys.room(&w).owner);
             }
             pipe.query::<Vec<Option<String>>>(c)
                 .map_err(|e| Error::redis("read owners of lost rooms", e))
@@ -296,7 +298,9 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
             ),
         ));
     }
-    let cleaned = link.run(&sh.redis, |c| reaper::clean_own_leftovers(sh, c, t0))?;
+    let cleaned = link.run(&sh.redis, |c| {
+        reaper::clean_own_leftovers(&sh.ctx, &sh.counters, c, t0)
+    })?;
     if cleaned.rooms + cleaned.peers > 0 {
         log::warn!(
             "removed {} rooms and {} peer records left by an earlier life of instance {}",
@@ -313,7 +317,7 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
 /// failure, retries with jittered backoff capped at the interval, so it resumes within two
 /// ticks of Redis coming back. Never exits but on shutdown.
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>) {
-    let interval = sh.timings.heartbeat_interval;
+    let interval = sh.ctx.timings.heartbeat_interval;
     let mut link = Link::new();
     let mut backoff = Backoff::new(interval / 8, interval);
     let mut next = Instant::now() + interval;
@@ -373,7 +377,7 @@ fn release(sh: &Shared, link: &mut Link) -> Result<()> {
         return Ok(());
     }
     let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
-    inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
+    inv.key(sh.ctx.keys.heartbeat(&sh.ctx.me)).arg(&sh.boot);
     link.run(&sh.redis, |c| {
         conn::call::<i64>(c, "release heartbeat", &inv)
     })?;

@@ -29,6 +29,7 @@ pub mod faultproxy;
 pub mod ffi;
 mod heartbeat;
 pub mod keys;
+mod leader;
 mod lease;
 mod memory;
 mod node;
@@ -36,16 +37,18 @@ mod peers;
 mod reaper;
 mod rooms;
 mod scripts;
+mod state;
 pub mod status;
 mod store;
 
 pub use config::{redact_url, Config, ConfigBuilder, Timings, MAX_REAP_BATCH};
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
-pub use lease::TermRecord;
-pub use node::{Node, Stats, EVENT_CAPACITY};
+pub use leader::TermRecord;
+pub use node::{Mode, Node, Stats, EVENT_CAPACITY};
+pub use peers::{Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
 pub use reaper::{ReapCounts, REAP_BATCH};
-pub use store::{PinOutcome, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
+pub use rooms::PinOutcome;
 
 /// Compiles the README's Rust examples as doctests.
 #[cfg(doctest)]

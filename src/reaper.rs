@@ -23,9 +23,9 @@ use crate::conn::{self, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
-use crate::node::Shared;
 use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scripts::SCRIPTS;
+use crate::state::{Counters, Ctx, Shared};
 
 pub use crate::config::REAP_BATCH;
 
@@ -49,10 +49,10 @@ pub struct ReapCounts {
 
 /// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
 /// server time, this instance excluded.
-pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String>> {
+pub(crate) fn candidates(ctx: &Ctx, con: &mut Connection) -> Result<Vec<String>> {
     let mut inv = SCRIPTS.candidates.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .arg(sh.timings.stale_threshold.as_millis() as u64)
+    inv.key(ctx.keys.heartbeats())
+        .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(MAX_CANDIDATES);
     let (_now, ids): (i64, Vec<Vec<u8>>) = conn::call(con, "find stale instances", &inv)?;
     Ok(ids
@@ -68,19 +68,19 @@ pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String
                 None
             }
         })
-        .filter(|i| *i != sh.me)
+        .filter(|i| *i != ctx.me)
         .collect())
 }
 
 /// Phase two for one candidate: `Some(t0)` if it is really dead (now marked as being reaped).
-pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
+pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(dead))
-        .key(sh.keys.leader())
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.leader())
         .arg(dead)
-        .arg(sh.timings.stale_threshold.as_millis() as u64)
-        .arg(&sh.me);
+        .arg(ctx.timings.stale_threshold.as_millis() as u64)
+        .arg(&ctx.me);
     let (status, now): (String, i64) = conn::call(con, "re-check candidate", &inv)?;
     if status == "not_leader" {
         return Err(Error::NotLeader);
@@ -146,24 +146,38 @@ fn utf8_members(
 /// still sent, best effort: it only removes index entries of records the scripts deleted, and
 /// a redo of the reap could not find them again (the room is gone).
 pub(crate) fn reap_rooms(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
 ) -> Result<()> {
     let mut cleanup = Cleanup::default();
-    let out = reap_room_batches(sh, con, dead, t0, leading, counts, &mut cleanup);
+    let out = reap_room_batches(r, con, counts, &mut cleanup);
     if cleanup.len > 0 {
         if let Err(e) = cleanup.pipe.query::<()>(con) {
             if out.is_ok() {
                 return Err(Error::redis("reap rooms", e));
             }
-            log::warn!("reap of {dead} stopped; its last index clean-up failed too: {e}");
+            log::warn!(
+                "reap of {} stopped; its last index clean-up failed too: {e}",
+                r.dead
+            );
         }
     }
     out
+}
+
+/// One reap of one instance: what its batches need besides a connection.
+pub(crate) struct Reap<'a> {
+    pub ctx: &'a Ctx,
+    /// Where bad data met is reported (it skips one member, it does not stop the reap).
+    pub counters: &'a Counters,
+    /// The instance reaped (wire form).
+    pub dead: &'a str,
+    /// Server time (ms) the reap began: members written later belong to a new life of `dead`.
+    pub t0: i64,
+    /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
+    /// [`Error::NotLeader`].
+    pub leading: &'a dyn Fn() -> bool,
 }
 
 /// Index `SREM`s owed for records and rooms already deleted.
@@ -174,20 +188,24 @@ struct Cleanup {
 }
 
 fn reap_room_batches(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
 ) -> Result<()> {
+    let Reap {
+        ctx,
+        counters,
+        dead,
+        t0,
+        leading,
+    } = *r;
     let op = "reap rooms";
-    let index = sh.keys.instance_rooms(dead);
+    let index = ctx.keys.instance_rooms(dead);
     if !leading() {
-        return Err(lost_lease());
+        return Err(Error::NotLeader);
     }
-    let (mut cursor, members) = index_page(con, op, &index, 0, sh.reap_batch)?;
+    let (mut cursor, members) = index_page(con, op, &index, 0, ctx.reap_batch)?;
     // (room, SSCAN cursor over its peers): "0" for a room not started yet.
     let mut pending: Vec<(String, String)> =
         members.into_iter().map(|r| (r, "0".to_owned())).collect();
@@ -196,12 +214,12 @@ fn reap_room_batches(
             return Ok(());
         }
         if !leading() {
-            return Err(lost_lease());
+            return Err(Error::NotLeader);
         }
         let owed = std::mem::take(cleanup);
         let sent_cleanup = owed.len;
         let mut pipe = owed.pipe.clone();
-        let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
+        let keys: Vec<_> = pending.iter().map(|(r, _)| ctx.keys.room(r)).collect();
         for ((_, c), rk) in pending.iter().zip(&keys) {
             let mut inv = SCRIPTS.reap_room.prepare_invoke();
             inv.key(&rk.owner)
@@ -217,13 +235,13 @@ fn reap_room_batches(
         }
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
-        let scan = cursor != 0 && pending.len() < 2 * sh.reap_batch;
+        let scan = cursor != 0 && pending.len() < 2 * ctx.reap_batch;
         if scan {
             pipe.cmd("SSCAN")
                 .arg(&index)
                 .arg(cursor)
                 .arg("COUNT")
-                .arg(sh.reap_batch);
+                .arg(ctx.reap_batch);
         }
         let replies = match conn::exec(con, &mut pipe) {
             Ok(r) => r,
@@ -274,7 +292,7 @@ fn reap_room_batches(
                 }
                 Err(e) if e.kind() == crate::ErrorKind::BadData => {
                     counts.failed += 1;
-                    sh.counters.bad_data(&e);
+                    counters.bad_data(&e);
                     log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
                 }
                 // Anything else (a script cache flushed again, OOM, BUSY) is transient:
@@ -284,7 +302,7 @@ fn reap_room_batches(
                 }
             }
         }
-        cleanup.len += unindex.flush(sh, &mut cleanup.pipe);
+        cleanup.len += unindex.flush(&ctx.keys, &mut cleanup.pipe);
         if !unindexed.is_empty() {
             cleanup.pipe.srem(&index, &unindexed);
             cleanup.len += 1;
@@ -310,21 +328,25 @@ fn reap_room_batches(
 
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
 pub(crate) fn reap_peers(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
 ) -> Result<()> {
+    let Reap {
+        ctx,
+        counters,
+        dead,
+        t0,
+        leading,
+    } = *r;
     let op = "reap peers";
-    let index = sh.keys.instance_peers(dead);
+    let index = ctx.keys.instance_peers(dead);
     let mut cursor = 0u64;
     loop {
         if !leading() {
-            return Err(lost_lease());
+            return Err(Error::NotLeader);
         }
-        let (next, members) = index_page(con, op, &index, cursor, sh.reap_batch)?;
+        let (next, members) = index_page(con, op, &index, cursor, ctx.reap_batch)?;
         let mut unindexed = Vec::new();
         let mut parsed = Vec::new();
         for m in members {
@@ -339,7 +361,7 @@ pub(crate) fn reap_peers(
         let mut pipe = redis::pipe();
         let keys: Vec<_> = parsed
             .iter()
-            .map(|(room, peer, _)| (sh.keys.peer(room, peer), sh.keys.room(room)))
+            .map(|(room, peer, _)| (ctx.keys.peer(room, peer), ctx.keys.room(room)))
             .collect();
         for ((_, peer, _), (record, rk)) in parsed.iter().zip(&keys) {
             let mut inv = SCRIPTS.reap_peer.prepare_invoke();
@@ -358,7 +380,7 @@ pub(crate) fn reap_peers(
                 Ok(status) => status,
                 Err(e) if e.kind() == crate::ErrorKind::BadData => {
                     counts.failed += 1;
-                    sh.counters.bad_data(&e);
+                    counters.bad_data(&e);
                     log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
                     continue;
                 }
@@ -393,10 +415,6 @@ pub(crate) fn reap_peers(
     }
 }
 
-fn lost_lease() -> Error {
-    Error::NotLeader
-}
-
 /// True once the shutdown channel is closed.
 fn stopping(shutdown: &Receiver<()>) -> bool {
     matches!(shutdown.try_recv(), Err(TryRecvError::Disconnected))
@@ -405,22 +423,30 @@ fn stopping(shutdown: &Receiver<()>) -> bool {
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
 /// again or gone. `leading` is consulted before every batch.
 pub(crate) fn reap_instance(
-    sh: &Shared,
+    ctx: &Ctx,
+    counters: &Counters,
     con: &mut Connection,
     dead: &str,
     leading: &dyn Fn() -> bool,
 ) -> Result<Option<ReapCounts>> {
-    let Some(t0) = begin(sh, con, dead)? else {
+    let Some(t0) = begin(ctx, con, dead)? else {
         return Ok(None);
     };
     let mut counts = ReapCounts::default();
-    reap_rooms(sh, con, dead, t0, leading, &mut counts)?;
-    reap_peers(sh, con, dead, t0, leading, &mut counts)?;
+    let reap = Reap {
+        ctx,
+        counters,
+        dead,
+        t0,
+        leading,
+    };
+    reap_rooms(&reap, con, &mut counts)?;
+    reap_peers(&reap, con, &mut counts)?;
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(dead))
-        .key(sh.keys.instance_rooms(dead))
-        .key(sh.keys.instance_peers(dead))
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.instance_rooms(dead))
+        .key(ctx.keys.instance_peers(dead))
         .arg(dead)
         .arg(counts.kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =
@@ -441,21 +467,28 @@ pub(crate) fn reap_instance(
 /// when an instance registers (after a restart with the same id, or after it found it was
 /// reaped while paused); needs no lease, as every step is an owner CAS on this id.
 pub(crate) fn clean_own_leftovers(
-    sh: &Shared,
+    ctx: &Ctx,
+    counters: &Counters,
     con: &mut Connection,
     t0: i64,
 ) -> Result<ReapCounts> {
     let mut counts = ReapCounts::default();
-    let always = || true;
-    reap_rooms(sh, con, &sh.me, t0, &always, &mut counts)?;
-    reap_peers(sh, con, &sh.me, t0, &always, &mut counts)?;
+    let reap = Reap {
+        ctx,
+        counters,
+        dead: &ctx.me,
+        t0,
+        leading: &|| true,
+    };
+    reap_rooms(&reap, con, &mut counts)?;
+    reap_peers(&reap, con, &mut counts)?;
     Ok(counts)
 }
 
 /// One reap round (the caller checked that this node leads).
 fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
     let errors_before = sh.counters.troubles();
-    let cands = match link.run(&sh.redis, |c| candidates(sh, c)) {
+    let cands = match link.run(&sh.redis, |c| candidates(&sh.ctx, c)) {
         Ok(c) if c.is_empty() => return,
         Ok(c) => c,
         Err(e) => {
@@ -477,7 +510,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             log::info!("lost the lease during the two-phase wait; round abandoned");
             return;
         }
-        recv(after(sh.timings.two_phase_delay)) -> _ => {}
+        recv(after(sh.ctx.timings.two_phase_delay)) -> _ => {}
     }
     let leading = || sh.leader.is_leader() && !sh.is_crashed() && !stopping(shutdown);
     if !leading() {
@@ -492,9 +525,11 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             break;
         }
         let started = Instant::now();
-        match link.run(&sh.redis, |c| reap_instance(sh, c, &dead, &leading)) {
+        match link.run(&sh.redis, |c| {
+            reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading)
+        }) {
             Ok(Some(c)) => {
-                sh.counters.reaped(&c);
+                sh.counters.reaped(c.rooms, c.peers);
                 log::info!(
                     "reaped {dead}: {} rooms, {} peers, {} skipped rooms in {} ms",
                     c.rooms,
@@ -531,7 +566,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
 
 /// The reaper thread: a round every `reap_interval` while this node leads.
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
-    let ticker = tick(sh.timings.reap_interval);
+    let ticker = tick(sh.ctx.timings.reap_interval);
     let mut link = Link::new();
     loop {
         select! {
@@ -557,7 +592,7 @@ mod tests {
     use super::*;
     use crate::devserver::LocalRedis;
     use crate::keys::peer_member;
-    use crate::{Config, Node, Timings};
+    use crate::{Config, Timings};
 
     // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
     // of the last batch that ran must still be sent. Each of 300 rooms of a dead instance holds
@@ -576,8 +611,9 @@ mod tests {
             .reap_batch(10)
             .build()
             .unwrap();
-        let node = Node::start(cfg).unwrap();
-        let sh = node.shared_for_tests();
+        // No node: the reap batches take their small context directly.
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let counters = Counters::default();
         let mut con = redis::Client::open(server.url())
             .unwrap()
             .get_connection()
@@ -585,14 +621,14 @@ mod tests {
         let rooms: Vec<String> = (0..300).map(|r| format!("room-{r}")).collect();
         let mut pipe = redis::pipe();
         for room in &rooms {
-            let rk = sh.keys.room(room);
-            pipe.sadd(sh.keys.instance_rooms("dead"), room).ignore();
-            pipe.sadd(sh.keys.instance_peers("x"), peer_member(room, "xp"))
+            let rk = ctx.keys.room(room);
+            pipe.sadd(ctx.keys.instance_rooms("dead"), room).ignore();
+            pipe.sadd(ctx.keys.instance_peers("x"), peer_member(room, "xp"))
                 .ignore();
             pipe.hset_multiple(&rk.meta, &[("owner", "dead"), ("pinned_ms", "1")])
                 .ignore();
             pipe.hset_multiple(
-                sh.keys.peer(room, "xp"),
+                ctx.keys.peer(room, "xp"),
                 &[
                     ("instance", "x"),
                     ("guest", ""),
@@ -612,7 +648,14 @@ mod tests {
             checks.get() <= 3
         };
         let mut counts = ReapCounts::default();
-        let out = reap_rooms(sh, &mut con, "dead", i64::MAX / 2, &leading, &mut counts);
+        let reap = Reap {
+            ctx: &ctx,
+            counters: &counters,
+            dead: "dead",
+            t0: i64::MAX / 2,
+            leading: &leading,
+        };
+        let out = reap_rooms(&reap, &mut con, &mut counts);
         assert!(matches!(out, Err(Error::NotLeader)), "{out:?}");
         assert!(
             counts.rooms > 0 && counts.rooms < 300,
@@ -620,13 +663,13 @@ mod tests {
         );
 
         let x_index: BTreeSet<String> = redis::cmd("SMEMBERS")
-            .arg(sh.keys.instance_peers("x"))
+            .arg(ctx.keys.instance_peers("x"))
             .query(&mut con)
             .unwrap();
         let mut deleted = 0;
         for room in &rooms {
             let exists: bool = redis::cmd("EXISTS")
-                .arg(sh.keys.room(room).meta)
+                .arg(ctx.keys.room(room).meta)
                 .query(&mut con)
                 .unwrap();
             deleted += u64::from(!exists);
@@ -637,6 +680,5 @@ mod tests {
             );
         }
         assert_eq!(deleted, counts.rooms);
-        node.shutdown().unwrap();
     }
 }
