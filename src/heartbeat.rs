@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crossbeam_channel::{select, Receiver};
+use crossbeam_channel::Receiver;
 use redis::Connection;
 
 use crate::conn::{self, Backoff, Link};
@@ -23,6 +23,7 @@ use crate::reaper;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::SCRIPTS;
 use crate::state::Shared;
+use crate::worker::{self, Periodic};
 
 /// First heartbeat of a life, or a regular one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,44 +314,33 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     Ok(())
 }
 
-/// The heartbeat thread: a tick every `heartbeat_interval` (missed ticks merge); after a
+/// The heartbeat thread: a tick every `heartbeat_interval` (missed ticks are skipped); after a
 /// failure, retries with jittered backoff capped at the interval, so it resumes within two
 /// ticks of Redis coming back. Never exits but on shutdown.
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>) {
     let interval = sh.ctx.timings.heartbeat_interval;
     let mut link = Link::new();
-    let mut backoff = Backoff::new(interval / 8, interval);
-    let mut next = Instant::now() + interval;
-    loop {
-        select! {
-            recv(shutdown) -> _ => break,
-            default(next.saturating_duration_since(Instant::now())) => {}
-        }
-        if sh.is_crashed() {
-            break;
-        }
+    let crashed = || sh.is_crashed();
+    let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval / 8, interval));
+    periodic.run(Instant::now() + interval, |run| {
         let started = Instant::now();
         match tick(sh, &mut link) {
             Ok(()) => {
-                backoff.reset();
-                next += interval;
-                if next <= Instant::now() {
-                    next = Instant::now() + interval;
-                }
                 let took = started.elapsed();
                 if took > interval / 2 {
                     sh.counters.slow_tick();
                     log::warn!("heartbeat tick took {} ms", took.as_millis());
                 }
+                run.ok(worker::every(run.scheduled, interval))
             }
             Err(e) => {
                 sh.note_error(&e);
                 sh.counters.heartbeat_failed();
                 log::warn!("heartbeat failed: {e}");
-                next = Instant::now() + backoff.next_delay();
+                run.retry()
             }
         }
-    }
+    });
     // A graceful stop (the host calls have drained: `Node::shutdown`): mark the heartbeat
     // released, on this thread's connection, so the call is bounded by `command_timeout` and
     // runs alongside the lease thread's release. Best effort: if it fails, a restart with

@@ -4,13 +4,15 @@
 //! Invariant 3: leadership ends on a local deadline started *before* the acquire/refresh was
 //! sent (`sent + lease_ttl - lease_ttl/10`; the tenth absorbs clock-rate differences), not on
 //! the next error. The server's TTL starts when the command arrives, after `sent`, so this node
-//! stops acting before any other node can acquire. [`LeaderState::is_leader`] reads the clock,
-//! so a term ends on time even while the lease thread is blocked.
+//! stops acting before any other node can acquire. `LeaderState::is_leader` reads the clock,
+//! so a term ends on time even while the lease thread is blocked. The lease thread is a small
+//! state machine ([`LeaseState`]); the reasoning above is spelled out where it sends
+//! (`Lease::step`).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crossbeam_channel::{select, Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use redis::{Connection, Value};
 
 use crate::conn::{self, jitter, Backoff, Link};
@@ -20,6 +22,7 @@ use crate::keys::decode_id;
 use crate::leader::{deadline, Term};
 use crate::scripts::SCRIPTS;
 use crate::state::{Ctx, Shared};
+use crate::worker::{Periodic, Run};
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,125 +80,181 @@ pub(crate) fn release(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
     Ok(conn::call::<i64>(con, "release lease", &inv)? == 1)
 }
 
+/// Where the lease thread stands. The term itself lives in [`LeaderState`] (shared): the
+/// heartbeat thread may end it (node reaped, data lost) between two steps, so every step reads
+/// the state afresh ([`Lease::state`]) instead of keeping a copy that could disagree.
+///
+/// ```text
+/// Follower --acquire won--> Leader(term)          (LeaderAcquired, under the term lock)
+/// Leader   --refresh in time--> Leader(extended)
+/// Leader   --refresh refused / failed / late, deadline passed--> Follower   (LeaderLost)
+/// ```
+#[derive(Debug, Clone, Copy)]
+enum LeaseState {
+    Follower,
+    Leader(Term),
+}
+
+/// The lease thread's state between steps.
+struct Lease<'a> {
+    sh: &'a Shared,
+    link: Link,
+    /// Tells the reaper thread to abandon its round.
+    demoted: &'a Sender<()>,
+    /// When the next acquire or refresh is due.
+    next: Instant,
+}
+
+impl Lease<'_> {
+    fn state(&self) -> LeaseState {
+        match self.sh.leader.raw() {
+            Some(term) => LeaseState::Leader(term),
+            None => LeaseState::Follower,
+        }
+    }
+
+    /// Ends the term, if one runs, with `LeaderLost { reason }`, and tells the reaper.
+    fn demote(&self, reason: LeaderLostReason) {
+        if self.sh.leader.end_with(&self.sh.events, reason) {
+            let _ = self.demoted.try_send(());
+        }
+    }
+
+    /// One wake-up: the acquire or refresh if it is due, then the end of a term whose deadline
+    /// passed; returns when to wake next (the next request, or the term's deadline if sooner,
+    /// so a term ends on time even with no request due).
+    fn step(&mut self, run: &mut Run<'_>) -> Instant {
+        if Instant::now() >= self.next {
+            // Invariant 3: `sent` is read BEFORE the request goes out, and the term the reply
+            // starts or confirms ends at `deadline(sent, lease_ttl)`. The server starts the
+            // lease's TTL when the request arrives, after `sent`, so this node's deadline (a
+            // tenth of the TTL earlier still, for clock-rate differences) passes before the
+            // lease can expire on the server and another node acquire it. A reply that comes
+            // back after the current deadline confirms nothing (`refresh` demotes).
+            let sent = Instant::now();
+            self.next = match self.state() {
+                LeaseState::Follower => self.acquire(sent, run),
+                LeaseState::Leader(term) => self.refresh(term, sent, run),
+            };
+        }
+        // A term whose deadline passed while we slept (or were paused) ends now.
+        match self.state() {
+            LeaseState::Leader(term) if Instant::now() >= term.deadline => {
+                self.demote(LeaderLostReason::DeadlinePassed);
+                self.next
+            }
+            LeaseState::Leader(term) => self.next.min(term.deadline),
+            LeaseState::Follower => self.next,
+        }
+    }
+
+    /// Follower: tries to acquire; returns when to try again (or to refresh).
+    fn acquire(&mut self, sent: Instant, run: &mut Run<'_>) -> Instant {
+        let (sh, t) = (self.sh, self.sh.ctx.timings);
+        let max_epoch = sh.max_epoch.load(Ordering::Relaxed);
+        match self.link.run(&sh.redis, |c| acquire(&sh.ctx, c, max_epoch)) {
+            Ok(Acquire::Won { epoch, repaired }) => {
+                sh.max_epoch.fetch_max(epoch, Ordering::Relaxed);
+                if let Some(r) = repaired {
+                    log::warn!("replaced a lease key of type {r} that had no TTL");
+                }
+                let term = Term {
+                    epoch,
+                    deadline: deadline(sent, t.lease_ttl),
+                };
+                sh.leader.begin(term, &sh.events);
+                sh.publish(&mut self.link, &Event::LeaderAcquired { epoch });
+                run.ok(sent + t.lease_refresh)
+            }
+            Ok(Acquire::Held(holder)) => {
+                if holder == "<dataset new>" {
+                    log::debug!("the dataset is younger than a lease TTL (fresh or after data loss); waiting to acquire");
+                } else if holder.starts_with('<') || decode_id(&holder).is_err() {
+                    log::warn!("the lease key holds {holder:?}, not an instance id; waiting for it to expire");
+                }
+                run.ok(Instant::now() + jitter(t.lease_refresh))
+            }
+            Err(e) => {
+                sh.note_error(&e);
+                log::warn!("lease acquire failed: {e}");
+                run.retry()
+            }
+        }
+    }
+
+    /// Leader: refreshes `term`; demotes at once on a refused, failed or late refresh. Returns
+    /// when to refresh (or try to acquire) next.
+    fn refresh(&mut self, term: Term, sent: Instant, run: &mut Run<'_>) -> Instant {
+        let (sh, t) = (self.sh, self.sh.ctx.timings);
+        match self.link.run(&sh.redis, |c| refresh(&sh.ctx, c)) {
+            Ok(true) if Instant::now() < term.deadline => {
+                let extended = sh.leader.extend(Term {
+                    epoch: term.epoch,
+                    deadline: deadline(sent, t.lease_ttl),
+                });
+                if extended {
+                    sent + t.lease_refresh
+                } else {
+                    // Ended by the heartbeat meanwhile (reaped or data lost): stays ended.
+                    Instant::now() + jitter(t.lease_refresh)
+                }
+            }
+            Ok(true) => {
+                self.demote(LeaderLostReason::DeadlinePassed);
+                Instant::now()
+            }
+            Ok(false) => {
+                log::warn!("lease no longer holds our id; demoting");
+                self.demote(LeaderLostReason::LeaseTaken);
+                Instant::now() + jitter(t.lease_refresh)
+            }
+            Err(e) => {
+                sh.note_error(&e);
+                log::warn!("lease refresh failed; demoting: {e}");
+                self.demote(LeaderLostReason::RefreshFailed);
+                run.retry()
+            }
+        }
+    }
+
+    /// After shutdown: ends the term (`LeaderLost { shutdown }`) and releases the lease.
+    fn stop(mut self) {
+        let sh = self.sh;
+        let was_leader = sh.leader.end_with(&sh.events, LeaderLostReason::Shutdown);
+        if was_leader {
+            let _ = self.demoted.try_send(());
+        }
+        // Always try: a refresh that failed on our side may still have extended the lease.
+        if let Err(e) = self.link.run(&sh.redis, |c| release(&sh.ctx, c)) {
+            log::warn!("could not release the lease on shutdown (it will expire): {e}");
+        }
+        if was_leader {
+            sh.publish(
+                &mut self.link,
+                &Event::LeaderLost {
+                    reason: LeaderLostReason::Shutdown,
+                },
+            );
+        }
+    }
+}
+
 /// The lease thread: non-leaders try to acquire every `lease_refresh` (jittered); the leader
 /// refreshes every `lease_refresh` and demotes at once on a failed, refused or late refresh.
 /// `demoted` tells the reaper thread to abandon its round. On shutdown the lease is released
-/// (unless `crashed` is set: a simulated kill -9 leaves it to expire).
+/// (unless the node crashed: a simulated kill -9 leaves it to expire).
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Sender<()>) {
-    let t = sh.ctx.timings;
-    let mut link = Link::new();
-    let mut backoff = Backoff::new(t.lease_refresh / 8, t.lease_refresh);
-    let mut next = Instant::now();
-    let demote = |reason: LeaderLostReason| {
-        if sh.leader.end_with(&sh.events, reason) {
-            let _ = demoted.try_send(());
-        }
+    let refresh_every = sh.ctx.timings.lease_refresh;
+    let mut lease = Lease {
+        sh,
+        link: Link::new(),
+        demoted,
+        next: Instant::now(),
     };
-    loop {
-        let now = Instant::now();
-        // A term whose deadline passed while we slept (or were paused) ends now.
-        if let Some(term) = sh.leader.raw() {
-            if now >= term.deadline {
-                demote(LeaderLostReason::DeadlinePassed);
-            }
-        }
-        let wait = next.saturating_duration_since(now);
-        let wake = match sh.leader.raw() {
-            Some(term) => wait.min(term.deadline.saturating_duration_since(now)),
-            None => wait,
-        };
-        select! {
-            recv(shutdown) -> _ => break,
-            default(wake) => {}
-        }
-        if Instant::now() < next {
-            continue;
-        }
-        let sent = Instant::now();
-        if let Some(term) = sh.leader.raw() {
-            match link.run(&sh.redis, |c| refresh(&sh.ctx, c)) {
-                Ok(true) if Instant::now() < term.deadline => {
-                    let extended = sh.leader.extend(Term {
-                        epoch: term.epoch,
-                        deadline: deadline(sent, t.lease_ttl),
-                    });
-                    next = if extended {
-                        sent + t.lease_refresh
-                    } else {
-                        // Ended by the heartbeat meanwhile (reaped or data lost): stays ended.
-                        Instant::now() + jitter(t.lease_refresh)
-                    };
-                }
-                Ok(true) => {
-                    demote(LeaderLostReason::DeadlinePassed);
-                    next = Instant::now();
-                }
-                Ok(false) => {
-                    log::warn!("lease no longer holds our id; demoting");
-                    demote(LeaderLostReason::LeaseTaken);
-                    next = Instant::now() + jitter(t.lease_refresh);
-                }
-                Err(e) => {
-                    sh.note_error(&e);
-                    log::warn!("lease refresh failed; demoting: {e}");
-                    demote(LeaderLostReason::RefreshFailed);
-                    next = Instant::now() + backoff.next_delay();
-                }
-            }
-        } else {
-            match link.run(&sh.redis, |c| {
-                acquire(&sh.ctx, c, sh.max_epoch.load(Ordering::Relaxed))
-            }) {
-                Ok(Acquire::Won { epoch, repaired }) => {
-                    sh.max_epoch.fetch_max(epoch, Ordering::Relaxed);
-                    backoff.reset();
-                    if let Some(r) = repaired {
-                        log::warn!("replaced a lease key of type {r} that had no TTL");
-                    }
-                    sh.leader.begin(
-                        Term {
-                            epoch,
-                            deadline: deadline(sent, t.lease_ttl),
-                        },
-                        &sh.events,
-                    );
-                    sh.publish(&mut link, &Event::LeaderAcquired { epoch });
-                    next = sent + t.lease_refresh;
-                }
-                Ok(Acquire::Held(holder)) => {
-                    backoff.reset();
-                    if holder == "<dataset new>" {
-                        log::debug!("the dataset is younger than a lease TTL (fresh or after data loss); waiting to acquire");
-                    } else if holder.starts_with('<') || decode_id(&holder).is_err() {
-                        log::warn!("the lease key holds {holder:?}, not an instance id; waiting for it to expire");
-                    }
-                    next = Instant::now() + jitter(t.lease_refresh);
-                }
-                Err(e) => {
-                    sh.note_error(&e);
-                    log::warn!("lease acquire failed: {e}");
-                    next = Instant::now() + backoff.next_delay();
-                }
-            }
-        }
-    }
-    if sh.is_crashed() {
-        return;
-    }
-    let was_leader = sh.leader.end_with(&sh.events, LeaderLostReason::Shutdown);
-    if was_leader {
-        let _ = demoted.try_send(());
-    }
-    // Always try: a refresh that failed on our side may still have extended the lease.
-    if let Err(e) = link.run(&sh.redis, |c| release(&sh.ctx, c)) {
-        log::warn!("could not release the lease on shutdown (it will expire): {e}");
-    }
-    if was_leader {
-        sh.publish(
-            &mut link,
-            &Event::LeaderLost {
-                reason: LeaderLostReason::Shutdown,
-            },
-        );
+    let crashed = || sh.is_crashed();
+    let backoff = Backoff::new(refresh_every / 8, refresh_every);
+    Periodic::new(shutdown, &crashed, backoff).run(Instant::now(), |run| lease.step(run));
+    if !sh.is_crashed() {
+        lease.stop();
     }
 }

@@ -40,6 +40,7 @@ mod scripts;
 mod state;
 pub mod status;
 mod store;
+mod worker;
 
 pub use config::{redact_url, Config, ConfigBuilder, Timings, MAX_REAP_BATCH};
 pub use error::{Error, ErrorKind, Result};

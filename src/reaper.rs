@@ -16,16 +16,17 @@
 
 use std::time::Instant;
 
-use crossbeam_channel::{after, select, tick, Receiver, TryRecvError};
+use crossbeam_channel::{after, select, Receiver};
 use redis::Connection;
 
-use crate::conn::{self, Link};
+use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
 use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scripts::SCRIPTS;
 use crate::state::{Counters, Ctx, Shared};
+use crate::worker::{self, stopping, Periodic};
 
 pub use crate::config::REAP_BATCH;
 
@@ -415,11 +416,6 @@ pub(crate) fn reap_peers(
     }
 }
 
-/// True once the shutdown channel is closed.
-fn stopping(shutdown: &Receiver<()>) -> bool {
-    matches!(shutdown.try_recv(), Err(TryRecvError::Disconnected))
-}
-
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
 /// again or gone. `leading` is consulted before every batch.
 pub(crate) fn reap_instance(
@@ -564,24 +560,21 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
     }
 }
 
-/// The reaper thread: a round every `reap_interval` while this node leads.
+/// The reaper thread: a round every `reap_interval` while this node leads (on a fixed grid: a
+/// round longer than the interval is followed by the next one at once).
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
-    let ticker = tick(sh.ctx.timings.reap_interval);
+    let interval = sh.ctx.timings.reap_interval;
     let mut link = Link::new();
-    loop {
-        select! {
-            recv(shutdown) -> _ => break,
-            recv(ticker) -> _ => {}
-        }
+    let crashed = || sh.is_crashed();
+    // Rounds are not retried sooner after a failure: the backoff is unused.
+    let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval, interval));
+    periodic.run(Instant::now() + interval, |run| {
         while demoted.try_recv().is_ok() {}
-        // `select!` picks at random among ready channels: a tick may win over a shutdown.
-        if sh.is_crashed() || stopping(shutdown) {
-            break;
-        }
         if sh.leader.is_leader() {
             round(sh, &mut link, shutdown, demoted);
         }
-    }
+        worker::on_grid(run.scheduled, interval)
+    });
 }
 
 #[cfg(test)]
