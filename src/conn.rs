@@ -30,6 +30,10 @@ use crate::config::redact_url;
 use crate::error::{Error, Result};
 use crate::scripts::SCRIPTS;
 
+/// Most members one `SADD` or `SREM` carries; longer lists are split into several commands
+/// (of one pipeline), so no single command holds the server for long.
+pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
+
 /// Where Redis is and how long any call may take.
 #[derive(Debug)]
 pub(crate) struct Redis {

@@ -180,8 +180,9 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
 fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>) -> Result<()> {
     for (room, new_owner) in lost {
         let _guard = sh.local.lock_room(&room);
+        // Closed by the host meanwhile: nothing to report.
         if !sh.local.has_room(&room) {
-            continue; // closed by the host meanwhile
+            continue;
         }
         sh.local.remove_room(&room);
         if let Ok(w) = encode_id(IdKind::Room, &room) {

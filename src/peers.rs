@@ -190,7 +190,7 @@ pub(crate) fn restore(
     }
     // Index first (one round trip, checked), records second.
     let mut pipe = redis::pipe();
-    for chunk in wired.chunks(1000) {
+    for chunk in wired.chunks(conn::MEMBERS_PER_COMMAND) {
         let members: Vec<String> = chunk.iter().map(|(r, p, _, _)| peer_member(r, p)).collect();
         pipe.sadd(&index, members);
     }

@@ -194,22 +194,18 @@ fn reap_room_batches(
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
 ) -> Result<()> {
-    let Reap {
-        ctx,
-        counters,
-        dead,
-        t0,
-        leading,
-    } = *r;
+    let (ctx, leading) = (r.ctx, r.leading);
     let op = "reap rooms";
-    let index = ctx.keys.instance_rooms(dead);
+    let index = ctx.keys.instance_rooms(r.dead);
     if !leading() {
         return Err(Error::NotLeader);
     }
     let (mut cursor, members) = index_page(con, op, &index, 0, ctx.reap_batch)?;
     // (room, SSCAN cursor over its peers): "0" for a room not started yet.
-    let mut pending: Vec<(String, String)> =
-        members.into_iter().map(|r| (r, "0".to_owned())).collect();
+    let mut pending: Vec<(String, String)> = members
+        .into_iter()
+        .map(|room| (room, "0".to_owned()))
+        .collect();
     loop {
         if pending.is_empty() && cursor == 0 {
             return Ok(());
@@ -220,20 +216,7 @@ fn reap_room_batches(
         let owed = std::mem::take(cleanup);
         let sent_cleanup = owed.len;
         let mut pipe = owed.pipe.clone();
-        let keys: Vec<_> = pending.iter().map(|(r, _)| ctx.keys.room(r)).collect();
-        for ((_, c), rk) in pending.iter().zip(&keys) {
-            let mut inv = SCRIPTS.reap_room.prepare_invoke();
-            inv.key(&rk.owner)
-                .key(&rk.meta)
-                .key(&rk.peers)
-                .key(&rk.guests)
-                .key(&rk.guest_state)
-                .arg(dead)
-                .arg(t0)
-                .arg(c)
-                .arg(PEER_BATCH);
-            pipe.invoke_script(&inv);
-        }
+        add_room_scripts(r, &mut pipe, &pending);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
         let scan = cursor != 0 && pending.len() < 2 * ctx.reap_batch;
@@ -245,7 +228,7 @@ fn reap_room_batches(
                 .arg(ctx.reap_batch);
         }
         let replies = match conn::exec(con, &mut pipe) {
-            Ok(r) => r,
+            Ok(replies) => replies,
             Err(e) => {
                 // Nothing of this round trip is known to have run: the clean-up is still owed
                 // (only it: this batch's scripts are not sent again without the lease check).
@@ -257,74 +240,121 @@ fn reap_room_batches(
         // A failed clean-up is reported after this batch's replies are handled (its scripts
         // ran; what they deleted is owed to the indexes).
         let mut failed = None;
-        for r in replies.by_ref().take(sent_cleanup) {
-            if let Err(e) = r {
+        for reply in replies.by_ref().take(sent_cleanup) {
+            if let Err(e) = reply {
                 failed.get_or_insert(Error::redis(op, e));
             }
         }
-        let mut unindex = Unindex::default();
-        let mut unindexed = Vec::new();
-        let mut again = Vec::new();
-        // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
-        for ((room, _), r) in pending.into_iter().zip(replies.by_ref()) {
-            match conn::decode::<(String, String, Vec<String>)>(op, r) {
-                Ok((status, next_cursor, removed)) => {
-                    counts.peers += (removed.len() / 2) as u64;
-                    unindex.add(&room, &removed);
-                    if next_cursor == "again" {
-                        again.push((room, "0".to_owned()));
-                        continue;
-                    }
-                    if next_cursor != "0" {
-                        again.push((room, next_cursor));
-                        continue;
-                    }
-                    match status.as_str() {
-                        "reaped" => counts.rooms += 1,
-                        "skipped" => counts.skipped_rooms += 1,
-                        "gone" => {}
-                        // Pinned again by a new life of the same instance: keep indexed.
-                        _ => {
-                            counts.kept += 1;
-                            continue;
-                        }
-                    }
-                    unindexed.push(room);
-                }
-                Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                    counts.failed += 1;
-                    counters.bad_data(&e);
-                    log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
-                }
-                // Anything else (a script cache flushed again, OOM, BUSY) is transient:
-                // stop; the instance stays "being reaped" and the next round redoes it.
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        cleanup.len += unindex.flush(&ctx.keys, &mut cleanup.pipe);
-        if !unindexed.is_empty() {
-            cleanup.pipe.srem(&index, &unindexed);
-            cleanup.len += 1;
-        }
+        let again = room_replies(
+            r,
+            &index,
+            pending,
+            &mut replies,
+            counts,
+            cleanup,
+            &mut failed,
+        );
         if let Some(e) = failed {
             return Err(e);
         }
         pending = again;
         if scan {
-            let Some(r) = replies.next() else {
+            let Some(reply) = replies.next() else {
                 return Err(Error::bad_data(op, "fewer replies than commands"));
             };
-            let (next, raw): (u64, Vec<Vec<u8>>) = conn::decode(op, r)?;
+            let (next, raw): (u64, Vec<Vec<u8>>) = conn::decode(op, reply)?;
             cursor = next;
             pending.extend(
                 utf8_members(con, op, &index, raw)?
                     .into_iter()
-                    .map(|r| (r, "0".to_owned())),
+                    .map(|room| (room, "0".to_owned())),
             );
         }
     }
+}
+
+/// The `reap_room.lua` call of each pending room (`(room, peer cursor)`), added to `pipe`.
+fn add_room_scripts(r: &Reap<'_>, pipe: &mut redis::Pipeline, pending: &[(String, String)]) {
+    let keys: Vec<_> = pending
+        .iter()
+        .map(|(room, _)| r.ctx.keys.room(room))
+        .collect();
+    for ((_, cursor), rk) in pending.iter().zip(&keys) {
+        let mut inv = SCRIPTS.reap_room.prepare_invoke();
+        inv.key(&rk.owner)
+            .key(&rk.meta)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(r.dead)
+            .arg(r.t0)
+            .arg(cursor)
+            .arg(PEER_BATCH);
+        pipe.invoke_script(&inv);
+    }
+}
+
+/// Handles one batch's `reap_room.lua` replies (one per pending room, taken from `replies`):
+/// counts, the index clean-up now owed (added to `cleanup`), and the rooms that need another
+/// call (returned, with their peer cursor). A transient error is kept in `failed` (the first
+/// one wins); bad data skips its room.
+fn room_replies(
+    r: &Reap<'_>,
+    index: &str,
+    pending: Vec<(String, String)>,
+    replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
+    counts: &mut ReapCounts,
+    cleanup: &mut Cleanup,
+    failed: &mut Option<Error>,
+) -> Vec<(String, String)> {
+    let (op, dead) = ("reap rooms", r.dead);
+    let mut unindex = Unindex::default();
+    let mut unindexed = Vec::new();
+    let mut again = Vec::new();
+    // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
+    for ((room, _), reply) in pending.into_iter().zip(replies.by_ref()) {
+        match conn::decode::<(String, String, Vec<String>)>(op, reply) {
+            Ok((status, next_cursor, removed)) => {
+                counts.peers += (removed.len() / 2) as u64;
+                unindex.add(&room, &removed);
+                if next_cursor == "again" {
+                    again.push((room, "0".to_owned()));
+                    continue;
+                }
+                if next_cursor != "0" {
+                    again.push((room, next_cursor));
+                    continue;
+                }
+                match status.as_str() {
+                    "reaped" => counts.rooms += 1,
+                    "skipped" => counts.skipped_rooms += 1,
+                    "gone" => {}
+                    // Pinned again by a new life of the same instance: keep indexed.
+                    _ => {
+                        counts.kept += 1;
+                        continue;
+                    }
+                }
+                unindexed.push(room);
+            }
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                counts.failed += 1;
+                r.counters.bad_data(&e);
+                log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
+            }
+            // Anything else (a script cache flushed again, OOM, BUSY) is transient:
+            // stop; the instance stays "being reaped" and the next round redoes it.
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
+    if !unindexed.is_empty() {
+        cleanup.pipe.srem(index, &unindexed);
+        cleanup.len += 1;
+    }
+    again
 }
 
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
@@ -333,75 +363,15 @@ pub(crate) fn reap_peers(
     con: &mut Connection,
     counts: &mut ReapCounts,
 ) -> Result<()> {
-    let Reap {
-        ctx,
-        counters,
-        dead,
-        t0,
-        leading,
-    } = *r;
     let op = "reap peers";
-    let index = ctx.keys.instance_peers(dead);
+    let index = r.ctx.keys.instance_peers(r.dead);
     let mut cursor = 0u64;
     loop {
-        if !leading() {
+        if !(r.leading)() {
             return Err(Error::NotLeader);
         }
-        let (next, members) = index_page(con, op, &index, cursor, ctx.reap_batch)?;
-        let mut unindexed = Vec::new();
-        let mut parsed = Vec::new();
-        for m in members {
-            match split_peer_member(&m) {
-                Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
-                None => {
-                    log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
-                    unindexed.push(m);
-                }
-            }
-        }
-        let mut pipe = redis::pipe();
-        let keys: Vec<_> = parsed
-            .iter()
-            .map(|(room, peer, _)| (ctx.keys.peer(room, peer), ctx.keys.room(room)))
-            .collect();
-        for ((_, peer, _), (record, rk)) in parsed.iter().zip(&keys) {
-            let mut inv = SCRIPTS.reap_peer.prepare_invoke();
-            inv.key(record)
-                .key(&rk.peers)
-                .key(&rk.guests)
-                .key(&rk.guest_state)
-                .arg(dead)
-                .arg(t0)
-                .arg(peer);
-            pipe.invoke_script(&inv);
-        }
-        let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-        for ((_, _, member), r) in parsed.into_iter().zip(replies) {
-            let status = match conn::decode::<String>(op, r) {
-                Ok(status) => status,
-                Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                    counts.failed += 1;
-                    counters.bad_data(&e);
-                    log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
-                    continue;
-                }
-                // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
-                // the instance stays "being reaped" and the next round redoes it.
-                Err(e) => return Err(e),
-            };
-            match status.as_str() {
-                "reaped" => {
-                    counts.peers += 1;
-                    unindexed.push(member);
-                }
-                "gone" | "moved" => unindexed.push(member),
-                "new_life" => counts.kept += 1,
-                other => {
-                    counts.failed += 1;
-                    log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
-                }
-            }
-        }
+        let (next, members) = index_page(con, op, &index, cursor, r.ctx.reap_batch)?;
+        let unindexed = reap_peer_batch(r, con, members, counts)?;
         if !unindexed.is_empty() {
             redis::cmd("SREM")
                 .arg(&index)
@@ -414,6 +384,72 @@ pub(crate) fn reap_peers(
             return Ok(());
         }
     }
+}
+
+/// `reap_peer.lua` for each `<room>/<peer>` of one index page, pipelined. Returns the members
+/// to remove from the index: records reaped, gone or moved, and malformed members.
+fn reap_peer_batch(
+    r: &Reap<'_>,
+    con: &mut Connection,
+    members: Vec<String>,
+    counts: &mut ReapCounts,
+) -> Result<Vec<String>> {
+    let (op, dead, keys) = ("reap peers", r.dead, &r.ctx.keys);
+    let mut unindexed = Vec::new();
+    let mut parsed = Vec::new();
+    for m in members {
+        match split_peer_member(&m) {
+            Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
+            None => {
+                log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
+                unindexed.push(m);
+            }
+        }
+    }
+    let mut pipe = redis::pipe();
+    let record_keys: Vec<_> = parsed
+        .iter()
+        .map(|(room, peer, _)| (keys.peer(room, peer), keys.room(room)))
+        .collect();
+    for ((_, peer, _), (record, rk)) in parsed.iter().zip(&record_keys) {
+        let mut inv = SCRIPTS.reap_peer.prepare_invoke();
+        inv.key(record)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(dead)
+            .arg(r.t0)
+            .arg(peer);
+        pipe.invoke_script(&inv);
+    }
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    for ((_, _, member), reply) in parsed.into_iter().zip(replies) {
+        let status = match conn::decode::<String>(op, reply) {
+            Ok(status) => status,
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                counts.failed += 1;
+                r.counters.bad_data(&e);
+                log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
+                continue;
+            }
+            // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
+            // the instance stays "being reaped" and the next round redoes it.
+            Err(e) => return Err(e),
+        };
+        match status.as_str() {
+            "reaped" => {
+                counts.peers += 1;
+                unindexed.push(member);
+            }
+            "gone" | "moved" => unindexed.push(member),
+            "new_life" => counts.kept += 1,
+            other => {
+                counts.failed += 1;
+                log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
+            }
+        }
+    }
+    Ok(unindexed)
 }
 
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive

@@ -218,13 +218,13 @@ impl Unindex {
         }
     }
 
-    /// Adds the `SREM`s to `pipe` (at most 1000 members each, replies not ignored) and forgets
+    /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not ignored) and forgets
     /// them; returns how many commands it added.
     pub(crate) fn flush(&mut self, keys: &KeySpace, pipe: &mut Pipeline) -> usize {
         let mut n = 0;
         for (instance, members) in std::mem::take(&mut self.by_instance) {
             let key = keys.instance_peers(&instance);
-            for chunk in members.chunks(1000) {
+            for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
                 pipe.srem(&key, chunk);
                 n += 1;
             }
@@ -324,7 +324,7 @@ fn refresh_pins_scripted(
     let mut pipe = redis::pipe();
     if restore && !wires.is_empty() {
         let index = ctx.keys.instance_rooms(&ctx.me);
-        for chunk in wires.chunks(1000) {
+        for chunk in wires.chunks(conn::MEMBERS_PER_COMMAND) {
             pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>())
                 .ignore();
         }

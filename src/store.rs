@@ -119,8 +119,9 @@ impl RedisStore {
     pub(crate) fn reap_now(&self, dead: &Id) -> Result<Option<crate::ReapCounts>> {
         use crate::event::Event;
         let sh = &*self.sh;
+        // An instance never reaps itself.
         if dead.wire == sh.ctx.me {
-            return Ok(None); // an instance never reaps itself
+            return Ok(None);
         }
         let leading = || sh.leader.is_leader();
         if !leading() {
