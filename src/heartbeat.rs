@@ -27,7 +27,7 @@ use crate::worker::{self, Periodic};
 
 /// First heartbeat of a life, or a regular one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub(crate) enum BeatMode {
     Register,
     Tick,
 }
@@ -56,7 +56,7 @@ pub(crate) struct Beaten {
 
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
-pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beaten> {
+pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
     let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
@@ -68,8 +68,8 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         .arg(&sh.ctx.me)
         .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
-            Mode::Register => "register",
-            Mode::Tick => "tick",
+            BeatMode::Register => "register",
+            BeatMode::Tick => "tick",
         })
         .arg(&known)
         .arg(&fresh)
@@ -92,11 +92,12 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         // lease TTL after the dataset was re-created: lease_acquire.lua.)
         sh.leader.end_with(&sh.events, LeaderLostReason::LeaseTaken);
     }
-    if beat == Beat::Duplicate && mode == Mode::Tick {
+    if beat == Beat::Duplicate && mode == BeatMode::Tick {
         // Another process ticks under this id: never mark the key released on our stop.
         sh.saw_duplicate.store(true, Ordering::Relaxed);
     }
-    if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && mode == Mode::Tick)
+    if matches!(beat, Beat::Ok | Beat::Restored)
+        || (beat == Beat::Duplicate && mode == BeatMode::Tick)
     {
         *sh.token.lock() = token;
     }
@@ -108,7 +109,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
 
 /// One tick: heartbeat, then refresh (or restore) every pin.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
     match beaten.beat {
         Beat::Reaped => return resume_after_reap(sh, link, beaten.server_ms),
         Beat::Restored => {
@@ -152,7 +153,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     if !lost.is_empty() {
         // A pin gone under us may mean we were reaped while paused mid-tick: ask again before
         // reporting, so a zombie reports all its rooms through `reaped_self`.
-        let again = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+        let again = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
         if again.beat == Beat::Reaped {
             return resume_after_reap(sh, link, again.server_ms);
         }
@@ -290,7 +291,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
 /// (rooms and peer records written before `t0`, server ms), with the reaper's owner-CAS
 /// scripts. Rooms the host pins from now on are newer than `t0` and kept.
 pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Register))?;
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;
     if beaten.beat == Beat::Duplicate {
         return Err(Error::config(
             "instance_id",

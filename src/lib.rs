@@ -12,7 +12,8 @@
 //! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`).
 //! - [`devserver`]: a private `redis-server` for demos, tests and benchmarks.
 //!
-//! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
+//! Without a Redis URL the node runs in memory-only mode (single instance, no threads);
+//! [`Node::mode`] and [`Stats::mode`] tell which mode a node runs in.
 //!
 //! The rules each part protects are numbered in `docs/DESIGN.md` (invariants 1-6) and named in the
 //! Lua scripts' headers (`lua/*.lua`).

@@ -258,3 +258,60 @@ pub(crate) fn remove(
     }
     Ok(removed == 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devserver::LocalRedis;
+    use crate::state::Local;
+    use crate::{Config, Timings};
+
+    // Invariant 4 at the data-access level, no node: a remove carrying an older generation is
+    // a no-op, the right one removes the record and its index entry, and an upsert into a room
+    // this instance does not own is refused without leaving an index entry.
+    #[test]
+    fn remove_of_an_older_generation_is_a_no_op_without_a_node() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = Config::builder()
+            .redis_url(Some(&server.url()))
+            .stage("unit")
+            .instance_id("a")
+            .timings(Timings::fast())
+            .build()
+            .unwrap();
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let index = |con: &mut Connection| -> Vec<String> {
+            redis::cmd("SMEMBERS")
+                .arg(ctx.keys.instance_peers(&ctx.me))
+                .query(con)
+                .unwrap()
+        };
+        match upsert(&ctx, &mut con, "r", "r", "p", None, &[]) {
+            Err(Error::NotOwner { .. }) => {}
+            other => panic!("upsert into a room nobody pinned: {other:?}"),
+        }
+        assert!(index(&mut con).is_empty());
+
+        crate::rooms::pin(&ctx, &Local::default(), &mut con, "r", "r", false).unwrap();
+        let first = upsert(&ctx, &mut con, "r", "r", "p", Some("g"), &[("k", "v")]).unwrap();
+        let second = upsert(&ctx, &mut con, "r", "r", "p", Some("g"), &[("k", "w")]).unwrap();
+        assert!(second.generation > first.generation);
+        assert_eq!(index(&mut con), vec![peer_member("r", "p")]);
+
+        let stale = remove(&ctx, &mut con, ("r", "r"), ("p", "p"), first.generation).unwrap();
+        assert!(!stale, "an older generation's remove must be a no-op");
+        assert_eq!(index(&mut con), vec![peer_member("r", "p")]);
+        let removed = remove(&ctx, &mut con, ("r", "r"), ("p", "p"), second.generation).unwrap();
+        assert!(removed);
+        assert!(index(&mut con).is_empty());
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(ctx.keys.peer("r", "p"))
+            .query(&mut con)
+            .unwrap();
+        assert!(!exists);
+    }
+}
