@@ -80,7 +80,7 @@ pub(crate) fn release(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
     Ok(conn::call::<i64>(con, "release lease", &inv)? == 1)
 }
 
-/// Where the lease thread stands. The term itself lives in [`LeaderState`] (shared): the
+/// Where the lease thread stands. The term itself lives in `LeaderState` (shared): the
 /// heartbeat thread may end it (node reaped, data lost) between two steps, so every step reads
 /// the state afresh ([`Lease::state`]) instead of keeping a copy that could disagree.
 ///
