@@ -1,14 +1,38 @@
-//! Blocking connections: timeouts on every call, scripts preloaded on connect, reconnect with
-//! capped, jittered exponential backoff.
+//! The connection layer: every Redis access of the library goes through here. It owns
+//! connecting (timeouts on connect, read and write), preloading the Lua scripts on every new
+//! connection, `NOSCRIPT` recovery (single calls and pipelines), sending pipelines, decoding
+//! replies, reading the server clock, one thread's connection ([`Link`]), the host threads'
+//! pool ([`Pool`]), and the capped, jittered backoff of the workers' retries ([`Backoff`]).
+//!
+//! Where the production topologies plug in (docs/DESIGN.md "Deployment topologies"), so that
+//! each changes only this module and the configuration:
+//! - **TLS** (`rediss://`, verification on by default, client certificates for mutual TLS): in
+//!   the client construction of the connector, [`Redis::new`] (today `redis::Client::open`),
+//!   which would build a TLS client from the URL plus the configured certificates; the
+//!   `redis` crate's TLS feature is enabled there and nowhere else.
+//! - **Sentinel** (`redis+sentinel://h1,h2,h3/<master>`): master discovery when a connection is
+//!   made ([`Redis::connect`] asks the sentinels for the current primary), and again when a
+//!   reply says the server is no master (`READONLY`, `MASTERDOWN`): `keep_connection` already
+//!   drops such a connection and [`Pool::run`] already retries that refused call once on a new
+//!   one, which is where the rediscovery runs.
+//! - **Cluster** (`redis+cluster://h1,h2,...`): a `ClusterConnection` variant next to the
+//!   single-node connection, behind the same [`Link::run`] / [`Pool::run`], [`call`] and [`exec`]
+//!   functions: [`exec`] splits a pipeline per node (every script already touches one slot) and
+//!   reassembles the replies in order; redirections and retries stay inside the command
+//!   timeout.
 
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use redis::Connection;
+use redis::{Connection, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
 
 use crate::config::redact_url;
 use crate::error::{Error, Result};
-use crate::scripts;
+use crate::scripts::SCRIPTS;
+
+/// Most members one `SADD` or `SREM` carries; longer lists are split into several commands
+/// (of one pipeline), so no single command holds the server for long.
+pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
 
 /// Where Redis is and how long any call may take.
 #[derive(Debug)]
@@ -49,7 +73,7 @@ impl Redis {
             .map_err(wrap)?;
         con.set_read_timeout(Some(self.timeout)).map_err(wrap)?;
         con.set_write_timeout(Some(self.timeout)).map_err(wrap)?;
-        scripts::preload(&mut con).map_err(wrap)?;
+        preload(&mut con).map_err(wrap)?;
         Ok(con)
     }
 
@@ -229,4 +253,74 @@ impl Backoff {
 pub(crate) fn jitter(d: Duration) -> Duration {
     let ms = d.as_millis().max(2) as u64;
     Duration::from_millis(ms / 2 + fastrand::u64(0..=ms / 2))
+}
+
+/// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined).
+fn preload(con: &mut Connection) -> RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for s in SCRIPTS.all() {
+        pipe.load_script(s).ignore();
+    }
+    pipe.exec(con)
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}
+
+/// Sends `pipe` (one round trip) and returns one result per command; a failed command does
+/// not fail the others. If any command failed with `NOSCRIPT`, every script is reloaded and the
+/// whole pipeline is sent once more: every pipeline this crate builds is safe to repeat (its
+/// plain commands are idempotent and its scripts either did not run or are idempotent batches).
+/// An `Err` means the round trip itself failed (I/O, timeout).
+pub(crate) fn exec(
+    con: &mut Connection,
+    pipe: &mut Pipeline,
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    if pipe.is_empty() {
+        return Ok(Vec::new());
+    }
+    pipe.ignore_errors();
+    let results: Vec<RedisResult<Value>> = pipe.query(con)?;
+    if results
+        .iter()
+        .any(|r| matches!(r, Err(e) if is_noscript(e)))
+    {
+        log::info!("script cache was flushed; reloading scripts");
+        preload(con)?;
+        return pipe.query(con);
+    }
+    Ok(results)
+}
+
+/// Sends one script invocation (reloading on `NOSCRIPT`) and decodes its reply.
+pub(crate) fn call<T: FromRedisValue>(
+    con: &mut Connection,
+    op: &'static str,
+    inv: &ScriptInvocation<'_>,
+) -> Result<T> {
+    // `invoke` loads the script and retries once on NOSCRIPT; a flush landing between that
+    // load and the retry is survived by trying again (a script that got NOSCRIPT did not run).
+    let mut attempts = 0;
+    loop {
+        match inv.invoke(con) {
+            Err(e) if is_noscript(&e) && attempts < 3 => attempts += 1,
+            out => return out.map_err(|e| Error::redis(op, e)),
+        }
+    }
+}
+
+/// Decodes one pipelined reply.
+pub(crate) fn decode<T: FromRedisValue>(op: &'static str, r: RedisResult<Value>) -> Result<T> {
+    let v = r.map_err(|e| Error::redis(op, e))?;
+    redis::from_redis_value(v).map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))
+}
+
+/// Redis server time (`TIME`), in ms. Liveness uses server time only (docs/DESIGN.md "Server
+/// time only"): never this host's clock.
+pub(crate) fn server_time_ms(con: &mut Connection) -> Result<i64> {
+    redis::cmd("TIME")
+        .query::<(i64, i64)>(con)
+        .map(|(s, us)| s * 1000 + us / 1000)
+        .map_err(|e| Error::redis("read server time", e))
 }

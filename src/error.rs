@@ -2,7 +2,7 @@
 //!
 //! Every fallible call returns [`Result<T>`]. Match on [`Error::kind`] rather than on the
 //! variants' fields: kinds are stable, messages are for people. No message ever contains a
-//! Redis password (see [`crate::config::redact_url`]).
+//! Redis password (see `config::redact_url`).
 
 use std::borrow::Cow;
 use std::fmt;

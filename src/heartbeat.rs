@@ -11,22 +11,23 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crossbeam_channel::{select, Receiver};
+use crossbeam_channel::Receiver;
 use redis::Connection;
 
-use crate::conn::{Backoff, Link};
+use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind};
-use crate::node::Shared;
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
+use crate::state::Shared;
+use crate::worker::{self, Periodic};
 
 /// First heartbeat of a life, or a regular one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub(crate) enum BeatMode {
     Register,
     Tick,
 }
@@ -55,27 +56,27 @@ pub(crate) struct Beaten {
 
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
-pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beaten> {
+pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
     let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
     let mut inv = SCRIPTS.heartbeat.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(&sh.me))
-        .key(sh.keys.dataset())
-        .key(sh.keys.epoch())
-        .arg(&sh.me)
-        .arg(sh.timings.heartbeat_ttl.as_millis() as u64)
+    inv.key(sh.ctx.keys.heartbeats())
+        .key(sh.ctx.keys.heartbeat(&sh.ctx.me))
+        .key(sh.ctx.keys.dataset())
+        .key(sh.ctx.keys.epoch())
+        .arg(&sh.ctx.me)
+        .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
-            Mode::Register => "register",
-            Mode::Tick => "tick",
+            BeatMode::Register => "register",
+            BeatMode::Tick => "tick",
         })
         .arg(&known)
         .arg(&fresh)
         .arg(&sh.boot)
         .arg(sh.max_epoch.load(Ordering::Relaxed));
     let (status, server_ms, token, epoch): (String, i64, String, String) =
-        scripts::call(con, op, &inv)?;
+        conn::call(con, op, &inv)?;
     let beat = match status.as_str() {
         // The dataset token changed under a heartbeat that found us registered: an earlier
         // heartbeat re-registered us after Redis lost its data, but its reply was lost.
@@ -91,11 +92,12 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
         // lease TTL after the dataset was re-created: lease_acquire.lua.)
         sh.leader.end_with(&sh.events, LeaderLostReason::LeaseTaken);
     }
-    if beat == Beat::Duplicate && mode == Mode::Tick {
+    if beat == Beat::Duplicate && mode == BeatMode::Tick {
         // Another process ticks under this id: never mark the key released on our stop.
         sh.saw_duplicate.store(true, Ordering::Relaxed);
     }
-    if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && mode == Mode::Tick)
+    if matches!(beat, Beat::Ok | Beat::Restored)
+        || (beat == Beat::Duplicate && mode == BeatMode::Tick)
     {
         *sh.token.lock() = token;
     }
@@ -107,7 +109,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: Mode) -> Result<Beat
 
 /// One tick: heartbeat, then refresh (or restore) every pin.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
     match beaten.beat {
         Beat::Reaped => return resume_after_reap(sh, link, beaten.server_ms),
         Beat::Restored => {
@@ -131,7 +133,9 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
-    let results = link.run(&sh.redis, |c| rooms::refresh_pins(sh, c, &rooms, restore))?;
+    let results = link.run(&sh.redis, |c| {
+        rooms::refresh_pins(&sh.ctx, c, &rooms, restore)
+    })?;
     let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
@@ -149,7 +153,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     if !lost.is_empty() {
         // A pin gone under us may mean we were reaped while paused mid-tick: ask again before
         // reporting, so a zombie reports all its rooms through `reaped_self`.
-        let again = link.run(&sh.redis, |c| beat(sh, c, Mode::Tick))?;
+        let again = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
         if again.beat == Beat::Reaped {
             return resume_after_reap(sh, link, again.server_ms);
         }
@@ -164,7 +168,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         lose_rooms(sh, link, lost)?;
     }
     if restore {
-        let restored = link.run(&sh.redis, |c| peers::restore(sh, c, &sh.local.peers()))?;
+        let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
         sh.restore_pending.store(false, Ordering::Relaxed);
     }
@@ -177,14 +181,15 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
 fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>) -> Result<()> {
     for (room, new_owner) in lost {
         let _guard = sh.local.lock_room(&room);
+        // Closed by the host meanwhile: nothing to report.
         if !sh.local.has_room(&room) {
-            continue; // closed by the host meanwhile
+            continue;
         }
         sh.local.remove_room(&room);
         if let Ok(w) = encode_id(IdKind::Room, &room) {
             link.run(&sh.redis, |c| {
                 redis::cmd("SREM")
-                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
                     .arg(&w)
                     .query::<()>(c)
                     .map_err(|e| Error::redis("unindex a lost room", e))
@@ -210,11 +215,11 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
             sh.local.settled(&room);
             continue;
         };
-        match link.run(&sh.redis, |c| rooms::close(sh, c, &w, &room)) {
+        match link.run(&sh.redis, |c| rooms::close(&sh.ctx, c, &w, &room)) {
             Ok(()) => log::info!("room {room:?}: released a pin whose pin_room had timed out"),
             Err(Error::NotOwner { .. }) => link.run(&sh.redis, |c| {
                 redis::cmd("SREM")
-                    .arg(sh.keys.instance_rooms(&sh.me))
+                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
                     .arg(&w)
                     .query::<()>(c)
                     .map_err(|e| Error::redis("unindex an uncertain room", e))
@@ -233,7 +238,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         };
         let _guard = sh.local.lock_room(&room);
         let out = link.run(&sh.redis, |c| {
-            peers::remove(sh, c, (&r, &room), (&p, &peer), generation)
+            peers::remove(&sh.ctx, c, (&r, &room), (&p, &peer), generation)
         });
         match out {
             Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
@@ -269,7 +274,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
             let mut pipe = redis::pipe();
             for r in &room_ids {
                 let w = encode_id(IdKind::Room, r)?;
-                pipe.get(sh.keys.room(&w).owner);
+                pipe.get(sh.ctx.keys.room(&w).owner);
             }
             pipe.query::<Vec<Option<String>>>(c)
                 .map_err(|e| Error::redis("read owners of lost rooms", e))
@@ -286,7 +291,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
 /// (rooms and peer records written before `t0`, server ms), with the reaper's owner-CAS
 /// scripts. Rooms the host pins from now on are newer than `t0` and kept.
 pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, Mode::Register))?;
+    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;
     if beaten.beat == Beat::Duplicate {
         return Err(Error::config(
             "instance_id",
@@ -296,7 +301,9 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
             ),
         ));
     }
-    let cleaned = link.run(&sh.redis, |c| reaper::clean_own_leftovers(sh, c, t0))?;
+    let cleaned = link.run(&sh.redis, |c| {
+        reaper::clean_own_leftovers(&sh.ctx, &sh.counters, c, t0)
+    })?;
     if cleaned.rooms + cleaned.peers > 0 {
         log::warn!(
             "removed {} rooms and {} peer records left by an earlier life of instance {}",
@@ -309,44 +316,33 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     Ok(())
 }
 
-/// The heartbeat thread: a tick every `heartbeat_interval` (missed ticks merge); after a
+/// The heartbeat thread: a tick every `heartbeat_interval` (missed ticks are skipped); after a
 /// failure, retries with jittered backoff capped at the interval, so it resumes within two
 /// ticks of Redis coming back. Never exits but on shutdown.
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>) {
-    let interval = sh.timings.heartbeat_interval;
+    let interval = sh.ctx.timings.heartbeat_interval;
     let mut link = Link::new();
-    let mut backoff = Backoff::new(interval / 8, interval);
-    let mut next = Instant::now() + interval;
-    loop {
-        select! {
-            recv(shutdown) -> _ => break,
-            default(next.saturating_duration_since(Instant::now())) => {}
-        }
-        if sh.is_crashed() {
-            break;
-        }
+    let crashed = || sh.is_crashed();
+    let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval / 8, interval));
+    periodic.run(Instant::now() + interval, |run| {
         let started = Instant::now();
         match tick(sh, &mut link) {
             Ok(()) => {
-                backoff.reset();
-                next += interval;
-                if next <= Instant::now() {
-                    next = Instant::now() + interval;
-                }
                 let took = started.elapsed();
                 if took > interval / 2 {
                     sh.counters.slow_tick();
                     log::warn!("heartbeat tick took {} ms", took.as_millis());
                 }
+                run.ok(worker::every(run.scheduled, interval))
             }
             Err(e) => {
                 sh.note_error(&e);
                 sh.counters.heartbeat_failed();
                 log::warn!("heartbeat failed: {e}");
-                next = Instant::now() + backoff.next_delay();
+                run.retry()
             }
         }
-    }
+    });
     // A graceful stop (the host calls have drained: `Node::shutdown`): mark the heartbeat
     // released, on this thread's connection, so the call is bounded by `command_timeout` and
     // runs alongside the lease thread's release. Best effort: if it fails, a restart with
@@ -373,9 +369,9 @@ fn release(sh: &Shared, link: &mut Link) -> Result<()> {
         return Ok(());
     }
     let mut inv = SCRIPTS.heartbeat_release.prepare_invoke();
-    inv.key(sh.keys.heartbeat(&sh.me)).arg(&sh.boot);
+    inv.key(sh.ctx.keys.heartbeat(&sh.ctx.me)).arg(&sh.boot);
     link.run(&sh.redis, |c| {
-        scripts::call::<i64>(c, "release heartbeat", &inv)
+        conn::call::<i64>(c, "release heartbeat", &inv)
     })?;
     Ok(())
 }

@@ -13,7 +13,8 @@
 //!   [`audit::scan`] is one scan of it.
 //! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
 //!
-//! Without a Redis URL the node runs in memory-only mode (single instance, no threads).
+//! Without a Redis URL the node runs in memory-only mode (single instance, no threads);
+//! [`Node::mode`] and [`Stats::mode`] tell which mode a node runs in.
 //!
 //! The rules each part protects are numbered in `docs/DESIGN.md` (invariants 1-6) and named in the
 //! Lua scripts' headers (`lua/*.lua`).
@@ -27,6 +28,7 @@ mod error;
 mod event;
 mod heartbeat;
 pub mod keys;
+mod leader;
 mod lease;
 mod memory;
 mod node;
@@ -35,8 +37,10 @@ mod reaper;
 mod rooms;
 pub mod scan;
 mod scripts;
+mod state;
 pub mod status;
 mod store;
+mod worker;
 
 pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Timings, MAX_REAP_BATCH};
 /// The receiver of [`Node::events`] (re-exported so a host that stores it needs no
@@ -44,10 +48,11 @@ pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Timings, MAX_R
 pub use crossbeam_channel::Receiver;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
-pub use lease::TermRecord;
-pub use node::{Node, Stats, EVENT_CAPACITY};
+pub use leader::TermRecord;
+pub use node::{Mode, Node, Stats, EVENT_CAPACITY};
+pub use peers::{Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
 pub use reaper::{ReapCounts, REAP_BATCH};
-pub use store::{PinOutcome, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
+pub use rooms::PinOutcome;
 
 /// Compiles the README's Rust examples as doctests.
 #[cfg(doctest)]

@@ -1,6 +1,7 @@
 //! Memory-only mode: with no Redis URL the library runs single-instance. Pins and peers live
 //! in memory with the same rules as on Redis (generations, guest reconnects); there is no
-//! heartbeat, lease or reaper (docs/DESIGN.md "What it does", 8).
+//! heartbeat, lease or reaper (docs/DESIGN.md "What it does", 8). `Node` holds either this or the
+//! Redis store (`store::RedisStore`), as one enum.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,8 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::keys::Id;
-use crate::store::{PinOutcome, Store, Upserted};
+use crate::peers::Upserted;
+use crate::rooms::PinOutcome;
 
 #[derive(Debug, Default)]
 struct Room {
@@ -37,8 +39,9 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
+/// The host calls, with the same rules as on Redis (`store::RedisStore`).
+impl MemoryStore {
+    pub(crate) fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
         let mut rooms = self.rooms.lock();
         if rooms.contains_key(&room.raw) {
             return Ok(PinOutcome::AlreadyOurs);
@@ -47,7 +50,7 @@ impl Store for MemoryStore {
         Ok(PinOutcome::Pinned)
     }
 
-    fn close_room(&self, room: &Id) -> Result<()> {
+    pub(crate) fn close_room(&self, room: &Id) -> Result<()> {
         match self.rooms.lock().remove(&room.raw) {
             Some(_) => Ok(()),
             None => Err(Error::NotOwner {
@@ -57,7 +60,7 @@ impl Store for MemoryStore {
         }
     }
 
-    fn room_owner(&self, room: &Id) -> Result<Option<String>> {
+    pub(crate) fn room_owner(&self, room: &Id) -> Result<Option<String>> {
         Ok(self
             .rooms
             .lock()
@@ -65,7 +68,7 @@ impl Store for MemoryStore {
             .then(|| self.me.clone()))
     }
 
-    fn upsert_peer(
+    pub(crate) fn upsert_peer(
         &self,
         room: &Id,
         peer: &Id,
@@ -101,7 +104,7 @@ impl Store for MemoryStore {
         })
     }
 
-    fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
+    pub(crate) fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
         let mut rooms = self.rooms.lock();
         let Some(r) = rooms.get_mut(&room.raw) else {
             return Ok(false);

@@ -9,20 +9,21 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
-use crate::config::{Config, Timings};
-use crate::conn::Link;
-use crate::conn::{Pool, Redis};
+use crate::config::Config;
+use crate::conn::{self, Link, Pool, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
 use crate::heartbeat;
-use crate::keys::{Id, IdKind, KeySpace};
-use crate::lease::{LeaderState, TermRecord};
+use crate::keys::{Id, IdKind};
+use crate::leader::{LeaderState, TermRecord};
 use crate::memory::MemoryStore;
-use crate::reaper::{self, ReapCounts};
-use crate::store::{
-    Local, LocalPeer, PinOutcome, Store, Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS,
-};
-use crate::{peers, rooms};
+use crate::peers::{Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
+use crate::rooms::PinOutcome;
+use crate::state::{Counters, Ctx, Local, LocalPeer, Shared};
+use crate::store::RedisStore;
+#[cfg(feature = "testing")]
+use crate::ReapCounts;
+use crate::{lease, reaper};
 
 /// Capacity of a node's event channel; when full, new events are dropped and counted in
 /// [`Stats::events_dropped`].
@@ -31,145 +32,61 @@ pub const EVENT_CAPACITY: usize = 4096;
 /// Most idle connections kept for host threads' calls.
 const POOL_IDLE: usize = 16;
 
-/// Counters shared by the worker threads.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    heartbeats: AtomicU64,
-    heartbeat_failures: AtomicU64,
-    redis_errors: AtomicU64,
-    slow_ticks: AtomicU64,
-    instances_reaped: AtomicU64,
-    rooms_reaped: AtomicU64,
-    peers_reaped: AtomicU64,
-    bad_data: AtomicU64,
-    last_heartbeat: Mutex<Option<Instant>>,
-    last_error: Mutex<Option<String>>,
+/// Where a node keeps its rooms and peers ([`Node::mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// In the shared Redis, with heartbeat, lease and reaper threads.
+    Redis,
+    /// In this process's memory only: no Redis URL was configured (single instance; no
+    /// heartbeat, lease or reaper).
+    Memory,
 }
 
-impl Counters {
-    /// Bad data met by a worker (a key of the wrong type, a malformed record): reported, but
-    /// not a Redis outage, so it does not make the leader skip reap rounds.
-    pub(crate) fn bad_data(&self, e: &Error) {
-        self.bad_data.fetch_add(1, Ordering::Relaxed);
-        *self.last_error.lock() = Some(e.to_string());
-    }
-
-    pub(crate) fn heartbeat_ok(&self) {
-        self.heartbeats.fetch_add(1, Ordering::Relaxed);
-        *self.last_heartbeat.lock() = Some(Instant::now());
-    }
-
-    pub(crate) fn heartbeat_failed(&self) {
-        self.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn slow_tick(&self) {
-        self.slow_ticks.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Redis errors plus slow ticks seen so far: the leader skips a reap round in which this
-    /// grew (docs/DESIGN.md "Lessons from other systems").
-    pub(crate) fn troubles(&self) -> u64 {
-        self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn reaped(&self, c: &ReapCounts) {
-        self.instances_reaped.fetch_add(1, Ordering::Relaxed);
-        self.rooms_reaped.fetch_add(c.rooms, Ordering::Relaxed);
-        self.peers_reaped.fetch_add(c.peers, Ordering::Relaxed);
+impl Mode {
+    /// `redis` or `memory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Redis => "redis",
+            Mode::Memory => "memory",
+        }
     }
 }
 
-/// Everything the worker threads and the Redis store share.
+/// The node's rooms and peers: in memory or in Redis. Each host call dispatches here once.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    /// This instance's id (caller's form).
-    pub id: String,
-    /// This instance's id (wire form).
-    pub me: String,
-    pub keys: KeySpace,
-    pub timings: Timings,
-    /// Index members per reap batch ([`crate::ConfigBuilder::reap_batch`]).
-    pub reap_batch: usize,
-    pub redis: Redis,
-    pub pool: Pool,
-    pub local: Arc<Local>,
-    pub leader: LeaderState,
-    pub events: Arc<EventSink>,
-    pub counters: Counters,
-    /// The dataset token last seen by the heartbeat.
-    pub token: Mutex<String>,
-    /// Random per [`Node::start`]: written in the heartbeat key, so two live processes with the
-    /// same instance id are told apart.
-    pub boot: String,
-    /// The highest epoch this node has seen (heartbeat replies, its own terms): passed to the
-    /// acquire so epochs never go backwards, even after Redis lost its data.
-    pub max_epoch: AtomicU64,
-    /// Redis lost its data and this node has not finished writing its pins and peers back.
-    pub restore_pending: AtomicBool,
-    /// A tick found another process's boot token under this id: its stop must not mark the
-    /// heartbeat key released (the other process may be the live one).
-    pub saw_duplicate: AtomicBool,
-    crashed: AtomicBool,
+enum Backend {
+    Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
-impl Shared {
-    pub(crate) fn note_error(&self, e: &Error) {
-        self.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
-        *self.counters.last_error.lock() = Some(e.to_string());
-    }
-
-    /// Emits `e` locally and publishes it (as JSON, with `"instance"`) on the prefix's
-    /// `P:events` channel, best effort: other processes (dashboards, `redis-cli subscribe`) see
-    /// leader changes and reaps without reading every node's output.
-    pub(crate) fn announce(&self, link: &mut Link, e: Event) {
-        self.publish(link, &e);
-        self.events.emit(e);
-    }
-
-    /// The pub/sub half of [`Shared::announce`] alone (for events emitted locally elsewhere).
-    pub(crate) fn publish(&self, link: &mut Link, e: &Event) {
-        let payload = e.to_json(&self.id).to_string();
-        let sent = link.run(&self.redis, |c| {
-            redis::cmd("PUBLISH")
-                .arg(self.keys.events_channel())
-                .arg(&payload)
-                .query::<i64>(c)
-                .map_err(|err| Error::redis("publish event", err))
-        });
-        if let Err(err) = sent {
-            log::debug!("could not publish {}: {err}", e.name());
+impl Backend {
+    fn mode(&self) -> Mode {
+        match self {
+            Backend::Memory(_) => Mode::Memory,
+            Backend::Redis(_) => Mode::Redis,
         }
     }
 
-    /// Set by [`Node::simulate_crash`]: threads stop without any cleanup.
-    pub(crate) fn is_crashed(&self) -> bool {
-        self.crashed.load(Ordering::Relaxed)
-    }
-}
-
-/// The Redis-backed store.
-#[derive(Debug)]
-struct RedisStore(Arc<Shared>);
-
-impl Store for RedisStore {
     fn pin_room(&self, room: &Id) -> Result<PinOutcome> {
-        let sh = &*self.0;
-        let owned = sh.local.has_room(&room.raw);
-        sh.pool.run(&sh.redis, |c| {
-            rooms::pin(sh, c, &room.wire, &room.raw, owned)
-        })
+        match self {
+            Backend::Memory(m) => m.pin_room(room),
+            Backend::Redis(r) => r.pin_room(room),
+        }
     }
 
     fn close_room(&self, room: &Id) -> Result<()> {
-        let sh = &*self.0;
-        sh.pool
-            .run(&sh.redis, |c| rooms::close(sh, c, &room.wire, &room.raw))
+        match self {
+            Backend::Memory(m) => m.close_room(room),
+            Backend::Redis(r) => r.close_room(room),
+        }
     }
 
     fn room_owner(&self, room: &Id) -> Result<Option<String>> {
-        let sh = &*self.0;
-        sh.pool.run(&sh.redis, |c| rooms::owner(sh, c, &room.wire))
+        match self {
+            Backend::Memory(m) => m.room_owner(room),
+            Backend::Redis(r) => r.room_owner(room),
+        }
     }
 
     fn upsert_peer(
@@ -179,31 +96,25 @@ impl Store for RedisStore {
         guest: Option<&Id>,
         fields: &[(&str, &str)],
     ) -> Result<Upserted> {
-        let sh = &*self.0;
-        sh.pool.run(&sh.redis, |c| {
-            peers::upsert(
-                sh,
-                c,
-                &room.wire,
-                &room.raw,
-                &peer.wire,
-                guest.map(|g| g.wire.as_str()),
-                fields,
-            )
-        })
+        match self {
+            Backend::Memory(m) => m.upsert_peer(room, peer, guest, fields),
+            Backend::Redis(r) => r.upsert_peer(room, peer, guest, fields),
+        }
     }
 
     fn remove_peer(&self, room: &Id, peer: &Id, generation: u64) -> Result<bool> {
-        let sh = &*self.0;
-        sh.pool.run(&sh.redis, |c| {
-            peers::remove(
-                sh,
-                c,
-                (&room.wire, &room.raw),
-                (&peer.wire, &peer.raw),
-                generation,
-            )
-        })
+        match self {
+            Backend::Memory(m) => m.remove_peer(room, peer, generation),
+            Backend::Redis(r) => r.remove_peer(room, peer, generation),
+        }
+    }
+
+    /// The state shared with the worker threads; `None` in memory-only mode.
+    fn shared(&self) -> Option<&Arc<Shared>> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(r) => Some(r.shared()),
+        }
     }
 }
 
@@ -213,8 +124,10 @@ impl Store for RedisStore {
 pub struct Stats {
     /// This instance's id.
     pub instance_id: String,
-    /// False in memory-only mode.
+    /// False in memory-only mode (the same as `mode == Mode::Memory`).
     pub redis: bool,
+    /// Where the node keeps its rooms and peers.
+    pub mode: Mode,
     /// Whether this node holds the reaper lease now.
     pub is_leader: bool,
     /// The current term's epoch, when leading.
@@ -278,26 +191,23 @@ struct Workers {
 /// ```
 pub struct Node {
     id: String,
-    store: Box<dyn Store>,
+    backend: Backend,
     local: Arc<Local>,
     events: Arc<EventSink>,
     events_rx: Receiver<Event>,
-    shared: Option<Arc<Shared>>,
     workers: Mutex<Option<Workers>>,
     stopped: AtomicBool,
     /// Held (shared) by every host call for its duration; `shutdown` and `leave` take it
     /// exclusively after setting `stopped`, so no call that passed the check is still writing
     /// when they release the heartbeat or clean up.
     ops: RwLock<()>,
-    /// The connection of [`Node::heartbeat_now`].
-    manual: Mutex<Link>,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("instance_id", &self.id)
-            .field("redis", &self.shared.is_some())
+            .field("mode", &self.backend.mode())
             .field("stopped", &self.stopped.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -316,31 +226,27 @@ impl Node {
         let events = Arc::new(EventSink::new(config.instance_id(), tx));
         let local = Arc::new(Local::default());
         let id = config.instance_id().to_owned();
+        let node = |backend: Backend, workers: Option<Workers>| Node {
+            id: id.clone(),
+            backend,
+            local: Arc::clone(&local),
+            events: Arc::clone(&events),
+            events_rx: rx.clone(),
+            workers: Mutex::new(workers),
+            stopped: AtomicBool::new(false),
+            ops: RwLock::new(()),
+        };
         let Some(url) = config.redis_url() else {
             log::warn!(
                 "no Redis URL: memory-only mode (single instance; no heartbeat, lease or reaper)"
             );
-            return Ok(Node {
-                store: Box::new(MemoryStore::new(&id)),
-                id,
-                local,
-                events,
-                events_rx: rx,
-                shared: None,
-                workers: Mutex::new(None),
-                stopped: AtomicBool::new(false),
-                ops: RwLock::new(()),
-                manual: Mutex::new(Link::new()),
-            });
+            return Ok(node(Backend::Memory(MemoryStore::new(&id)), None));
         };
-        let timings = *config.timings();
+        let ctx = Ctx::from_config(&config)?;
         let shared = Arc::new(Shared {
-            me: Id::new(IdKind::Instance, &id)?.wire,
             id: id.clone(),
-            keys: config.keys().clone(),
-            timings,
-            reap_batch: config.reap_batch(),
-            redis: Redis::new(url, timings.command_timeout)?,
+            redis: Redis::new(url, ctx.timings.command_timeout)?,
+            ctx,
             pool: Pool::new(POOL_IDLE),
             local: Arc::clone(&local),
             leader: LeaderState::default(),
@@ -358,21 +264,16 @@ impl Node {
             "instance {} registered on {} under prefix {}",
             id,
             shared.redis.safe_url(),
-            shared.keys.prefix()
+            shared.ctx.keys.prefix()
         );
         let workers = spawn_workers(&shared)?;
-        Ok(Node {
-            store: Box::new(RedisStore(Arc::clone(&shared))),
-            id,
-            local,
-            events,
-            events_rx: rx,
-            shared: Some(shared),
-            workers: Mutex::new(Some(workers)),
-            stopped: AtomicBool::new(false),
-            ops: RwLock::new(()),
-            manual: Mutex::new(Link::new()),
-        })
+        Ok(node(Backend::Redis(RedisStore::new(shared)), Some(workers)))
+    }
+
+    /// Where this node keeps its rooms and peers: [`Mode::Memory`] when the configuration has
+    /// no Redis URL (the seed's rule), else [`Mode::Redis`].
+    pub fn mode(&self) -> Mode {
+        self.backend.mode()
     }
 
     /// This instance's id.
@@ -408,7 +309,7 @@ impl Node {
         let _call = self.enter()?;
         let room = Id::new(IdKind::Room, room)?;
         let _guard = self.local.lock_room(&room.raw);
-        let outcome = self.store.pin_room(&room)?;
+        let outcome = self.backend.pin_room(&room)?;
         if outcome.is_owned() {
             self.local.add_room(&room.raw);
             self.local.settled(&room.raw);
@@ -428,7 +329,7 @@ impl Node {
         // Forget it first so a concurrent heartbeat cannot report it lost.
         let held = self.local.has_room(&room.raw);
         self.local.remove_room(&room.raw);
-        let out = self.store.close_room(&room);
+        let out = self.backend.close_room(&room);
         match &out {
             // Unknown outcome: the host was told it failed, but the close may have run. The
             // heartbeat finishes it (owner CAS), so the room does not linger half-known.
@@ -447,7 +348,7 @@ impl Node {
     /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
     pub fn room_owner(&self, room: &str) -> Result<Option<String>> {
         let _call = self.enter()?;
-        self.store.room_owner(&Id::new(IdKind::Room, room)?)
+        self.backend.room_owner(&Id::new(IdKind::Room, room)?)
     }
 
     /// Writes peer `peer` of `room` (which this instance must own) with the host's `fields`,
@@ -492,7 +393,7 @@ impl Node {
         check_fields(fields)?;
         let _guard = self.local.lock_room(&room.raw);
         let upserted = self
-            .store
+            .backend
             .upsert_peer(&room, &peer, guest.as_ref(), fields)?;
         let generation = upserted.generation;
         if let Some(old) = &upserted.replaced {
@@ -526,7 +427,7 @@ impl Node {
         let peer = Id::new(IdKind::Peer, peer)?;
         let _guard = self.local.lock_room(&room.raw);
         let held = self.local.peer_generation(&room.raw, &peer.raw) == Some(generation);
-        let removed = match self.store.remove_peer(&room, &peer, generation) {
+        let removed = match self.backend.remove_peer(&room, &peer, generation) {
             Ok(r) => r,
             Err(e) => {
                 if !e.outcome_known() && held {
@@ -550,23 +451,18 @@ impl Node {
     /// Runs one heartbeat tick now, on the calling thread: the heartbeat script, then the
     /// pipelined refresh of every pin (two round trips whatever the number of rooms), with the
     /// same handling of lost rooms, data loss and zombies as the heartbeat thread, which keeps
-    /// its own schedule. For tooling and benchmarks.
+    /// its own schedule. For tooling and benchmarks. Only with the `testing` feature.
     ///
     /// # Errors
     /// [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`]; [`Error::InvalidConfig`] in
     /// memory-only mode.
+    #[cfg(feature = "testing")]
     pub fn heartbeat_now(&self) -> Result<()> {
         let _call = self.enter()?;
-        let Some(sh) = &self.shared else {
-            return Err(Error::config("redis_url", "heartbeats need Redis"));
-        };
-        heartbeat::tick(sh, &mut self.manual.lock())
-    }
-
-    /// The shared state of a Redis-backed node (unit tests of the crate's internals).
-    #[cfg(test)]
-    pub(crate) fn shared_for_tests(&self) -> &Arc<Shared> {
-        self.shared.as_ref().expect("a Redis-backed node")
+        match &self.backend {
+            Backend::Redis(r) => r.heartbeat_now(),
+            Backend::Memory(_) => Err(Error::config("redis_url", "heartbeats need Redis")),
+        }
     }
 
     /// Reaps one instance now, on the calling thread, as the leader's reaper would after its
@@ -576,51 +472,34 @@ impl Node {
     /// is skipped: use it when you know the
     /// instance is dead (an orchestrator saw its process exit), for tooling, and in benchmarks.
     /// The reaper thread may reap the same instance concurrently; every step is idempotent.
+    /// Only with the `testing` feature.
     ///
     /// # Errors
     /// [`Error::NotLeader`] unless this node holds the lease (also if it loses it midway);
     /// [`Error::InvalidId`]; [`Error::Redis`]; [`Error::BadData`]; [`Error::Stopped`];
     /// [`Error::InvalidConfig`] in memory-only mode.
+    #[cfg(feature = "testing")]
     pub fn reap_now(&self, instance: &str) -> Result<Option<ReapCounts>> {
         let _call = self.enter()?;
         let dead = Id::new(IdKind::Instance, instance)?;
-        let Some(sh) = &self.shared else {
-            return Err(Error::config("redis_url", "reaping needs Redis"));
-        };
-        if dead.wire == sh.me {
-            return Ok(None); // an instance never reaps itself
+        match &self.backend {
+            Backend::Redis(r) => r.reap_now(&dead),
+            Backend::Memory(_) => Err(Error::config("redis_url", "reaping needs Redis")),
         }
-        let leading = || sh.leader.is_leader();
-        if !leading() {
-            return Err(Error::NotLeader);
-        }
-        let counts = sh.pool.run(&sh.redis, |c| {
-            reaper::reap_instance(sh, c, &dead.wire, &leading)
-        })?;
-        if let Some(c) = &counts {
-            sh.counters.reaped(c);
-            sh.events.emit(Event::InstanceReaped {
-                dead: dead.raw.clone(),
-                rooms: c.rooms,
-                peers: c.peers,
-                skipped_rooms: c.skipped_rooms,
-            });
-        }
-        Ok(counts)
     }
 
     /// Whether this node holds the reaper lease now (its local deadline has not passed).
     /// Always `false` in memory-only mode.
     pub fn is_leader(&self) -> bool {
-        self.shared.as_ref().is_some_and(|s| s.leader.is_leader())
+        self.backend.shared().is_some_and(|s| s.leader.is_leader())
     }
 
     /// This node's last leadership terms (up to 64, oldest first) on the local monotonic
     /// clock: when each started, its deadline, and when it ended. For audits and tests of
     /// invariant 3 (no two nodes' terms overlap). Empty in memory-only mode.
     pub fn terms(&self) -> Vec<TermRecord> {
-        self.shared
-            .as_ref()
+        self.backend
+            .shared()
             .map(|s| s.leader.history())
             .unwrap_or_default()
     }
@@ -649,7 +528,8 @@ impl Node {
     pub fn stats(&self) -> Stats {
         let mut s = Stats {
             instance_id: self.id.clone(),
-            redis: self.shared.is_some(),
+            redis: self.backend.mode() == Mode::Redis,
+            mode: self.backend.mode(),
             is_leader: false,
             epoch: None,
             rooms: self.local.room_count(),
@@ -665,7 +545,7 @@ impl Node {
             peers_reaped: 0,
             events_dropped: self.events.dropped(),
         };
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = self.backend.shared() {
             let c = &sh.counters;
             let term = sh.leader.current();
             s.is_leader = term.is_some();
@@ -727,7 +607,7 @@ impl Node {
     }
 
     fn release_everything(&self) -> Result<()> {
-        let Some(sh) = &self.shared else {
+        let Backend::Redis(store) = &self.backend else {
             return Ok(());
         };
         let mut first_error = None;
@@ -735,7 +615,7 @@ impl Node {
             let Ok(id) = Id::new(IdKind::Room, &room) else {
                 continue;
             };
-            match self.store.close_room(&id) {
+            match store.close_room(&id) {
                 Ok(()) | Err(Error::NotOwner { .. }) => self.local.remove_room(&room),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -747,20 +627,11 @@ impl Node {
             else {
                 continue;
             };
-            if let Err(e) = self.store.remove_peer(&r, &pe, p.generation) {
+            if let Err(e) = store.remove_peer(&r, &pe, p.generation) {
                 first_error.get_or_insert(e);
             }
         }
-        let dereg = sh.pool.run(&sh.redis, |c| {
-            redis::pipe()
-                .del(sh.keys.heartbeat(&sh.me))
-                .ignore()
-                .zrem(sh.keys.heartbeats(), &sh.me)
-                .ignore()
-                .query::<()>(c)
-                .map_err(|e| Error::redis("deregister", e))
-        });
-        if let Err(e) = dereg {
+        if let Err(e) = store.deregister() {
             first_error.get_or_insert(e);
         }
         match first_error {
@@ -770,12 +641,14 @@ impl Node {
     }
 
     /// Stops the worker threads with no cleanup at all, as `kill -9` would: the lease is not
-    /// released and nothing is written. For demos and tests of the reaper.
+    /// released and nothing is written. For demos and tests of the reaper. Only with the
+    /// `testing` feature.
+    #[cfg(feature = "testing")]
     pub fn simulate_crash(&self) {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = self.backend.shared() {
             sh.crashed.store(true, Ordering::Relaxed);
         }
         self.join_workers();
@@ -793,7 +666,7 @@ impl Node {
             }
         }
         // A stopped (or crashed) node acts as nothing, whatever its last term's deadline.
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = self.backend.shared() {
             sh.leader.end();
         }
     }
@@ -834,14 +707,10 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
 /// `heartbeat_ttl` (plus one interval) has passed, then refused.
 fn register_at_start(sh: &Shared) -> Result<()> {
     let mut link = Link::new();
-    let give_up = Instant::now() + sh.timings.heartbeat_ttl + sh.timings.heartbeat_interval;
+    let t = &sh.ctx.timings;
+    let give_up = Instant::now() + t.heartbeat_ttl + t.heartbeat_interval;
     loop {
-        let t0 = link.run(&sh.redis, |c| {
-            redis::cmd("TIME")
-                .query::<(i64, i64)>(c)
-                .map(|(s, us)| s * 1000 + us / 1000)
-                .map_err(|e| Error::redis("read server time", e))
-        })?;
+        let t0 = link.run(&sh.redis, conn::server_time_ms)?;
         match heartbeat::register(sh, &mut link, t0) {
             Err(Error::InvalidConfig { field, reason }) if field == "instance_id" => {
                 if Instant::now() >= give_up {
@@ -851,7 +720,7 @@ fn register_at_start(sh: &Shared) -> Result<()> {
                     "instance id {:?} is still registered by another process; waiting for its heartbeat to expire",
                     sh.id
                 );
-                std::thread::sleep(sh.timings.heartbeat_interval);
+                std::thread::sleep(t.heartbeat_interval);
             }
             other => return other,
         }
@@ -878,7 +747,7 @@ fn spawn_workers(shared: &Arc<Shared>) -> Result<Workers> {
     let (sh, rx) = (Arc::clone(shared), shutdown_rx.clone());
     spawn(
         "sfu-lease",
-        Box::new(move || crate::lease::run(&sh, &rx, &demoted_tx)),
+        Box::new(move || lease::run(&sh, &rx, &demoted_tx)),
     )?;
     let (sh, rx) = (Arc::clone(shared), shutdown_rx);
     spawn(

@@ -7,15 +7,32 @@
 
 use redis::{Connection, ScriptInvocation, Value};
 
+use crate::conn;
 use crate::error::{Error, Result};
-use crate::keys::{decode_id, encode_id, peer_member, IdKind, RoomKeys};
-use crate::node::Shared;
-use crate::scripts::{self, SCRIPTS};
-use crate::store::{LocalPeer, Upserted};
+use crate::keys::{decode_id, encode_id, peer_member, IdKind, KeySpace, RoomKeys};
+use crate::scripts::SCRIPTS;
+use crate::state::{Ctx, LocalPeer};
+
+/// Peer fields reserved by the library; a host field with one of these names is refused.
+pub const RESERVED_PEER_FIELDS: [&str; 4] = ["instance", "guest", "generation", "updated_ms"];
+
+/// The most host fields one peer record may carry.
+pub const MAX_PEER_FIELDS: usize = 64;
+
+/// What `Node::upsert_peer_detailed` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Upserted {
+    /// The record's generation: pass it to `Node::remove_peer`.
+    pub generation: u64,
+    /// Another peer of the same guest that this upsert replaced (its record was deleted): a
+    /// quick reconnect with a new peer id. Tear its transport down.
+    pub replaced: Option<String>,
+}
 
 /// Upserts peer `peer` of `room` (wire forms) for this instance; returns its generation.
 pub(crate) fn upsert(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     room: &str,
     room_id: &str,
@@ -24,17 +41,17 @@ pub(crate) fn upsert(
     fields: &[(&str, &str)],
 ) -> Result<Upserted> {
     let op = "upsert peer";
-    let index = sh.keys.instance_peers(&sh.me);
+    let index = ctx.keys.instance_peers(&ctx.me);
     let member = peer_member(room, peer);
-    let keys = UpsertKeys::new(sh, room, peer);
-    let inv = keys.invocation(sh, peer, guest, None, fields);
+    let keys = UpsertKeys::new(&ctx.keys, room, peer);
+    let inv = keys.invocation(&ctx.me, peer, guest, None, fields);
     // Index first, in its own round trip: the record is written only if the index took it.
     redis::cmd("SADD")
         .arg(&index)
         .arg(&member)
         .query::<()>(con)
         .map_err(|e| Error::redis(op, e))?;
-    let reply: Vec<Value> = scripts::call(con, op, &inv)?;
+    let reply: Vec<Value> = conn::call(con, op, &inv)?;
     let text = |i: usize| -> Result<String> {
         match reply.get(i) {
             Some(v) => redis::from_redis_value_ref(v)
@@ -44,7 +61,7 @@ pub(crate) fn upsert(
     };
     if text(0)? == "not_owner" {
         // The index entry written above is only right if an earlier upsert made the record ours.
-        if text(2)? != sh.me {
+        if text(2)? != ctx.me {
             let _: () = redis::cmd("SREM")
                 .arg(&index)
                 .arg(&member)
@@ -62,14 +79,14 @@ pub(crate) fn upsert(
         .map_err(|_| Error::bad_data(op, "generation is not a number"))?;
     let (old_inst, sup, sup_inst) = (text(1)?, text(2)?, text(3)?);
     let mut cleanup = redis::pipe();
-    if !old_inst.is_empty() && old_inst != sh.me {
+    if !old_inst.is_empty() && old_inst != ctx.me {
         cleanup
-            .srem(sh.keys.instance_peers(&old_inst), &member)
+            .srem(ctx.keys.instance_peers(&old_inst), &member)
             .ignore();
     }
     if !sup.is_empty() && !sup_inst.is_empty() {
         cleanup
-            .srem(sh.keys.instance_peers(&sup_inst), peer_member(room, &sup))
+            .srem(ctx.keys.instance_peers(&sup_inst), peer_member(room, &sup))
             .ignore();
     }
     if !cleanup.is_empty() {
@@ -92,16 +109,16 @@ struct UpsertKeys {
 }
 
 impl UpsertKeys {
-    fn new(sh: &Shared, room: &str, peer: &str) -> Self {
+    fn new(keys: &KeySpace, room: &str, peer: &str) -> Self {
         UpsertKeys {
-            record: sh.keys.peer(room, peer),
-            room: sh.keys.room(room),
+            record: keys.peer(room, peer),
+            room: keys.room(room),
         }
     }
 
     fn invocation<'a>(
         &'a self,
-        sh: &Shared,
+        me: &str,
         peer: &str,
         guest: Option<&str>,
         generation: Option<u64>,
@@ -114,7 +131,7 @@ impl UpsertKeys {
             .key(&self.room.guest_state)
             .key(&self.room.owner)
             .key(&self.room.meta)
-            .arg(&sh.me)
+            .arg(me)
             .arg(peer)
             .arg(guest.unwrap_or(""))
             .arg(generation.map(|g| g.to_string()).unwrap_or_default());
@@ -129,7 +146,7 @@ impl UpsertKeys {
 /// pipelined round trip). Peers of rooms that are no longer ours are skipped. Returns how many
 /// records were written.
 pub(crate) fn restore(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     peers: &[(String, String, LocalPeer)],
 ) -> Result<usize> {
@@ -148,7 +165,7 @@ pub(crate) fn restore(
         .collect();
     let keys: Vec<_> = wired
         .iter()
-        .map(|(room, peer, _, _)| UpsertKeys::new(sh, room, peer))
+        .map(|(room, peer, _, _)| UpsertKeys::new(&ctx.keys, room, peer))
         .collect();
     let fields: Vec<Vec<(&str, &str)>> = wired
         .iter()
@@ -164,16 +181,16 @@ pub(crate) fn restore(
         .zip(&keys)
         .zip(&fields)
         .map(|(((_, peer, guest, l), k), f)| {
-            k.invocation(sh, peer, guest.as_deref(), Some(l.generation), f)
+            k.invocation(&ctx.me, peer, guest.as_deref(), Some(l.generation), f)
         })
         .collect();
-    let index = sh.keys.instance_peers(&sh.me);
+    let index = ctx.keys.instance_peers(&ctx.me);
     if wired.is_empty() {
         return Ok(0);
     }
     // Index first (one round trip, checked), records second.
     let mut pipe = redis::pipe();
-    for chunk in wired.chunks(1000) {
+    for chunk in wired.chunks(conn::MEMBERS_PER_COMMAND) {
         let members: Vec<String> = chunk.iter().map(|(r, p, _, _)| peer_member(r, p)).collect();
         pipe.sadd(&index, members);
     }
@@ -183,18 +200,18 @@ pub(crate) fn restore(
     for inv in &invs {
         pipe.invoke_script(inv);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut written = 0;
     let mut unindex = redis::pipe();
     for ((room, peer, _, _), r) in wired.iter().zip(replies) {
-        match scripts::decode::<Vec<Value>>(op, r) {
+        match conn::decode::<Vec<Value>>(op, r) {
             Ok(v) if matches!(v.first(), Some(Value::Int(_))) => written += 1,
             Ok(v) => {
                 // not_owner: the room is not ours any more; the index entry goes unless the
                 // record (still) names us.
                 let record_instance: Option<String> =
                     v.get(2).and_then(|x| redis::from_redis_value_ref(x).ok());
-                if record_instance.as_deref() != Some(sh.me.as_str()) {
+                if record_instance.as_deref() != Some(ctx.me.as_str()) {
                     unindex.srem(&index, peer_member(room, peer)).ignore();
                 }
             }
@@ -209,26 +226,26 @@ pub(crate) fn restore(
 
 /// Removes peer `peer` of `room` (wire forms) if its record still has `generation`.
 pub(crate) fn remove(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     (room, room_id): (&str, &str),
     (peer, peer_id): (&str, &str),
     generation: u64,
 ) -> Result<bool> {
     let op = "remove peer";
-    let rk = sh.keys.room(room);
+    let rk = ctx.keys.room(room);
     let mut inv = SCRIPTS.remove_peer.prepare_invoke();
-    inv.key(sh.keys.peer(room, peer))
+    inv.key(ctx.keys.peer(room, peer))
         .key(&rk.peers)
         .key(&rk.guests)
         .key(&rk.guest_state)
         .arg(peer)
         .arg(generation)
-        .arg(&sh.me);
-    let (removed, owner): (i64, String) = scripts::call(con, op, &inv)?;
+        .arg(&ctx.me);
+    let (removed, owner): (i64, String) = conn::call(con, op, &inv)?;
     if removed == 1 {
         let _: () = redis::cmd("SREM")
-            .arg(sh.keys.instance_peers(&sh.me))
+            .arg(ctx.keys.instance_peers(&ctx.me))
             .arg(peer_member(room, peer))
             .query(con)
             .map_err(|e| Error::redis(op, e))?;
@@ -240,4 +257,61 @@ pub(crate) fn remove(
         });
     }
     Ok(removed == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Local;
+    use crate::{Config, Timings};
+    use sfu_redis_testkit::devserver::LocalRedis;
+
+    // Invariant 4 at the data-access level, no node: a remove carrying an older generation is
+    // a no-op, the right one removes the record and its index entry, and an upsert into a room
+    // this instance does not own is refused without leaving an index entry.
+    #[test]
+    fn remove_of_an_older_generation_is_a_no_op_without_a_node() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = Config::builder()
+            .redis_url(server.url())
+            .stage("unit")
+            .instance_id("a")
+            .timings(Timings::fast())
+            .build()
+            .unwrap();
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let index = |con: &mut Connection| -> Vec<String> {
+            redis::cmd("SMEMBERS")
+                .arg(ctx.keys.instance_peers(&ctx.me))
+                .query(con)
+                .unwrap()
+        };
+        match upsert(&ctx, &mut con, "r", "r", "p", None, &[]) {
+            Err(Error::NotOwner { .. }) => {}
+            other => panic!("upsert into a room nobody pinned: {other:?}"),
+        }
+        assert!(index(&mut con).is_empty());
+
+        crate::rooms::pin(&ctx, &Local::default(), &mut con, "r", "r", false).unwrap();
+        let first = upsert(&ctx, &mut con, "r", "r", "p", Some("g"), &[("k", "v")]).unwrap();
+        let second = upsert(&ctx, &mut con, "r", "r", "p", Some("g"), &[("k", "w")]).unwrap();
+        assert!(second.generation > first.generation);
+        assert_eq!(index(&mut con), vec![peer_member("r", "p")]);
+
+        let stale = remove(&ctx, &mut con, ("r", "r"), ("p", "p"), first.generation).unwrap();
+        assert!(!stale, "an older generation's remove must be a no-op");
+        assert_eq!(index(&mut con), vec![peer_member("r", "p")]);
+        let removed = remove(&ctx, &mut con, ("r", "r"), ("p", "p"), second.generation).unwrap();
+        assert!(removed);
+        assert!(index(&mut con).is_empty());
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(ctx.keys.peer("r", "p"))
+            .query(&mut con)
+            .unwrap();
+        assert!(!exists);
+    }
 }

@@ -16,16 +16,17 @@
 
 use std::time::Instant;
 
-use crossbeam_channel::{after, select, tick, Receiver, TryRecvError};
+use crossbeam_channel::{after, select, Receiver};
 use redis::Connection;
 
-use crate::conn::Link;
+use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
-use crate::node::Shared;
 use crate::rooms::{Unindex, PEER_BATCH};
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
+use crate::state::{Counters, Ctx, Shared};
+use crate::worker::{self, stopping, Periodic};
 
 pub use crate::config::REAP_BATCH;
 
@@ -49,12 +50,12 @@ pub struct ReapCounts {
 
 /// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
 /// server time, this instance excluded.
-pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String>> {
+pub(crate) fn candidates(ctx: &Ctx, con: &mut Connection) -> Result<Vec<String>> {
     let mut inv = SCRIPTS.candidates.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .arg(sh.timings.stale_threshold.as_millis() as u64)
+    inv.key(ctx.keys.heartbeats())
+        .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(MAX_CANDIDATES);
-    let (_now, ids): (i64, Vec<Vec<u8>>) = scripts::call(con, "find stale instances", &inv)?;
+    let (_now, ids): (i64, Vec<Vec<u8>>) = conn::call(con, "find stale instances", &inv)?;
     Ok(ids
         .into_iter()
         .filter_map(|raw| match String::from_utf8(raw) {
@@ -68,20 +69,20 @@ pub(crate) fn candidates(sh: &Shared, con: &mut Connection) -> Result<Vec<String
                 None
             }
         })
-        .filter(|i| *i != sh.me)
+        .filter(|i| *i != ctx.me)
         .collect())
 }
 
 /// Phase two for one candidate: `Some(t0)` if it is really dead (now marked as being reaped).
-pub(crate) fn begin(sh: &Shared, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
+pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(dead))
-        .key(sh.keys.leader())
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.leader())
         .arg(dead)
-        .arg(sh.timings.stale_threshold.as_millis() as u64)
-        .arg(&sh.me);
-    let (status, now): (String, i64) = scripts::call(con, "re-check candidate", &inv)?;
+        .arg(ctx.timings.stale_threshold.as_millis() as u64)
+        .arg(&ctx.me);
+    let (status, now): (String, i64) = conn::call(con, "re-check candidate", &inv)?;
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
@@ -146,24 +147,38 @@ fn utf8_members(
 /// still sent, best effort: it only removes index entries of records the scripts deleted, and
 /// a redo of the reap could not find them again (the room is gone).
 pub(crate) fn reap_rooms(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
 ) -> Result<()> {
     let mut cleanup = Cleanup::default();
-    let out = reap_room_batches(sh, con, dead, t0, leading, counts, &mut cleanup);
+    let out = reap_room_batches(r, con, counts, &mut cleanup);
     if cleanup.len > 0 {
         if let Err(e) = cleanup.pipe.query::<()>(con) {
             if out.is_ok() {
                 return Err(Error::redis("reap rooms", e));
             }
-            log::warn!("reap of {dead} stopped; its last index clean-up failed too: {e}");
+            log::warn!(
+                "reap of {} stopped; its last index clean-up failed too: {e}",
+                r.dead
+            );
         }
     }
     out
+}
+
+/// One reap of one instance: what its batches need besides a connection.
+pub(crate) struct Reap<'a> {
+    pub ctx: &'a Ctx,
+    /// Where bad data met is reported (it skips one member, it does not stop the reap).
+    pub counters: &'a Counters,
+    /// The instance reaped (wire form).
+    pub dead: &'a str,
+    /// Server time (ms) the reap began: members written later belong to a new life of `dead`.
+    pub t0: i64,
+    /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
+    /// [`Error::NotLeader`].
+    pub leading: &'a dyn Fn() -> bool,
 }
 
 /// Index `SREM`s owed for records and rooms already deleted.
@@ -174,59 +189,46 @@ struct Cleanup {
 }
 
 fn reap_room_batches(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
 ) -> Result<()> {
+    let (ctx, leading) = (r.ctx, r.leading);
     let op = "reap rooms";
-    let index = sh.keys.instance_rooms(dead);
+    let index = ctx.keys.instance_rooms(r.dead);
     if !leading() {
-        return Err(lost_lease());
+        return Err(Error::NotLeader);
     }
-    let (mut cursor, members) = index_page(con, op, &index, 0, sh.reap_batch)?;
+    let (mut cursor, members) = index_page(con, op, &index, 0, ctx.reap_batch)?;
     // (room, SSCAN cursor over its peers): "0" for a room not started yet.
-    let mut pending: Vec<(String, String)> =
-        members.into_iter().map(|r| (r, "0".to_owned())).collect();
+    let mut pending: Vec<(String, String)> = members
+        .into_iter()
+        .map(|room| (room, "0".to_owned()))
+        .collect();
     loop {
         if pending.is_empty() && cursor == 0 {
             return Ok(());
         }
         if !leading() {
-            return Err(lost_lease());
+            return Err(Error::NotLeader);
         }
         let owed = std::mem::take(cleanup);
         let sent_cleanup = owed.len;
         let mut pipe = owed.pipe.clone();
-        let keys: Vec<_> = pending.iter().map(|(r, _)| sh.keys.room(r)).collect();
-        for ((_, c), rk) in pending.iter().zip(&keys) {
-            let mut inv = SCRIPTS.reap_room.prepare_invoke();
-            inv.key(&rk.owner)
-                .key(&rk.meta)
-                .key(&rk.peers)
-                .key(&rk.guests)
-                .key(&rk.guest_state)
-                .arg(dead)
-                .arg(t0)
-                .arg(c)
-                .arg(PEER_BATCH);
-            pipe.invoke_script(&inv);
-        }
+        add_room_scripts(r, &mut pipe, &pending);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
-        let scan = cursor != 0 && pending.len() < 2 * sh.reap_batch;
+        let scan = cursor != 0 && pending.len() < 2 * ctx.reap_batch;
         if scan {
             pipe.cmd("SSCAN")
                 .arg(&index)
                 .arg(cursor)
                 .arg("COUNT")
-                .arg(sh.reap_batch);
+                .arg(ctx.reap_batch);
         }
-        let replies = match scripts::exec(con, &mut pipe) {
-            Ok(r) => r,
+        let replies = match conn::exec(con, &mut pipe) {
+            Ok(replies) => replies,
             Err(e) => {
                 // Nothing of this round trip is known to have run: the clean-up is still owed
                 // (only it: this batch's scripts are not sent again without the lease check).
@@ -238,147 +240,138 @@ fn reap_room_batches(
         // A failed clean-up is reported after this batch's replies are handled (its scripts
         // ran; what they deleted is owed to the indexes).
         let mut failed = None;
-        for r in replies.by_ref().take(sent_cleanup) {
-            if let Err(e) = r {
+        for reply in replies.by_ref().take(sent_cleanup) {
+            if let Err(e) = reply {
                 failed.get_or_insert(Error::redis(op, e));
             }
         }
-        let mut unindex = Unindex::default();
-        let mut unindexed = Vec::new();
-        let mut again = Vec::new();
-        // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
-        for ((room, _), r) in pending.into_iter().zip(replies.by_ref()) {
-            match scripts::decode::<(String, String, Vec<String>)>(op, r) {
-                Ok((status, next_cursor, removed)) => {
-                    counts.peers += (removed.len() / 2) as u64;
-                    unindex.add(&room, &removed);
-                    if next_cursor == "again" {
-                        again.push((room, "0".to_owned()));
-                        continue;
-                    }
-                    if next_cursor != "0" {
-                        again.push((room, next_cursor));
-                        continue;
-                    }
-                    match status.as_str() {
-                        "reaped" => counts.rooms += 1,
-                        "skipped" => counts.skipped_rooms += 1,
-                        "gone" => {}
-                        // Pinned again by a new life of the same instance: keep indexed.
-                        _ => {
-                            counts.kept += 1;
-                            continue;
-                        }
-                    }
-                    unindexed.push(room);
-                }
-                Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                    counts.failed += 1;
-                    sh.counters.bad_data(&e);
-                    log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
-                }
-                // Anything else (a script cache flushed again, OOM, BUSY) is transient:
-                // stop; the instance stays "being reaped" and the next round redoes it.
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        cleanup.len += unindex.flush(sh, &mut cleanup.pipe);
-        if !unindexed.is_empty() {
-            cleanup.pipe.srem(&index, &unindexed);
-            cleanup.len += 1;
-        }
+        let again = room_replies(
+            r,
+            &index,
+            pending,
+            &mut replies,
+            counts,
+            cleanup,
+            &mut failed,
+        );
         if let Some(e) = failed {
             return Err(e);
         }
         pending = again;
         if scan {
-            let Some(r) = replies.next() else {
+            let Some(reply) = replies.next() else {
                 return Err(Error::bad_data(op, "fewer replies than commands"));
             };
-            let (next, raw): (u64, Vec<Vec<u8>>) = scripts::decode(op, r)?;
+            let (next, raw): (u64, Vec<Vec<u8>>) = conn::decode(op, reply)?;
             cursor = next;
             pending.extend(
                 utf8_members(con, op, &index, raw)?
                     .into_iter()
-                    .map(|r| (r, "0".to_owned())),
+                    .map(|room| (room, "0".to_owned())),
             );
         }
     }
 }
 
+/// The `reap_room.lua` call of each pending room (`(room, peer cursor)`), added to `pipe`.
+fn add_room_scripts(r: &Reap<'_>, pipe: &mut redis::Pipeline, pending: &[(String, String)]) {
+    let keys: Vec<_> = pending
+        .iter()
+        .map(|(room, _)| r.ctx.keys.room(room))
+        .collect();
+    for ((_, cursor), rk) in pending.iter().zip(&keys) {
+        let mut inv = SCRIPTS.reap_room.prepare_invoke();
+        inv.key(&rk.owner)
+            .key(&rk.meta)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(r.dead)
+            .arg(r.t0)
+            .arg(cursor)
+            .arg(PEER_BATCH);
+        pipe.invoke_script(&inv);
+    }
+}
+
+/// Handles one batch's `reap_room.lua` replies (one per pending room, taken from `replies`):
+/// counts, the index clean-up now owed (added to `cleanup`), and the rooms that need another
+/// call (returned, with their peer cursor). A transient error is kept in `failed` (the first
+/// one wins); bad data skips its room.
+fn room_replies(
+    r: &Reap<'_>,
+    index: &str,
+    pending: Vec<(String, String)>,
+    replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
+    counts: &mut ReapCounts,
+    cleanup: &mut Cleanup,
+    failed: &mut Option<Error>,
+) -> Vec<(String, String)> {
+    let (op, dead) = ("reap rooms", r.dead);
+    let mut unindex = Unindex::default();
+    let mut unindexed = Vec::new();
+    let mut again = Vec::new();
+    // `zip` takes a reply only for a pending room: the SSCAN reply stays in `replies`.
+    for ((room, _), reply) in pending.into_iter().zip(replies.by_ref()) {
+        match conn::decode::<(String, String, Vec<String>)>(op, reply) {
+            Ok((status, next_cursor, removed)) => {
+                counts.peers += (removed.len() / 2) as u64;
+                unindex.add(&room, &removed);
+                if next_cursor == "again" {
+                    again.push((room, "0".to_owned()));
+                    continue;
+                }
+                if next_cursor != "0" {
+                    again.push((room, next_cursor));
+                    continue;
+                }
+                match status.as_str() {
+                    "reaped" => counts.rooms += 1,
+                    "skipped" => counts.skipped_rooms += 1,
+                    "gone" => {}
+                    // Pinned again by a new life of the same instance: keep indexed.
+                    _ => {
+                        counts.kept += 1;
+                        continue;
+                    }
+                }
+                unindexed.push(room);
+            }
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                counts.failed += 1;
+                r.counters.bad_data(&e);
+                log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
+            }
+            // Anything else (a script cache flushed again, OOM, BUSY) is transient:
+            // stop; the instance stays "being reaped" and the next round redoes it.
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
+    if !unindexed.is_empty() {
+        cleanup.pipe.srem(index, &unindexed);
+        cleanup.len += 1;
+    }
+    again
+}
+
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
 pub(crate) fn reap_peers(
-    sh: &Shared,
+    r: &Reap<'_>,
     con: &mut Connection,
-    dead: &str,
-    t0: i64,
-    leading: &dyn Fn() -> bool,
     counts: &mut ReapCounts,
 ) -> Result<()> {
     let op = "reap peers";
-    let index = sh.keys.instance_peers(dead);
+    let index = r.ctx.keys.instance_peers(r.dead);
     let mut cursor = 0u64;
     loop {
-        if !leading() {
-            return Err(lost_lease());
+        if !(r.leading)() {
+            return Err(Error::NotLeader);
         }
-        let (next, members) = index_page(con, op, &index, cursor, sh.reap_batch)?;
-        let mut unindexed = Vec::new();
-        let mut parsed = Vec::new();
-        for m in members {
-            match split_peer_member(&m) {
-                Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
-                None => {
-                    log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
-                    unindexed.push(m);
-                }
-            }
-        }
-        let mut pipe = redis::pipe();
-        let keys: Vec<_> = parsed
-            .iter()
-            .map(|(room, peer, _)| (sh.keys.peer(room, peer), sh.keys.room(room)))
-            .collect();
-        for ((_, peer, _), (record, rk)) in parsed.iter().zip(&keys) {
-            let mut inv = SCRIPTS.reap_peer.prepare_invoke();
-            inv.key(record)
-                .key(&rk.peers)
-                .key(&rk.guests)
-                .key(&rk.guest_state)
-                .arg(dead)
-                .arg(t0)
-                .arg(peer);
-            pipe.invoke_script(&inv);
-        }
-        let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-        for ((_, _, member), r) in parsed.into_iter().zip(replies) {
-            let status = match scripts::decode::<String>(op, r) {
-                Ok(status) => status,
-                Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                    counts.failed += 1;
-                    sh.counters.bad_data(&e);
-                    log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
-                    continue;
-                }
-                // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
-                // the instance stays "being reaped" and the next round redoes it.
-                Err(e) => return Err(e),
-            };
-            match status.as_str() {
-                "reaped" => {
-                    counts.peers += 1;
-                    unindexed.push(member);
-                }
-                "gone" | "moved" => unindexed.push(member),
-                "new_life" => counts.kept += 1,
-                other => {
-                    counts.failed += 1;
-                    log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
-                }
-            }
-        }
+        let (next, members) = index_page(con, op, &index, cursor, r.ctx.reap_batch)?;
+        let unindexed = reap_peer_batch(r, con, members, counts)?;
         if !unindexed.is_empty() {
             redis::cmd("SREM")
                 .arg(&index)
@@ -393,38 +386,103 @@ pub(crate) fn reap_peers(
     }
 }
 
-fn lost_lease() -> Error {
-    Error::NotLeader
-}
-
-/// True once the shutdown channel is closed.
-fn stopping(shutdown: &Receiver<()>) -> bool {
-    matches!(shutdown.try_recv(), Err(TryRecvError::Disconnected))
+/// `reap_peer.lua` for each `<room>/<peer>` of one index page, pipelined. Returns the members
+/// to remove from the index: records reaped, gone or moved, and malformed members.
+fn reap_peer_batch(
+    r: &Reap<'_>,
+    con: &mut Connection,
+    members: Vec<String>,
+    counts: &mut ReapCounts,
+) -> Result<Vec<String>> {
+    let (op, dead, keys) = ("reap peers", r.dead, &r.ctx.keys);
+    let mut unindexed = Vec::new();
+    let mut parsed = Vec::new();
+    for m in members {
+        match split_peer_member(&m) {
+            Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
+            None => {
+                log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
+                unindexed.push(m);
+            }
+        }
+    }
+    let mut pipe = redis::pipe();
+    let record_keys: Vec<_> = parsed
+        .iter()
+        .map(|(room, peer, _)| (keys.peer(room, peer), keys.room(room)))
+        .collect();
+    for ((_, peer, _), (record, rk)) in parsed.iter().zip(&record_keys) {
+        let mut inv = SCRIPTS.reap_peer.prepare_invoke();
+        inv.key(record)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(dead)
+            .arg(r.t0)
+            .arg(peer);
+        pipe.invoke_script(&inv);
+    }
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    for ((_, _, member), reply) in parsed.into_iter().zip(replies) {
+        let status = match conn::decode::<String>(op, reply) {
+            Ok(status) => status,
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                counts.failed += 1;
+                r.counters.bad_data(&e);
+                log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
+                continue;
+            }
+            // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
+            // the instance stays "being reaped" and the next round redoes it.
+            Err(e) => return Err(e),
+        };
+        match status.as_str() {
+            "reaped" => {
+                counts.peers += 1;
+                unindexed.push(member);
+            }
+            "gone" | "moved" => unindexed.push(member),
+            "new_life" => counts.kept += 1,
+            other => {
+                counts.failed += 1;
+                log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
+            }
+        }
+    }
+    Ok(unindexed)
 }
 
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
 /// again or gone. `leading` is consulted before every batch.
 pub(crate) fn reap_instance(
-    sh: &Shared,
+    ctx: &Ctx,
+    counters: &Counters,
     con: &mut Connection,
     dead: &str,
     leading: &dyn Fn() -> bool,
 ) -> Result<Option<ReapCounts>> {
-    let Some(t0) = begin(sh, con, dead)? else {
+    let Some(t0) = begin(ctx, con, dead)? else {
         return Ok(None);
     };
     let mut counts = ReapCounts::default();
-    reap_rooms(sh, con, dead, t0, leading, &mut counts)?;
-    reap_peers(sh, con, dead, t0, leading, &mut counts)?;
+    let reap = Reap {
+        ctx,
+        counters,
+        dead,
+        t0,
+        leading,
+    };
+    reap_rooms(&reap, con, &mut counts)?;
+    reap_peers(&reap, con, &mut counts)?;
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
-    inv.key(sh.keys.heartbeats())
-        .key(sh.keys.heartbeat(dead))
-        .key(sh.keys.instance_rooms(dead))
-        .key(sh.keys.instance_peers(dead))
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.instance_rooms(dead))
+        .key(ctx.keys.instance_peers(dead))
         .arg(dead)
         .arg(counts.kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =
-        scripts::call(con, "finish reap", &inv)?;
+        conn::call(con, "finish reap", &inv)?;
     if status == "retry" {
         log::info!("{dead} wrote {} index members after its reap began but did not register again; the next round reaps them", counts.kept);
     }
@@ -441,21 +499,28 @@ pub(crate) fn reap_instance(
 /// when an instance registers (after a restart with the same id, or after it found it was
 /// reaped while paused); needs no lease, as every step is an owner CAS on this id.
 pub(crate) fn clean_own_leftovers(
-    sh: &Shared,
+    ctx: &Ctx,
+    counters: &Counters,
     con: &mut Connection,
     t0: i64,
 ) -> Result<ReapCounts> {
     let mut counts = ReapCounts::default();
-    let always = || true;
-    reap_rooms(sh, con, &sh.me, t0, &always, &mut counts)?;
-    reap_peers(sh, con, &sh.me, t0, &always, &mut counts)?;
+    let reap = Reap {
+        ctx,
+        counters,
+        dead: &ctx.me,
+        t0,
+        leading: &|| true,
+    };
+    reap_rooms(&reap, con, &mut counts)?;
+    reap_peers(&reap, con, &mut counts)?;
     Ok(counts)
 }
 
 /// One reap round (the caller checked that this node leads).
 fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
     let errors_before = sh.counters.troubles();
-    let cands = match link.run(&sh.redis, |c| candidates(sh, c)) {
+    let cands = match link.run(&sh.redis, |c| candidates(&sh.ctx, c)) {
         Ok(c) if c.is_empty() => return,
         Ok(c) => c,
         Err(e) => {
@@ -477,7 +542,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             log::info!("lost the lease during the two-phase wait; round abandoned");
             return;
         }
-        recv(after(sh.timings.two_phase_delay)) -> _ => {}
+        recv(after(sh.ctx.timings.two_phase_delay)) -> _ => {}
     }
     let leading = || sh.leader.is_leader() && !sh.is_crashed() && !stopping(shutdown);
     if !leading() {
@@ -492,9 +557,11 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             break;
         }
         let started = Instant::now();
-        match link.run(&sh.redis, |c| reap_instance(sh, c, &dead, &leading)) {
+        match link.run(&sh.redis, |c| {
+            reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading)
+        }) {
             Ok(Some(c)) => {
-                sh.counters.reaped(&c);
+                sh.counters.reaped(c.rooms, c.peers);
                 log::info!(
                     "reaped {dead}: {} rooms, {} peers, {} skipped rooms in {} ms",
                     c.rooms,
@@ -529,24 +596,21 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
     }
 }
 
-/// The reaper thread: a round every `reap_interval` while this node leads.
+/// The reaper thread: a round every `reap_interval` while this node leads (on a fixed grid: a
+/// round longer than the interval is followed by the next one at once).
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
-    let ticker = tick(sh.timings.reap_interval);
+    let interval = sh.ctx.timings.reap_interval;
     let mut link = Link::new();
-    loop {
-        select! {
-            recv(shutdown) -> _ => break,
-            recv(ticker) -> _ => {}
-        }
+    let crashed = || sh.is_crashed();
+    // Rounds are not retried sooner after a failure: the backoff is unused.
+    let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval, interval));
+    periodic.run(Instant::now() + interval, |run| {
         while demoted.try_recv().is_ok() {}
-        // `select!` picks at random among ready channels: a tick may win over a shutdown.
-        if sh.is_crashed() || stopping(shutdown) {
-            break;
-        }
         if sh.leader.is_leader() {
             round(sh, &mut link, shutdown, demoted);
         }
-    }
+        worker::on_grid(run.scheduled, interval)
+    });
 }
 
 #[cfg(test)]
@@ -556,7 +620,7 @@ mod tests {
 
     use super::*;
     use crate::keys::peer_member;
-    use crate::{Config, Node, Timings};
+    use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
     // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
@@ -576,8 +640,9 @@ mod tests {
             .reap_batch(10)
             .build()
             .unwrap();
-        let node = Node::start(cfg).unwrap();
-        let sh = node.shared_for_tests();
+        // No node: the reap batches take their small context directly.
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let counters = Counters::default();
         let mut con = redis::Client::open(server.url())
             .unwrap()
             .get_connection()
@@ -585,14 +650,14 @@ mod tests {
         let rooms: Vec<String> = (0..300).map(|r| format!("room-{r}")).collect();
         let mut pipe = redis::pipe();
         for room in &rooms {
-            let rk = sh.keys.room(room);
-            pipe.sadd(sh.keys.instance_rooms("dead"), room).ignore();
-            pipe.sadd(sh.keys.instance_peers("x"), peer_member(room, "xp"))
+            let rk = ctx.keys.room(room);
+            pipe.sadd(ctx.keys.instance_rooms("dead"), room).ignore();
+            pipe.sadd(ctx.keys.instance_peers("x"), peer_member(room, "xp"))
                 .ignore();
             pipe.hset_multiple(&rk.meta, &[("owner", "dead"), ("pinned_ms", "1")])
                 .ignore();
             pipe.hset_multiple(
-                sh.keys.peer(room, "xp"),
+                ctx.keys.peer(room, "xp"),
                 &[
                     ("instance", "x"),
                     ("guest", ""),
@@ -612,7 +677,14 @@ mod tests {
             checks.get() <= 3
         };
         let mut counts = ReapCounts::default();
-        let out = reap_rooms(sh, &mut con, "dead", i64::MAX / 2, &leading, &mut counts);
+        let reap = Reap {
+            ctx: &ctx,
+            counters: &counters,
+            dead: "dead",
+            t0: i64::MAX / 2,
+            leading: &leading,
+        };
+        let out = reap_rooms(&reap, &mut con, &mut counts);
         assert!(matches!(out, Err(Error::NotLeader)), "{out:?}");
         assert!(
             counts.rooms > 0 && counts.rooms < 300,
@@ -620,13 +692,13 @@ mod tests {
         );
 
         let x_index: BTreeSet<String> = redis::cmd("SMEMBERS")
-            .arg(sh.keys.instance_peers("x"))
+            .arg(ctx.keys.instance_peers("x"))
             .query(&mut con)
             .unwrap();
         let mut deleted = 0;
         for room in &rooms {
             let exists: bool = redis::cmd("EXISTS")
-                .arg(sh.keys.room(room).meta)
+                .arg(ctx.keys.room(room).meta)
                 .query(&mut con)
                 .unwrap();
             deleted += u64::from(!exists);
@@ -637,6 +709,5 @@ mod tests {
             );
         }
         assert_eq!(deleted, counts.rooms);
-        node.shutdown().unwrap();
     }
 }

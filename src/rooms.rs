@@ -7,14 +7,42 @@
 
 use redis::{Connection, Pipeline};
 
+use crate::conn;
 use crate::error::{Error, Result};
-use crate::keys::{decode_id, encode_id, peer_member, IdKind};
-use crate::node::Shared;
-use crate::scripts::{self, SCRIPTS};
-use crate::store::PinOutcome;
+use crate::keys::{decode_id, encode_id, peer_member, IdKind, KeySpace};
+use crate::scripts::SCRIPTS;
+use crate::state::{Ctx, Local};
 
 /// Peer records deleted per script call when a room is closed or reaped.
 pub(crate) const PEER_BATCH: usize = 256;
+
+/// What `Node::pin_room` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PinOutcome {
+    /// The room was free; this instance owns it now.
+    Pinned,
+    /// This instance already owned it (the pin was refreshed).
+    AlreadyOurs,
+    /// The previous owner's pin had expired or its heartbeat was gone; this instance took the
+    /// room over. The previous owner's peers stay until it is reaped or re-homes them.
+    TookOver {
+        /// The previous owner.
+        previous: String,
+    },
+    /// Another live instance owns the room; nothing was written. Send the client there.
+    Held {
+        /// The owner.
+        owner: String,
+    },
+}
+
+impl PinOutcome {
+    /// True when this instance owns the room after the call.
+    pub fn is_owned(&self) -> bool {
+        !matches!(self, PinOutcome::Held { .. })
+    }
+}
 
 /// Pins `room` (wire form, `room_id` the caller's) for this instance. A pin held by an
 /// instance whose heartbeat key is gone is taken over (owner CAS on that dead owner).
@@ -24,29 +52,30 @@ pub(crate) const PEER_BATCH: usize = 256;
 /// afterwards (held elsewhere, or the script refused on bad data) the index entry is removed
 /// again, unless this node already owned the room (`owned`). When the outcome is unknown (the
 /// request was sent but timed out) nothing more is sent on that connection: the room is marked
-/// uncertain and the heartbeat settles it (releases a pin that did land).
+/// uncertain in `local` and the heartbeat settles it (releases a pin that did land).
 pub(crate) fn pin(
-    sh: &Shared,
+    ctx: &Ctx,
+    local: &Local,
     con: &mut Connection,
     room: &str,
     room_id: &str,
     owned: bool,
 ) -> Result<PinOutcome> {
     let op = "pin room";
-    let index = sh.keys.instance_rooms(&sh.me);
+    let index = ctx.keys.instance_rooms(&ctx.me);
     redis::cmd("SADD")
         .arg(&index)
         .arg(room)
         .query::<()>(con)
         .map_err(|e| Error::redis(op, e))?;
-    let out = try_pin(sh, con, room);
+    let out = try_pin(ctx, con, room);
     let definite = match &out {
         Ok(o) => !o.is_owned(),
         Err(e) => e.outcome_known(),
     };
     if !definite {
         if out.is_err() && !owned {
-            sh.local.mark_uncertain(room_id);
+            local.mark_uncertain(room_id);
         }
         return out;
     }
@@ -59,19 +88,19 @@ pub(crate) fn pin(
     out
 }
 
-fn try_pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> {
+fn try_pin(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<PinOutcome> {
     let op = "pin room";
-    let rk = sh.keys.room(room);
-    let ttl = sh.timings.pin_ttl.as_millis() as u64;
+    let rk = ctx.keys.room(room);
+    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let mut stale_owner = String::new();
     loop {
         let mut inv = SCRIPTS.pin_room.prepare_invoke();
         inv.key(&rk.owner)
             .key(&rk.meta)
-            .arg(&sh.me)
+            .arg(&ctx.me)
             .arg(ttl)
             .arg(&stale_owner);
-        let (status, other): (String, String) = scripts::call(con, op, &inv)?;
+        let (status, other): (String, String) = conn::call(con, op, &inv)?;
         // Another instance's id as stored (not decoded if somebody else wrote garbage there:
         // the pin is ours by then, or the caller only needs to know it is held).
         let lenient = |w: String| decode_id(&w).unwrap_or(w);
@@ -84,7 +113,7 @@ fn try_pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> 
             "held" => {
                 // Phase two of a takeover: is the holder's heartbeat gone?
                 let alive: bool = redis::cmd("EXISTS")
-                    .arg(sh.keys.heartbeat(&other))
+                    .arg(ctx.keys.heartbeat(&other))
                     .query(con)
                     .map_err(|e| Error::redis(op, e))?;
                 if !alive && stale_owner.is_empty() {
@@ -101,9 +130,9 @@ fn try_pin(sh: &Shared, con: &mut Connection, room: &str) -> Result<PinOutcome> 
 }
 
 /// Deletes `room` (wire form) and its peers if this instance owns it.
-pub(crate) fn close(sh: &Shared, con: &mut Connection, room: &str, room_id: &str) -> Result<()> {
+pub(crate) fn close(ctx: &Ctx, con: &mut Connection, room: &str, room_id: &str) -> Result<()> {
     let op = "close room";
-    let rk = sh.keys.room(room);
+    let rk = ctx.keys.room(room);
     let mut cursor = "0".to_owned();
     loop {
         let mut inv = SCRIPTS.close_room.prepare_invoke();
@@ -112,11 +141,11 @@ pub(crate) fn close(sh: &Shared, con: &mut Connection, room: &str, room_id: &str
             .key(&rk.peers)
             .key(&rk.guests)
             .key(&rk.guest_state)
-            .arg(&sh.me)
+            .arg(&ctx.me)
             .arg(&cursor)
             .arg(PEER_BATCH);
-        let (status, next, removed): (String, String, Vec<String>) = scripts::call(con, op, &inv)?;
-        unindex_peers(sh, con, room, &removed)?;
+        let (status, next, removed): (String, String, Vec<String>) = conn::call(con, op, &inv)?;
+        unindex_peers(ctx, con, room, &removed)?;
         match status.as_str() {
             "more" => cursor = next,
             "closed" => break,
@@ -134,17 +163,17 @@ pub(crate) fn close(sh: &Shared, con: &mut Connection, room: &str, room_id: &str
         }
     }
     redis::cmd("SREM")
-        .arg(sh.keys.instance_rooms(&sh.me))
+        .arg(ctx.keys.instance_rooms(&ctx.me))
         .arg(room)
         .query::<()>(con)
         .map_err(|e| Error::redis(op, e))
 }
 
 /// The instance named by the room's pin, if any.
-pub(crate) fn owner(sh: &Shared, con: &mut Connection, room: &str) -> Result<Option<String>> {
+pub(crate) fn owner(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<Option<String>> {
     let op = "read room owner";
     let v: Option<String> = redis::cmd("GET")
-        .arg(sh.keys.room(room).owner)
+        .arg(ctx.keys.room(room).owner)
         .query(con)
         .map_err(|e| Error::redis(op, e))?;
     v.map(|w| decode_id(&w)).transpose()
@@ -153,7 +182,7 @@ pub(crate) fn owner(sh: &Shared, con: &mut Connection, room: &str) -> Result<Opt
 /// Removes `<room>/<peer>` from each instance's peer index, for records a script just deleted
 /// (`removed` = `[peer, instance, peer, instance, ...]`, wire form). Index after record.
 pub(crate) fn unindex_peers(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     room: &str,
     removed: &[String],
@@ -161,7 +190,7 @@ pub(crate) fn unindex_peers(
     let mut un = Unindex::default();
     un.add(room, removed);
     let mut pipe = redis::pipe();
-    un.flush(sh, &mut pipe);
+    un.flush(&ctx.keys, &mut pipe);
     if pipe.is_empty() {
         return Ok(());
     }
@@ -189,13 +218,13 @@ impl Unindex {
         }
     }
 
-    /// Adds the `SREM`s to `pipe` (at most 1000 members each, replies not ignored) and forgets
+    /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not ignored) and forgets
     /// them; returns how many commands it added.
-    pub(crate) fn flush(&mut self, sh: &Shared, pipe: &mut Pipeline) -> usize {
+    pub(crate) fn flush(&mut self, keys: &KeySpace, pipe: &mut Pipeline) -> usize {
         let mut n = 0;
         for (instance, members) in std::mem::take(&mut self.by_instance) {
-            let key = sh.keys.instance_peers(&instance);
-            for chunk in members.chunks(1000) {
+            let key = keys.instance_peers(&instance);
+            for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
                 pipe.srem(&key, chunk);
                 n += 1;
             }
@@ -232,27 +261,27 @@ pub(crate) enum Refreshed {
 /// are also re-added to this instance's room index, and rooms whose metadata is gone are pinned
 /// again).
 pub(crate) fn refresh_pins(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     rooms: &[String],
     restore: bool,
 ) -> Result<Vec<(String, Refreshed)>> {
     let op = "refresh pins";
-    let ttl = sh.timings.pin_ttl.as_millis() as u64;
+    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let wires: Vec<(String, String)> = rooms
         .iter()
         .filter_map(|r| encode_id(IdKind::Room, r).ok().map(|w| (r.clone(), w)))
         .collect();
     if restore {
-        return refresh_pins_scripted(sh, con, wires, true);
+        return refresh_pins_scripted(ctx, con, wires, true);
     }
     let mut pipe = redis::pipe();
     for (_, w) in &wires {
-        let owner = sh.keys.room_owner(w);
+        let owner = ctx.keys.room_owner(w);
         pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT");
         pipe.get(&owner);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut out = Vec::with_capacity(wires.len());
     let mut lapsed = Vec::new();
     let mut replies = replies.into_iter();
@@ -262,12 +291,12 @@ pub(crate) fn refresh_pins(
         };
         // A refused PEXPIRE (NOPERM, a server without GT) must not pass for a refresh: the
         // pin would lapse every pin_ttl while the GET still names us.
-        if let Err(e) = scripts::decode::<i64>(op, extended) {
+        if let Err(e) = conn::decode::<i64>(op, extended) {
             out.push((room, Refreshed::Failed(e)));
             continue;
         }
-        let outcome = match scripts::decode::<Option<String>>(op, owner) {
-            Ok(Some(owner)) if owner == sh.me => Refreshed::Ok,
+        let outcome = match conn::decode::<Option<String>>(op, owner) {
+            Ok(Some(owner)) if owner == ctx.me => Refreshed::Ok,
             Ok(Some(owner)) => Refreshed::Lost(decode_id(&owner).ok()),
             Ok(None) => {
                 lapsed.push((room, wire));
@@ -278,36 +307,36 @@ pub(crate) fn refresh_pins(
         out.push((room, outcome));
     }
     if !lapsed.is_empty() {
-        out.extend(refresh_pins_scripted(sh, con, lapsed, false)?);
+        out.extend(refresh_pins_scripted(ctx, con, lapsed, false)?);
     }
     Ok(out)
 }
 
 /// `pin_refresh.lua` for each of `wires` (caller's id, wire form), in one pipelined round trip.
 fn refresh_pins_scripted(
-    sh: &Shared,
+    ctx: &Ctx,
     con: &mut Connection,
     wires: Vec<(String, String)>,
     restore: bool,
 ) -> Result<Vec<(String, Refreshed)>> {
     let op = "refresh pins";
-    let ttl = sh.timings.pin_ttl.as_millis() as u64;
+    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let mut pipe = redis::pipe();
     if restore && !wires.is_empty() {
-        let index = sh.keys.instance_rooms(&sh.me);
-        for chunk in wires.chunks(1000) {
+        let index = ctx.keys.instance_rooms(&ctx.me);
+        for chunk in wires.chunks(conn::MEMBERS_PER_COMMAND) {
             pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>())
                 .ignore();
         }
     }
-    let keys: Vec<_> = wires.iter().map(|(_, w)| sh.keys.room(w)).collect();
+    let keys: Vec<_> = wires.iter().map(|(_, w)| ctx.keys.room(w)).collect();
     let invs: Vec<_> = keys
         .iter()
         .map(|rk| {
             let mut inv = SCRIPTS.pin_refresh.prepare_invoke();
             inv.key(&rk.owner)
                 .key(&rk.meta)
-                .arg(&sh.me)
+                .arg(&ctx.me)
                 .arg(ttl)
                 .arg(if restore { "1" } else { "0" });
             inv
@@ -316,12 +345,12 @@ fn refresh_pins_scripted(
     for inv in &invs {
         pipe.invoke_script(inv);
     }
-    let replies = scripts::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     Ok(wires
         .into_iter()
         .zip(replies)
         .map(|((room, _), r)| {
-            let outcome = match scripts::decode::<(String, String)>(op, r) {
+            let outcome = match conn::decode::<(String, String)>(op, r) {
                 Ok((s, _)) if s == "ok" => Refreshed::Ok,
                 Ok((s, _)) if s == "repinned" => Refreshed::Repinned,
                 Ok((s, _)) if s == "gone" => Refreshed::Lost(None),
@@ -331,4 +360,89 @@ fn refresh_pins_scripted(
             (room, outcome)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Timings};
+    use sfu_redis_testkit::devserver::LocalRedis;
+
+    fn ctx(url: &str, instance: &str) -> Ctx {
+        let cfg = Config::builder()
+            .redis_url(Some(url))
+            .stage("unit")
+            .instance_id(instance)
+            .timings(Timings::fast())
+            .build()
+            .unwrap();
+        Ctx::from_config(&cfg).unwrap()
+    }
+
+    fn rooms_of(con: &mut Connection, ctx: &Ctx) -> Vec<String> {
+        redis::cmd("SMEMBERS")
+            .arg(ctx.keys.instance_rooms(&ctx.me))
+            .query(con)
+            .unwrap()
+    }
+
+    // The owner check of pin and close, called directly (no node, no threads): a live owner's
+    // pin is left alone and the refused pin leaves no index entry behind; only the owner
+    // closes; a pin whose owner has no heartbeat key is taken over.
+    #[test]
+    fn pin_and_close_check_the_owner_without_a_node() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let (a, b) = (ctx(&server.url(), "a"), ctx(&server.url(), "b"));
+        let local = Local::default();
+
+        let pinned = pin(&a, &local, &mut con, "r1", "r1", false).unwrap();
+        assert_eq!(pinned, PinOutcome::Pinned);
+        assert_eq!(owner(&a, &mut con, "r1").unwrap().as_deref(), Some("a"));
+        assert_eq!(rooms_of(&mut con, &a), vec!["r1".to_owned()]);
+        let again = pin(&a, &local, &mut con, "r1", "r1", true).unwrap();
+        assert_eq!(again, PinOutcome::AlreadyOurs);
+
+        // "a" is alive: "b" is refused and keeps no index entry.
+        let _: () = redis::cmd("SET")
+            .arg(a.keys.heartbeat(&a.me))
+            .arg("alive")
+            .query(&mut con)
+            .unwrap();
+        let held = pin(&b, &local, &mut con, "r1", "r1", false).unwrap();
+        assert_eq!(
+            held,
+            PinOutcome::Held {
+                owner: "a".to_owned()
+            }
+        );
+        assert!(rooms_of(&mut con, &b).is_empty());
+        match close(&b, &mut con, "r1", "r1") {
+            Err(Error::NotOwner { owner, .. }) => assert_eq!(owner.as_deref(), Some("a")),
+            other => panic!("b closed a's room: {other:?}"),
+        }
+
+        close(&a, &mut con, "r1", "r1").unwrap();
+        assert_eq!(owner(&a, &mut con, "r1").unwrap(), None);
+        assert!(rooms_of(&mut con, &a).is_empty());
+
+        // "a" pins again, then dies (no heartbeat key): "b" takes the room over.
+        pin(&a, &local, &mut con, "r1", "r1", false).unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(a.keys.heartbeat(&a.me))
+            .query(&mut con)
+            .unwrap();
+        let took = pin(&b, &local, &mut con, "r1", "r1", false).unwrap();
+        assert_eq!(
+            took,
+            PinOutcome::TookOver {
+                previous: "a".to_owned()
+            }
+        );
+        assert_eq!(owner(&b, &mut con, "r1").unwrap().as_deref(), Some("b"));
+        assert!(local.uncertain().is_empty());
+    }
 }

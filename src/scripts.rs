@@ -1,14 +1,9 @@
-//! The Lua scripts (one file each under `lua/`), loading, and `NOSCRIPT` recovery.
-//!
-//! Single calls go through [`redis::ScriptInvocation::invoke`], which sends `EVALSHA` and, on
-//! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`), loads the script and retries once. Pipelines
-//! do not retry by themselves, so [`exec`] reloads every script and re-sends the pipeline. Every new connection preloads all scripts ([`preload`]).
+//! The Lua scripts (one file each under `lua/`), compiled in with `include_str!`. Loading them
+//! (preload on connect) and `NOSCRIPT` recovery belong to the connection layer (`conn`).
 
 use std::sync::LazyLock;
 
-use redis::{Connection, FromRedisValue, Pipeline, RedisResult, Script, ScriptInvocation, Value};
-
-use crate::error::{Error, Result};
+use redis::Script;
 
 /// Every script of the crate, compiled in with `include_str!`.
 #[allow(missing_docs)]
@@ -56,7 +51,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 impl Scripts {
-    fn all(&self) -> [&Script; 18] {
+    /// Every script, for preloading.
+    pub(crate) fn all(&self) -> [&Script; 18] {
         [
             &self.heartbeat,
             &self.heartbeat_release,
@@ -78,65 +74,4 @@ impl Scripts {
             &self.audit_enqueue,
         ]
     }
-}
-
-/// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined).
-pub(crate) fn preload(con: &mut Connection) -> RedisResult<()> {
-    let mut pipe = redis::pipe();
-    for s in SCRIPTS.all() {
-        pipe.load_script(s).ignore();
-    }
-    pipe.exec(con)
-}
-
-pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOSCRIPT")
-}
-
-/// Sends `pipe` (one round trip) and returns one result per command; a failed command does
-/// not fail the others. If any command failed with `NOSCRIPT`, every script is reloaded and the
-/// whole pipeline is sent once more: every pipeline this crate builds is safe to repeat (its
-/// plain commands are idempotent and its scripts either did not run or are idempotent batches).
-/// An `Err` means the round trip itself failed (I/O, timeout).
-pub(crate) fn exec(
-    con: &mut Connection,
-    pipe: &mut Pipeline,
-) -> RedisResult<Vec<RedisResult<Value>>> {
-    if pipe.is_empty() {
-        return Ok(Vec::new());
-    }
-    pipe.ignore_errors();
-    let results: Vec<RedisResult<Value>> = pipe.query(con)?;
-    if results
-        .iter()
-        .any(|r| matches!(r, Err(e) if is_noscript(e)))
-    {
-        log::info!("script cache was flushed; reloading scripts");
-        preload(con)?;
-        return pipe.query(con);
-    }
-    Ok(results)
-}
-
-/// Sends one script invocation (reloading on `NOSCRIPT`) and decodes its reply.
-pub(crate) fn call<T: FromRedisValue>(
-    con: &mut Connection,
-    op: &'static str,
-    inv: &ScriptInvocation<'_>,
-) -> Result<T> {
-    // `invoke` loads the script and retries once on NOSCRIPT; a flush landing between that
-    // load and the retry is survived by trying again (a script that got NOSCRIPT did not run).
-    let mut attempts = 0;
-    loop {
-        match inv.invoke(con) {
-            Err(e) if is_noscript(&e) && attempts < 3 => attempts += 1,
-            out => return out.map_err(|e| Error::redis(op, e)),
-        }
-    }
-}
-
-/// Decodes one pipelined reply.
-pub(crate) fn decode<T: FromRedisValue>(op: &'static str, r: RedisResult<Value>) -> Result<T> {
-    let v = r.map_err(|e| Error::redis(op, e))?;
-    redis::from_redis_value(v).map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))
 }

@@ -19,11 +19,10 @@ use redis::{Connection, RedisResult, Value};
 use serde_json::{json, Value as Json};
 
 use crate::config::Config;
-use crate::conn::Redis;
+use crate::conn::{self, Redis};
 use crate::error::{Error, Result};
 use crate::keys::decode_id;
 use crate::scan::{Cursor, Scan};
-use crate::scripts;
 
 /// Instances whose keys are looked up in one pipeline.
 pub const STATUS_BATCH: usize = crate::scan::LOOKUP_BATCH;
@@ -204,7 +203,7 @@ struct Member {
 }
 
 fn exec(con: &mut Connection, pipe: &mut redis::Pipeline, n: usize) -> Result<Vec<Reply>> {
-    let replies = scripts::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
+    let replies = conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
     if replies.len() != n {
         return Err(Error::bad_data(
             OP,

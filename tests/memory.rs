@@ -1,7 +1,7 @@
 //! Memory-only mode (no Redis URL): the same pin/close/owner/upsert/remove rules as on Redis
 //! (generations, guest supersede, NotOwner), single instance, no leader, no background work.
 
-use sfu_redis::{Config, ErrorKind, Event, Node, PinOutcome};
+use sfu_redis::{Config, ErrorKind, Event, Mode, Node, PinOutcome};
 
 fn node() -> Node {
     let c = Config::builder().instance_id("solo").build().unwrap();
@@ -29,6 +29,9 @@ fn rooms_in_memory() {
     assert!(!n.is_leader());
     let st = n.stats();
     assert!(!st.redis);
+    // The mode is visible: a host without a logger can tell it runs memory-only.
+    assert_eq!((n.mode(), st.mode), (Mode::Memory, Mode::Memory));
+    assert_eq!(n.mode().as_str(), "memory");
     assert!(!st.is_leader);
     assert_eq!(st.epoch, None);
     assert_eq!((st.heartbeats, st.last_heartbeat_age), (0, None));

@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use sfu_redis::{Error, ErrorKind, Event, PinOutcome};
+use sfu_redis::{Error, ErrorKind, Event, Mode, PinOutcome};
 use support::*;
 
 const STAGE: &str = "r";
@@ -28,6 +28,8 @@ fn pin_outcomes_and_owner() {
     let ks = ks(STAGE);
     let a = s.node(STAGE, "inst-a");
     let b = s.node(STAGE, "inst-b");
+    assert_eq!((a.mode(), a.stats().mode), (Mode::Redis, Mode::Redis));
+    assert_eq!(a.mode().as_str(), "redis");
     assert_eq!(a.pin_room("room").unwrap(), PinOutcome::Pinned);
     assert_eq!(a.pin_room("room").unwrap(), PinOutcome::AlreadyOurs);
     let held = b.pin_room("room").unwrap();

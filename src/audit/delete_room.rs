@@ -4,10 +4,11 @@
 use redis::Connection;
 
 use super::repair::Outcome;
+use crate::conn;
 use crate::error::{Error, Result};
 use crate::keys::{peer_member, KeySpace};
 use crate::rooms::PEER_BATCH;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// An orphaned room as both scans saw it: the CAS values of its deletion.
 pub(super) struct RoomSeenByScan<'a> {
@@ -76,8 +77,7 @@ fn delete_room_call(
     for p in peers {
         inv.arg(p);
     }
-    let (status, next, removed): (String, String, Vec<String>) =
-        scripts::call(con, DELETE_OP, &inv)?;
+    let (status, next, removed): (String, String, Vec<String>) = conn::call(con, DELETE_OP, &inv)?;
     let mut pipe = redis::pipe();
     for pair in removed.chunks_exact(2) {
         if !pair[1].is_empty() {

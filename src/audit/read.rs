@@ -5,10 +5,10 @@ use redis::{Connection, FromRedisValue, RedisResult, Value};
 
 use super::findings::{self, Findings, Fix};
 use super::{ProblemKind, OP};
+use crate::conn;
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{items_as, Pager, Scan as ScanOf};
-use crate::scripts;
 
 /// One scan in progress: the prefix, the connection and what was found so far. Each check
 /// (one file of this folder each) is a method of it.
@@ -71,7 +71,7 @@ pub(super) fn exec(
     con: &mut Connection,
     pipe: &mut redis::Pipeline,
 ) -> Result<Vec<RedisResult<Value>>> {
-    scripts::exec(con, pipe).map_err(|e| Error::redis(OP, e))
+    conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))
 }
 
 /// A pipelined reply as `T`; `None` on an error reply (a wrong-typed key, reported by its own

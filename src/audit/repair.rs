@@ -11,10 +11,11 @@ use super::delete_room::{delete_room, RoomSeenByScan};
 use super::findings::{Finding, Fix, Verify};
 use super::read::{exec, get, room_names};
 use super::{BATCH, OP};
+use crate::conn;
 use crate::conn::Redis;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::KeySpace;
-use crate::scripts::{self, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// Where a finding's repair stands.
 #[derive(Debug)]
@@ -181,7 +182,7 @@ fn set_outcome(r: &RedisResult<Value>) -> Outcome {
 
 /// The outcome of `audit_room_index.lua`.
 fn room_entry_outcome(r: RedisResult<Value>) -> Outcome {
-    match scripts::decode::<String>(OP, r) {
+    match conn::decode::<String>(OP, r) {
         Ok(s) => match s.as_str() {
             "fixed" => Outcome::Repaired,
             "gone" => Outcome::Resolved,
@@ -196,7 +197,7 @@ fn room_entry_outcome(r: RedisResult<Value>) -> Outcome {
 
 /// The outcome of `audit_enqueue.lua`.
 fn enqueue_outcome(r: RedisResult<Value>) -> Outcome {
-    match scripts::decode::<String>(OP, r) {
+    match conn::decode::<String>(OP, r) {
         Ok(s) => match s.as_str() {
             "queued" | "empty" => Outcome::Repaired,
             "registered" => Outcome::Resolved,

@@ -1,0 +1,311 @@
+//! The state the worker threads and the host calls share: who this instance is and where its
+//! keys are ([`Ctx`], all a data-access function needs besides a connection), the counters, the
+//! leadership state, what this node holds ([`Local`]) and the event sink. A leaf: it imports no
+//! worker (heartbeat, lease, reaper), no data-access module (rooms, peers) and no node, so every
+//! one of them can import it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::config::{Config, Timings};
+use crate::conn::{Link, Pool, Redis};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventSink};
+use crate::keys::{encode_id, IdKind, KeySpace};
+use crate::leader::LeaderState;
+
+/// What a data-access function (rooms, peers, lease calls, reap batches) needs to know besides
+/// a connection: this instance's id in wire form, the key space and the timings. Built once
+/// per node; unit tests build one directly, without a node.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    /// This instance's id (wire form).
+    pub me: String,
+    pub keys: KeySpace,
+    pub timings: Timings,
+    /// Index members per reap batch (`ConfigBuilder::reap_batch`).
+    pub reap_batch: usize,
+}
+
+impl Ctx {
+    /// The context of the node `config` describes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`] for an instance id that cannot be encoded.
+    pub(crate) fn from_config(config: &Config) -> Result<Ctx> {
+        Ok(Ctx {
+            me: encode_id(IdKind::Instance, config.instance_id())?,
+            keys: config.keys().clone(),
+            timings: *config.timings(),
+            reap_batch: config.reap_batch(),
+        })
+    }
+}
+
+/// Counters shared by the worker threads.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub heartbeats: AtomicU64,
+    pub heartbeat_failures: AtomicU64,
+    pub redis_errors: AtomicU64,
+    pub slow_ticks: AtomicU64,
+    pub instances_reaped: AtomicU64,
+    pub rooms_reaped: AtomicU64,
+    pub peers_reaped: AtomicU64,
+    pub bad_data: AtomicU64,
+    pub last_heartbeat: Mutex<Option<Instant>>,
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl Counters {
+    /// Bad data met by a worker (a key of the wrong type, a malformed record): reported, but
+    /// not a Redis outage, so it does not make the leader skip reap rounds.
+    pub(crate) fn bad_data(&self, e: &Error) {
+        self.bad_data.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock() = Some(e.to_string());
+    }
+
+    pub(crate) fn heartbeat_ok(&self) {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
+        *self.last_heartbeat.lock() = Some(Instant::now());
+    }
+
+    pub(crate) fn heartbeat_failed(&self) {
+        self.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn slow_tick(&self) {
+        self.slow_ticks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Redis errors plus slow ticks seen so far: the leader skips a reap round in which this
+    /// grew (docs/DESIGN.md "Lessons from other systems").
+    pub(crate) fn troubles(&self) -> u64 {
+        self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
+    }
+
+    /// One instance reaped, with the rooms and peer records it lost.
+    pub(crate) fn reaped(&self, rooms: u64, peers: u64) {
+        self.instances_reaped.fetch_add(1, Ordering::Relaxed);
+        self.rooms_reaped.fetch_add(rooms, Ordering::Relaxed);
+        self.peers_reaped.fetch_add(peers, Ordering::Relaxed);
+    }
+
+    /// A Redis error met by a worker or a tooling call.
+    pub(crate) fn redis_error(&self, e: &Error) {
+        self.redis_errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock() = Some(e.to_string());
+    }
+}
+
+/// Everything the worker threads and the Redis store share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// This instance's id (caller's form).
+    pub id: String,
+    /// Wire id, keys, timings: what the data-access functions take.
+    pub ctx: Ctx,
+    pub redis: Redis,
+    pub pool: Pool,
+    pub local: Arc<Local>,
+    pub leader: LeaderState,
+    pub events: Arc<EventSink>,
+    pub counters: Counters,
+    /// The dataset token last seen by the heartbeat.
+    pub token: Mutex<String>,
+    /// Random per `Node::start`: written in the heartbeat key, so two live processes with the
+    /// same instance id are told apart.
+    pub boot: String,
+    /// The highest epoch this node has seen (heartbeat replies, its own terms): passed to the
+    /// acquire so epochs never go backwards, even after Redis lost its data.
+    pub max_epoch: AtomicU64,
+    /// Redis lost its data and this node has not finished writing its pins and peers back.
+    pub restore_pending: AtomicBool,
+    /// A tick found another process's boot token under this id: its stop must not mark the
+    /// heartbeat key released (the other process may be the live one).
+    pub saw_duplicate: AtomicBool,
+    /// Set by `Node::simulate_crash`: threads stop without any cleanup.
+    pub crashed: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn note_error(&self, e: &Error) {
+        self.counters.redis_error(e);
+    }
+
+    /// Emits `e` locally and publishes it (as JSON, with `"instance"`) on the prefix's
+    /// `P:events` channel, best effort: other processes (dashboards, `redis-cli subscribe`) see
+    /// leader changes and reaps without reading every node's output.
+    pub(crate) fn announce(&self, link: &mut Link, e: Event) {
+        self.publish(link, &e);
+        self.events.emit(e);
+    }
+
+    /// The pub/sub half of [`Shared::announce`] alone (for events emitted locally elsewhere).
+    pub(crate) fn publish(&self, link: &mut Link, e: &Event) {
+        let payload = e.to_json(&self.id).to_string();
+        let sent = link.run(&self.redis, |c| {
+            redis::cmd("PUBLISH")
+                .arg(self.ctx.keys.events_channel())
+                .arg(&payload)
+                .query::<i64>(c)
+                .map_err(|err| Error::redis("publish event", err))
+        });
+        if let Err(err) = sent {
+            log::debug!("could not publish {}: {err}", e.name());
+        }
+    }
+
+    /// Set by `Node::simulate_crash`: threads stop without any cleanup.
+    pub(crate) fn is_crashed(&self) -> bool {
+        self.crashed.load(Ordering::Relaxed)
+    }
+}
+
+/// A peer this node upserted, as the node remembers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LocalPeer {
+    pub guest: Option<String>,
+    pub fields: Vec<(String, String)>,
+    pub generation: u64,
+}
+
+/// Stripes of the per-room lock.
+const ROOM_LOCKS: usize = 64;
+
+/// What this node holds: the rooms it pinned and the peers it upserted (callers' ids). The
+/// heartbeat refreshes these pins; counts come from here.
+///
+/// Operations of this node on one room (pin, close, upsert, remove, the heartbeat's handling of
+/// a lost room) run under that room's lock ([`Local::lock_room`]): each is several round trips
+/// across two hash slots (index and record), and two of them interleaving on one node could
+/// leave a record that no index reaches.
+#[derive(Debug)]
+pub(crate) struct Local {
+    rooms: Mutex<BTreeMap<String, ()>>,
+    peers: Mutex<BTreeMap<(String, String), LocalPeer>>,
+    /// Rooms whose pin or close ended without a known outcome; the heartbeat settles them
+    /// (releases the pin if it is ours and the host does not hold the room).
+    uncertain: Mutex<BTreeSet<String>>,
+    /// Peers whose remove ended without a known outcome, with the generation to remove; the
+    /// heartbeat sends the remove again (it is a no-op if it had run).
+    uncertain_peers: Mutex<BTreeMap<(String, String), u64>>,
+    locks: Vec<Mutex<()>>,
+}
+
+impl Default for Local {
+    fn default() -> Self {
+        Local {
+            rooms: Mutex::default(),
+            peers: Mutex::default(),
+            uncertain: Mutex::default(),
+            uncertain_peers: Mutex::default(),
+            locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl Local {
+    /// The lock of `room` (striped: unrelated rooms may share a stripe).
+    pub(crate) fn lock_room(&self, room: &str) -> MutexGuard<'_, ()> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        room.hash(&mut h);
+        self.locks[(h.finish() as usize) % ROOM_LOCKS].lock()
+    }
+
+    pub(crate) fn mark_uncertain(&self, room: &str) {
+        self.uncertain.lock().insert(room.to_owned());
+    }
+
+    pub(crate) fn uncertain(&self) -> Vec<String> {
+        self.uncertain.lock().iter().cloned().collect()
+    }
+
+    pub(crate) fn settled(&self, room: &str) {
+        self.uncertain.lock().remove(room);
+    }
+
+    pub(crate) fn mark_uncertain_peer(&self, room: &str, peer: &str, generation: u64) {
+        self.uncertain_peers
+            .lock()
+            .insert((room.to_owned(), peer.to_owned()), generation);
+    }
+
+    /// Takes the peers whose remove must be sent again.
+    pub(crate) fn take_uncertain_peers(&self) -> Vec<(String, String, u64)> {
+        std::mem::take(&mut *self.uncertain_peers.lock())
+            .into_iter()
+            .map(|((r, p), g)| (r, p, g))
+            .collect()
+    }
+
+    /// The generation this node last got for a peer, if it holds it.
+    pub(crate) fn peer_generation(&self, room: &str, peer: &str) -> Option<u64> {
+        self.peers
+            .lock()
+            .get(&(room.to_owned(), peer.to_owned()))
+            .map(|p| p.generation)
+    }
+
+    pub(crate) fn add_room(&self, room: &str) {
+        self.rooms.lock().insert(room.to_owned(), ());
+    }
+
+    /// Forgets a room and every peer in it.
+    pub(crate) fn remove_room(&self, room: &str) {
+        self.rooms.lock().remove(room);
+        self.peers.lock().retain(|(r, _), _| r != room);
+    }
+
+    pub(crate) fn has_room(&self, room: &str) -> bool {
+        self.rooms.lock().contains_key(room)
+    }
+
+    pub(crate) fn rooms(&self) -> Vec<String> {
+        self.rooms.lock().keys().cloned().collect()
+    }
+
+    pub(crate) fn room_count(&self) -> usize {
+        self.rooms.lock().len()
+    }
+
+    pub(crate) fn peer_count(&self) -> usize {
+        self.peers.lock().len()
+    }
+
+    pub(crate) fn put_peer(&self, room: &str, peer: &str, p: LocalPeer) {
+        self.peers
+            .lock()
+            .insert((room.to_owned(), peer.to_owned()), p);
+    }
+
+    /// Every peer, as `(room, peer, record)`.
+    pub(crate) fn peers(&self) -> Vec<(String, String, LocalPeer)> {
+        self.peers
+            .lock()
+            .iter()
+            .map(|((r, p), l)| (r.clone(), p.clone(), l.clone()))
+            .collect()
+    }
+
+    pub(crate) fn remove_peer(&self, room: &str, peer: &str) {
+        self.peers
+            .lock()
+            .remove(&(room.to_owned(), peer.to_owned()));
+    }
+
+    /// Forgets everything (after this node was reaped).
+    pub(crate) fn clear(&self) -> Vec<String> {
+        self.peers.lock().clear();
+        self.uncertain.lock().clear();
+        self.uncertain_peers.lock().clear();
+        std::mem::take(&mut *self.rooms.lock())
+            .into_keys()
+            .collect()
+    }
+}
