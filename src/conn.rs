@@ -1,4 +1,5 @@
-//! The connection layer: every Redis access of the library goes through here. It owns
+//! The connection layer: every Redis access of the library goes through here (public:
+//! [`Redis`], the connector, and [`server_time_ms`]; the rest is the library's own). It owns
 //! connecting (timeouts on connect, read and write), preloading the Lua scripts on every new
 //! connection, `NOSCRIPT` recovery (single calls and pipelines), sending pipelines, decoding
 //! replies, reading the server clock, one thread's connection ([`Link`]), the host threads'
@@ -34,9 +35,21 @@ use crate::scripts::SCRIPTS;
 /// (of one pipeline), so no single command holds the server for long.
 pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
 
-/// Where Redis is and how long any call may take.
+/// Where Redis is and how long any call may take: the connector every connection of the
+/// library comes from (node threads, host calls, `status`, `fsck`), and the one the CLI's
+/// demo and the benchmarks use.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use sfu_redis::conn::{server_time_ms, Redis};
+///
+/// let redis = Redis::new("redis://127.0.0.1:6379", Duration::from_secs(2))?;
+/// let mut con = redis.connect()?; // timeouts set, scripts preloaded
+/// println!("server time {} ms", server_time_ms(&mut con)?);
+/// # Ok::<(), sfu_redis::Error>(())
+/// ```
 #[derive(Debug)]
-pub(crate) struct Redis {
+pub struct Redis {
     client: redis::Client,
     timeout: Duration,
     /// The URL with its password redacted, for messages.
@@ -44,7 +57,13 @@ pub(crate) struct Redis {
 }
 
 impl Redis {
-    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self> {
+    /// A connector for `url` whose connect, read and write each time out after `timeout`.
+    /// Nothing is sent yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] (`redis_url`) when the URL cannot be used; the message shows
+    /// the URL without its password.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self> {
         let client = redis::Client::open(url).map_err(|e| {
             Error::config(
                 "redis_url",
@@ -63,7 +82,11 @@ impl Redis {
     }
 
     /// A new connection with connect/read/write timeouts and every script preloaded.
-    pub(crate) fn connect(&self) -> Result<Connection> {
+    ///
+    /// # Errors
+    /// [`Error::Redis`] when Redis cannot be reached in time or refuses (authentication,
+    /// ACL); the message names the URL without its password.
+    pub fn connect(&self) -> Result<Connection> {
         let wrap = |e: redis::RedisError| {
             Error::redis(format!("connect to Redis at {}", self.safe_url), e)
         };
@@ -77,8 +100,8 @@ impl Redis {
         Ok(con)
     }
 
-    /// The URL without its password.
-    pub(crate) fn safe_url(&self) -> &str {
+    /// The URL without its password ([`crate::redact_url`]).
+    pub fn safe_url(&self) -> &str {
         &self.safe_url
     }
 }
@@ -318,9 +341,19 @@ pub(crate) fn decode<T: FromRedisValue>(op: &'static str, r: RedisResult<Value>)
 
 /// Redis server time (`TIME`), in ms. Liveness uses server time only (docs/DESIGN.md "Server
 /// time only"): never this host's clock.
-pub(crate) fn server_time_ms(con: &mut Connection) -> Result<i64> {
-    redis::cmd("TIME")
-        .query::<(i64, i64)>(con)
+///
+/// # Errors
+/// [`Error::Redis`] when the call fails; [`Error::BadData`] for a reply that is not `TIME`'s.
+pub fn server_time_ms(con: &mut Connection) -> Result<i64> {
+    let reply = redis::cmd("TIME")
+        .query::<Value>(con)
+        .map_err(|e| Error::redis("read server time", e))?;
+    time_reply_ms(&reply)
+}
+
+/// `TIME`'s reply (seconds, microseconds), e.g. from a pipeline, as server ms.
+pub(crate) fn time_reply_ms(reply: &Value) -> Result<i64> {
+    redis::from_redis_value_ref::<(i64, i64)>(reply)
         .map(|(s, us)| s * 1000 + us / 1000)
-        .map_err(|e| Error::redis("read server time", e))
+        .map_err(|e| Error::bad_data("read server time", format!("unexpected TIME reply: {e}")))
 }

@@ -12,6 +12,8 @@
 //! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`);
 //!   [`audit::scan`] is one scan of it.
 //! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
+//! - [`conn`]: the connection layer; [`conn::Redis`] is the connector (timeouts, preloaded
+//!   scripts) and [`conn::server_time_ms`] the server clock.
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads);
 //! [`Node::mode`] and [`Stats::mode`] tell which mode a node runs in.
@@ -23,7 +25,7 @@
 
 pub mod audit;
 pub mod config;
-mod conn;
+pub mod conn;
 mod error;
 mod event;
 mod heartbeat;

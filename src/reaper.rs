@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
 use crate::rooms::{Unindex, PEER_BATCH};
+use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
 use crate::state::{Counters, Ctx, Shared};
 use crate::worker::{self, stopping, Periodic};
@@ -89,23 +90,20 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Optio
     Ok((status == "dead").then_some(now))
 }
 
-/// One `SSCAN` page (about `batch` members, [`crate::ConfigBuilder::reap_batch`]) of an instance's index: the next cursor
-/// and the members (see [`utf8_members`]).
-fn index_page(
-    con: &mut Connection,
-    op: &'static str,
-    index: &str,
-    cursor: u64,
-    batch: usize,
-) -> Result<(u64, Vec<String>)> {
-    let (next, raw): (u64, Vec<Vec<u8>>) = redis::cmd("SSCAN")
-        .arg(index)
-        .arg(cursor)
-        .arg("COUNT")
-        .arg(batch)
-        .query(con)
-        .map_err(|e| Error::redis(op, e))?;
-    Ok((next, utf8_members(con, op, index, raw)?))
+/// The next `SSCAN` page of an instance's index (`cursor`: about
+/// [`crate::ConfigBuilder::reap_batch`] members a page) as text (see [`utf8_members`]).
+fn index_page(con: &mut Connection, op: &'static str, cursor: &mut Cursor) -> Result<Vec<String>> {
+    let items = cursor
+        .next_page(con)
+        .map_err(|e| Error::redis(op, e))?
+        .unwrap_or_default();
+    let raw = scan::items_as(items).map_err(|e| Error::redis(op, e))?;
+    utf8_members(con, op, cursor.scan().key(), raw)
+}
+
+/// `SSCAN` of an instance's index, `batch` members a page.
+fn index_scan(index: &str, batch: usize) -> Cursor {
+    Cursor::new(Scan::set(index).count(batch))
 }
 
 /// The members of an index page as text. A member that is not UTF-8 was not written by this
@@ -200,14 +198,15 @@ fn reap_room_batches(
     if !leading() {
         return Err(Error::NotLeader);
     }
-    let (mut cursor, members) = index_page(con, op, &index, 0, ctx.reap_batch)?;
+    let mut cursor = index_scan(&index, ctx.reap_batch);
+    let members = index_page(con, op, &mut cursor)?;
     // (room, SSCAN cursor over its peers): "0" for a room not started yet.
     let mut pending: Vec<(String, String)> = members
         .into_iter()
         .map(|room| (room, "0".to_owned()))
         .collect();
     loop {
-        if pending.is_empty() && cursor == 0 {
+        if pending.is_empty() && cursor.done() {
             return Ok(());
         }
         if !leading() {
@@ -219,13 +218,9 @@ fn reap_room_batches(
         add_room_scripts(r, &mut pipe, &pending);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
-        let scan = cursor != 0 && pending.len() < 2 * ctx.reap_batch;
+        let scan = !cursor.done() && pending.len() < 2 * ctx.reap_batch;
         if scan {
-            pipe.cmd("SSCAN")
-                .arg(&index)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(ctx.reap_batch);
+            cursor.add_to(&mut pipe);
         }
         let replies = match conn::exec(con, &mut pipe) {
             Ok(replies) => replies,
@@ -262,8 +257,10 @@ fn reap_room_batches(
             let Some(reply) = replies.next() else {
                 return Err(Error::bad_data(op, "fewer replies than commands"));
             };
-            let (next, raw): (u64, Vec<Vec<u8>>) = conn::decode(op, reply)?;
-            cursor = next;
+            let page = reply.and_then(|reply| cursor.advance(reply));
+            let raw = page
+                .and_then(scan::items_as)
+                .map_err(|e| Error::redis(op, e))?;
             pending.extend(
                 utf8_members(con, op, &index, raw)?
                     .into_iter()
@@ -365,12 +362,12 @@ pub(crate) fn reap_peers(
 ) -> Result<()> {
     let op = "reap peers";
     let index = r.ctx.keys.instance_peers(r.dead);
-    let mut cursor = 0u64;
+    let mut cursor = index_scan(&index, r.ctx.reap_batch);
     loop {
         if !(r.leading)() {
             return Err(Error::NotLeader);
         }
-        let (next, members) = index_page(con, op, &index, cursor, r.ctx.reap_batch)?;
+        let members = index_page(con, op, &mut cursor)?;
         let unindexed = reap_peer_batch(r, con, members, counts)?;
         if !unindexed.is_empty() {
             redis::cmd("SREM")
@@ -379,8 +376,7 @@ pub(crate) fn reap_peers(
                 .query::<()>(con)
                 .map_err(|e| Error::redis(op, e))?;
         }
-        cursor = next;
-        if cursor == 0 {
+        if cursor.done() {
             return Ok(());
         }
     }

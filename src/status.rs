@@ -360,12 +360,10 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
         .arg(&epoch_key)
         .get(&epoch_key);
     let head = exec(con, &mut pipe, 6)?;
-    let (secs, micros): (i64, i64) = match &head[0] {
-        Ok(v) => redis::from_redis_value_ref(v)
-            .map_err(|e| Error::bad_data(OP, format!("unexpected TIME reply: {e}")))?,
+    let now = match &head[0] {
+        Ok(v) => conn::time_reply_ms(v)?,
         Err(e) => return Err(Error::redis("read the server time", e.clone())),
     };
-    let now = secs * 1000 + micros / 1000;
 
     let mut leader = None;
     let mut leader_raw = None;

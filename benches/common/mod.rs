@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redis::Connection;
+use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, Node, Timings};
 use sfu_redis_testkit::data::{fabricate_dead, DeadInstance, FakeRoom, BATCH};
@@ -76,19 +77,15 @@ pub fn fast_leader_with_batch(url: &str, batch: usize) -> Node {
     node
 }
 
+/// A connection from the library's connector (30 s timeouts: a benchmark's big pipelines).
 pub fn connect(url: &str) -> Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection())
+    Redis::new(url, Duration::from_secs(30))
+        .and_then(|r| r.connect())
         .expect("connect")
 }
 
 pub fn server() -> LocalRedis {
     LocalRedis::start().expect("start redis-server (is it on PATH?)")
-}
-
-fn server_ms(con: &mut Connection) -> i64 {
-    let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
-    s * 1000 + us / 1000
 }
 
 /// Writes a dead instance `dead` with `rooms` rooms (`<dead>-r<k>`) of [`PEERS_PER_ROOM`]
@@ -97,7 +94,7 @@ fn server_ms(con: &mut Connection) -> i64 {
 /// heartbeat score a minute old and no heartbeat key. Returns every key written (for the
 /// floor).
 pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) -> Vec<String> {
-    let score = server_ms(con) - 60_000;
+    let score = server_time_ms(con).expect("TIME") - 60_000;
     let spec = DeadInstance {
         pin_px: Some(3_600_000),
         solo: true,

@@ -11,6 +11,7 @@ use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use redis::Connection;
 use sfu_redis::audit::{self, Problem};
+use sfu_redis::conn::Redis;
 use sfu_redis::keys::{KeySpace, ParsedKey};
 use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
@@ -278,17 +279,12 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
     }
 }
 
-/// A plain connection for the demo's own checks, with timeouts.
+/// A connection for the demo's own checks, from the library's connector (timeouts, the URL
+/// redacted in errors).
 fn connect(url: &str) -> Result<Connection, String> {
-    let fail =
-        |e: redis::RedisError| format!("cannot connect to Redis at {}: {e}", redact_url(url));
-    let client = redis::Client::open(url).map_err(fail)?;
-    let con = client
-        .get_connection_with_timeout(CHECK_TIMEOUT)
-        .map_err(fail)?;
-    con.set_read_timeout(Some(CHECK_TIMEOUT)).map_err(fail)?;
-    con.set_write_timeout(Some(CHECK_TIMEOUT)).map_err(fail)?;
-    Ok(con)
+    Redis::new(url, CHECK_TIMEOUT)
+        .and_then(|r| r.connect())
+        .map_err(|e| e.to_string())
 }
 
 fn query<T: redis::FromRedisValue>(con: &mut Connection, cmd: &redis::Cmd) -> Result<T, String> {

@@ -98,8 +98,7 @@ impl Server {
 
     /// Redis server time, ms.
     pub fn server_ms(&self) -> i64 {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut self.con()).unwrap();
-        s * 1000 + us / 1000
+        sfu_redis::conn::server_time_ms(&mut self.con()).expect("read the server time")
     }
 
     /// Every key matching `pattern` with its whole content (`sfu_redis_testkit::data::dump`).
