@@ -246,6 +246,15 @@ impl Config {
         self.redis_url.as_deref()
     }
 
+    /// [`Mode::Memory`] without a Redis URL, else [`Mode::Redis`].
+    pub fn mode(&self) -> Mode {
+        if self.redis_url.is_some() {
+            Mode::Redis
+        } else {
+            Mode::Memory
+        }
+    }
+
     /// The key space (prefix `<namespace>:<stage>:<branch>`).
     pub fn keys(&self) -> &KeySpace {
         &self.keys
@@ -562,6 +571,34 @@ fn is_password_parameter(raw_name: &str) -> bool {
         .is_some_and(|(name, _)| {
             name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password")
         })
+}
+
+/// Where a node keeps its rooms and peers ([`Config::mode`], [`crate::Node::mode`], the
+/// `mode` of [`crate::Event::Ready`]). The seed's rule: no Redis URL means memory-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// In the shared Redis, with heartbeat, lease and reaper threads.
+    Redis,
+    /// In this process's memory only: no Redis URL was configured (single instance; no
+    /// heartbeat, lease or reaper).
+    Memory,
+}
+
+impl Mode {
+    /// `redis` or `memory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Redis => "redis",
+            Mode::Memory => "memory",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What [`ConfigBuilder::redis_url`] takes: a URL (`&str`, `String`, `&String`) or an

@@ -6,6 +6,8 @@
 
 use crossbeam_channel::{Sender, TrySendError};
 use serde_json::{json, Value};
+
+use crate::config::Mode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a node stopped being the leader.
@@ -44,6 +46,9 @@ pub enum Event {
         rooms: usize,
         /// Peers upserted by this node.
         peers: usize,
+        /// Where the node keeps them: `memory` means no Redis URL was configured (a single
+        /// instance nobody else sees).
+        mode: Mode,
     },
     /// This node holds the reaper lease; `epoch` is the term's fencing token.
     LeaderAcquired {
@@ -109,7 +114,9 @@ impl Event {
     /// `{"event": name, "instance": instance, ...fields}`.
     pub fn to_json(&self, instance: &str) -> Value {
         let mut v = match self {
-            Event::Ready { rooms, peers } => json!({ "rooms": rooms, "peers": peers }),
+            Event::Ready { rooms, peers, mode } => {
+                json!({ "rooms": rooms, "peers": peers, "mode": mode.as_str() })
+            }
             Event::LeaderAcquired { epoch } => json!({ "epoch": epoch }),
             Event::LeaderLost { reason } => json!({ "reason": reason.as_str() }),
             Event::Candidates { instances } => json!({ "instances": instances }),

@@ -44,14 +44,14 @@ pub mod status;
 mod store;
 mod worker;
 
-pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Timings, MAX_REAP_BATCH};
+pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Mode, Timings, MAX_REAP_BATCH};
 /// The receiver of [`Node::events`] (re-exported so a host that stores it needs no
 /// `crossbeam-channel` dependency of its own).
 pub use crossbeam_channel::Receiver;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, LeaderLostReason};
 pub use leader::TermRecord;
-pub use node::{Mode, Node, Stats, EVENT_CAPACITY};
+pub use node::{Node, Stats, EVENT_CAPACITY};
 pub use peers::{Upserted, MAX_PEER_FIELDS, RESERVED_PEER_FIELDS};
 pub use reaper::{ReapCounts, REAP_BATCH};
 pub use rooms::PinOutcome;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::conn::{self, Link, Pool, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
@@ -31,27 +31,6 @@ pub const EVENT_CAPACITY: usize = 4096;
 
 /// Most idle connections kept for host threads' calls.
 const POOL_IDLE: usize = 16;
-
-/// Where a node keeps its rooms and peers ([`Node::mode`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Mode {
-    /// In the shared Redis, with heartbeat, lease and reaper threads.
-    Redis,
-    /// In this process's memory only: no Redis URL was configured (single instance; no
-    /// heartbeat, lease or reaper).
-    Memory,
-}
-
-impl Mode {
-    /// `redis` or `memory`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Redis => "redis",
-            Mode::Memory => "memory",
-        }
-    }
-}
 
 /// The node's rooms and peers: in memory or in Redis. Each host call dispatches here once.
 #[derive(Debug)]
@@ -237,7 +216,9 @@ impl Node {
             ops: RwLock::new(()),
         };
         let Some(url) = config.redis_url() else {
-            log::warn!(
+            // Info, not a warning: no URL is the documented way to run one instance alone. The
+            // mode shows in `Node::mode`, `Stats::mode` and the `ready` event; the CLI warns.
+            log::info!(
                 "no Redis URL: memory-only mode (single instance; no heartbeat, lease or reaper)"
             );
             return Ok(node(Backend::Memory(MemoryStore::new(&id)), None));
@@ -521,6 +502,7 @@ impl Node {
         self.events.emit(Event::Ready {
             rooms: self.local.room_count(),
             peers: self.local.peer_count(),
+            mode: self.backend.mode(),
         });
     }
 

@@ -1,6 +1,8 @@
 //! Memory-only mode (no Redis URL): the same pin/close/owner/upsert/remove rules as on Redis
 //! (generations, guest supersede, NotOwner), single instance, no leader, no background work.
 
+mod support;
+
 use sfu_redis::{Config, ErrorKind, Event, Mode, Node, PinOutcome};
 
 fn node() -> Node {
@@ -40,7 +42,11 @@ fn rooms_in_memory() {
     n.ready();
     assert_eq!(
         n.events().try_recv().unwrap(),
-        Event::Ready { rooms: 0, peers: 0 }
+        Event::Ready {
+            rooms: 0,
+            peers: 0,
+            mode: Mode::Memory
+        }
     );
     n.shutdown().unwrap();
     assert_eq!(n.events().try_recv().unwrap(), Event::Stopped);
@@ -114,4 +120,49 @@ fn invalid_ids_in_memory() {
     }
     assert_eq!(n.pin_room("a:{b}* c/방").unwrap(), PinOutcome::Pinned);
     assert_eq!(n.stats().rooms, 1);
+}
+
+// A new user's trip (issue 10, item 8): with no Redis URL the CLI runs memory-only and must say
+// so once on stderr (the library logs it at info, not a second warning), and the `ready`
+// event carries `"mode": "memory"`.
+#[test]
+fn cli_without_a_url_says_memory_only_once_and_the_ready_event_carries_the_mode() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut child = Command::new(support::procs::cli_bin())
+        .args(["node", "--json", "--rooms", "r1", "--peers-per-room", "1"])
+        .env_remove("REDIS_URL")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sfu-redis node");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let ready = loop {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).expect("read stdout") > 0,
+            "the node exited before its ready event"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON event line");
+        if v["event"] == "ready" {
+            break v;
+        }
+    };
+    assert_eq!(ready["mode"], "memory", "{ready}");
+    assert_eq!(
+        (ready["rooms"].as_u64(), ready["peers"].as_u64()),
+        (Some(1), Some(1))
+    );
+    support::procs::signal(child.id(), "TERM");
+    let out = child.wait_with_output().expect("wait for the node");
+    assert!(out.status.success(), "exit {:?}", out.status);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("memory-only").count(),
+        1,
+        "one memory-only line on stderr, got: {stderr}"
+    );
 }

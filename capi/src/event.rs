@@ -129,7 +129,7 @@ impl SfuEvent {
         };
         let mut out = SfuEvent::empty();
         match e {
-            Event::Ready { rooms, peers } => {
+            Event::Ready { rooms, peers, .. } => {
                 out.kind = SfuEventKind::SFU_EVENT_READY;
                 out.rooms = *rooms as u64;
                 out.peers = *peers as u64;

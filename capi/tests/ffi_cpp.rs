@@ -56,7 +56,9 @@ fn two_hosts_sigkill_the_leader_the_other_takes_over_and_reaps_it() {
         .concat(),
     );
     a.line(LONG, "pinned a1", |l| l == "pinned a1 pinned");
-    a.event("ready", |v| v["rooms"] == 2 && v["peers"] == 4);
+    a.event("ready", |v| {
+        v["rooms"] == 2 && v["peers"] == 4 && v["mode"] == "redis"
+    });
     a.event("leader_acquired", |v| v["epoch"].as_u64().is_some());
 
     let mut b = Host::spawn(
