@@ -21,7 +21,7 @@ use serde_json::{json, Value as Json};
 use crate::config::Config;
 use crate::conn::{self, Redis};
 use crate::error::{Error, Result};
-use crate::keys::decode_id;
+use crate::keys::{decode_id, KeySpace};
 use crate::scan::{Cursor, Scan};
 
 /// Instances whose keys are looked up in one pipeline.
@@ -342,13 +342,45 @@ fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
 fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
     let ks = config.keys();
     let stale = config.timings().stale_threshold;
-    let stale_ms = stale.as_millis() as f64;
     let mut problems = Vec::new();
-
     let zset = ks.heartbeats();
     let scanned = scan_members(con, &zset, &mut problems)?;
-
     // The clock, lease and epoch, read after the scan (so no score read is newer than `now`).
+    let head = read_head(con, ks, &mut problems)?;
+    let now = head.now;
+    let members = members(&zset, scanned, now);
+    let instances = read_instances(con, ks, members, now, stale.as_millis() as f64)?;
+    let leader_alive = head.leader_raw.is_some_and(|raw| {
+        instances
+            .iter()
+            .any(|(m, i)| m.raw == raw && i.state == InstanceState::Alive)
+    });
+    Ok(FleetStatus {
+        prefix: ks.prefix().to_owned(),
+        server_ms: now,
+        stale_threshold_ms: i64::try_from(stale.as_millis()).unwrap_or(i64::MAX),
+        leader: head.leader,
+        leader_ttl_ms: head.leader_ttl_ms,
+        leader_alive,
+        epoch: head.epoch,
+        epoch_known: head.epoch_known,
+        instances: instances.into_iter().map(|(_, i)| i).collect(),
+        problems,
+    })
+}
+
+/// The server clock, the lease and the epoch, read in one round trip.
+struct Head {
+    now: i64,
+    /// The lease holder for people, and its raw value.
+    leader: Option<String>,
+    leader_raw: Option<Vec<u8>>,
+    leader_ttl_ms: Option<i64>,
+    epoch: u64,
+    epoch_known: bool,
+}
+
+fn read_head(con: &mut Connection, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
     let (leader_key, epoch_key) = (ks.leader(), ks.epoch());
     let mut pipe = redis::pipe();
     pipe.cmd("TIME")
@@ -364,13 +396,28 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
         Ok(v) => conn::time_reply_ms(v)?,
         Err(e) => return Err(Error::redis("read the server time", e.clone())),
     };
+    let (leader, leader_raw, leader_ttl_ms) = lease(&leader_key, &head[1..4], problems);
+    let (epoch, epoch_known) = epoch(&epoch_key, &head[4..6], problems);
+    Ok(Head {
+        now,
+        leader,
+        leader_raw,
+        leader_ttl_ms,
+        epoch,
+        epoch_known,
+    })
+}
 
-    let mut leader = None;
-    let mut leader_raw = None;
-    let mut leader_ttl_ms = None;
-    match key_type(&head[1]) {
+/// The lease from its `TYPE`, `GET` and `PTTL` replies: holder (for people), raw value, TTL.
+fn lease(
+    leader_key: &str,
+    r: &[Reply],
+    problems: &mut Vec<String>,
+) -> (Option<String>, Option<Vec<u8>>, Option<i64>) {
+    let mut ttl_ms = None;
+    match key_type(&r[0]) {
         Ok(t) if t == "none" => {}
-        Ok(t) if t == "string" => match &head[2] {
+        Ok(t) if t == "string" => match &r[1] {
             Ok(Value::BulkString(raw)) => {
                 let (id, wire) = show_id(raw);
                 if wire.is_none() {
@@ -378,22 +425,21 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
                         "{leader_key}: the lease value {id:?} is not an instance id"
                     ));
                 }
-                match &head[3] {
-                    Ok(Value::Int(ttl)) if *ttl >= 0 => leader_ttl_ms = Some(*ttl),
+                match &r[2] {
+                    Ok(Value::Int(ttl)) if *ttl >= 0 => ttl_ms = Some(*ttl),
                     Ok(Value::Int(-1)) => problems.push(format!(
                         "{leader_key} has no TTL (not written by sfu-redis): the next election replaces it"
                     )),
                     _ => {} // expired meanwhile
                 }
-                leader = Some(id);
-                leader_raw = Some(raw.clone());
+                return (Some(id), Some(raw.clone()), ttl_ms);
             }
             Ok(Value::Nil) => {} // expired meanwhile
             Ok(other) => problems.push(format!("{leader_key}: unexpected value {other:?}")),
             Err(e) => problems.push(format!("cannot read {leader_key}: {e}")),
         },
         Ok(t) => {
-            let then = match &head[3] {
+            let then = match &r[2] {
                 Ok(Value::Int(ttl)) if *ttl >= 0 => {
                     format!("elections wait until it expires in {ttl} ms")
                 }
@@ -406,20 +452,21 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
         }
         Err(e) => problems.push(format!("cannot read the type of {leader_key}: {e}")),
     }
+    (None, None, ttl_ms)
+}
 
-    let mut epoch = 0;
-    let mut epoch_known = true;
-    match key_type(&head[4]) {
-        Ok(t) if t == "none" => {}
-        Ok(t) if t == "string" => match &head[5] {
-            Ok(Value::Nil) => {}
+/// The epoch from its `TYPE` and `GET` replies, and whether it could be read (0 when unset).
+fn epoch(epoch_key: &str, r: &[Reply], problems: &mut Vec<String>) -> (u64, bool) {
+    match key_type(&r[0]) {
+        Ok(t) if t == "none" => (0, true),
+        Ok(t) if t == "string" => match &r[1] {
+            Ok(Value::Nil) => (0, true),
             Ok(v) => match redis::from_redis_value_ref::<String>(v)
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
             {
-                Some(n) => epoch = n,
+                Some(n) => (n, true),
                 None => {
-                    epoch_known = false;
                     let shown = match v {
                         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                         other => format!("{other:?}"),
@@ -427,26 +474,30 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
                     problems.push(format!(
                         "{epoch_key}: {shown:?} is not an epoch (a whole number); the next election replaces it"
                     ));
+                    (0, false)
                 }
             },
             Err(e) => {
-                epoch_known = false;
                 problems.push(format!("cannot read {epoch_key}: {e}"));
+                (0, false)
             }
         },
         Ok(t) => {
-            epoch_known = false;
             problems.push(format!(
                 "{epoch_key} holds a {}, not a counter: the next election replaces it",
                 type_name(&t)
             ));
+            (0, false)
         }
         Err(e) => {
-            epoch_known = false;
             problems.push(format!("cannot read the type of {epoch_key}: {e}"));
+            (0, false)
         }
     }
+}
 
+/// The sorted set's members with the problems of their names and scores, sorted by id.
+fn members(zset: &str, scanned: BTreeMap<Vec<u8>, f64>, now: i64) -> Vec<Member> {
     let mut members: Vec<Member> = scanned
         .into_iter()
         .map(|(raw, score)| {
@@ -462,7 +513,7 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
                     "{zset}: member {id:?} {what} (not written by sfu-redis); its keys are not read"
                 ));
             }
-            problems.extend(score_problem(&zset, &id, score, now));
+            problems.extend(score_problem(zset, &id, score, now));
             Member {
                 raw,
                 id,
@@ -473,89 +524,94 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
         })
         .collect();
     members.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.raw.cmp(&b.raw)));
+    members
+}
 
+/// Each member's heartbeat key and index counts, [`STATUS_BATCH`] members per round trip, and
+/// its state; each status stays paired with its member (for the leader's liveness).
+fn read_instances(
+    con: &mut Connection,
+    ks: &KeySpace,
+    mut members: Vec<Member>,
+    now: i64,
+    stale_ms: f64,
+) -> Result<Vec<(Member, InstanceStatus)>> {
     let mut instances = Vec::with_capacity(members.len());
     for batch in members.chunks_mut(STATUS_BATCH) {
         let mut pipe = redis::pipe();
         let mut n = 0;
-        for m in batch.iter() {
-            if let Some(w) = &m.wire {
-                let (rooms, peers) = (ks.instance_rooms(w), ks.instance_peers(w));
-                pipe.cmd("TYPE")
-                    .arg(ks.heartbeat(w))
-                    .cmd("TYPE")
-                    .arg(&rooms)
-                    .scard(&rooms)
-                    .cmd("TYPE")
-                    .arg(&peers)
-                    .scard(&peers);
-                n += 5;
-            }
+        for w in batch.iter().filter_map(|m| m.wire.as_ref()) {
+            let (rooms, peers) = (ks.instance_rooms(w), ks.instance_peers(w));
+            pipe.cmd("TYPE")
+                .arg(ks.heartbeat(w))
+                .cmd("TYPE")
+                .arg(&rooms)
+                .scard(&rooms)
+                .cmd("TYPE")
+                .arg(&peers)
+                .scard(&peers);
+            n += 5;
         }
         let mut replies = exec(con, &mut pipe, n)?.into_iter();
         for m in batch.iter_mut() {
-            let mut hb = false;
-            let mut rooms = None;
-            let mut peers = None;
-            if let Some(w) = &m.wire {
-                let r: Vec<Reply> = replies.by_ref().take(5).collect();
-                let hb_key = ks.heartbeat(w);
-                match key_type(&r[0]) {
-                    Ok(t) if t == "none" => {}
-                    Ok(t) if t == "string" => hb = true,
-                    Ok(t) => {
-                        // The reaper checks EXISTS: any type counts as a heartbeat.
-                        hb = true;
-                        m.problems.push(format!(
-                            "{hb_key} holds a {}, not a string (it still counts as a heartbeat)",
-                            type_name(&t)
-                        ));
-                    }
-                    Err(e) => m.problems.push(format!(
-                        "cannot read the type of {hb_key} ({e}); taken as absent"
-                    )),
-                }
-                rooms = count(&ks.instance_rooms(w), &r[1], &r[2], &mut m.problems);
-                peers = count(&ks.instance_peers(w), &r[3], &r[4], &mut m.problems);
-            }
-            let age = now as f64 - m.score;
-            let state = InstanceState::judge(m.score, age, hb, stale_ms);
-            // `as` saturates (and maps NaN to 0).
-            let last = m.score as i64;
-            instances.push(InstanceStatus {
-                id: std::mem::take(&mut m.id),
-                last_heartbeat_ms: last,
-                age_ms: now.saturating_sub(last),
-                state,
-                alive: state == InstanceState::Alive,
-                being_reaped: state == InstanceState::BeingReaped,
-                rooms: rooms.unwrap_or(0),
-                rooms_known: rooms.is_some(),
-                peers: peers.unwrap_or(0),
-                peers_known: peers.is_some(),
-                problems: std::mem::take(&mut m.problems),
-            });
+            let r: Vec<Reply> = match m.wire {
+                Some(_) => replies.by_ref().take(5).collect(),
+                None => Vec::new(),
+            };
+            instances.push(instance_status(ks, m, &r, now, stale_ms));
         }
     }
+    Ok(members.into_iter().zip(instances).collect())
+}
 
-    let leader_alive = leader_raw.is_some_and(|raw| {
-        members
-            .iter()
-            .zip(&instances)
-            .any(|(m, i)| m.raw == raw && i.state == InstanceState::Alive)
-    });
-    Ok(FleetStatus {
-        prefix: ks.prefix().to_owned(),
-        server_ms: now,
-        stale_threshold_ms: i64::try_from(stale.as_millis()).unwrap_or(i64::MAX),
-        leader,
-        leader_ttl_ms,
-        leader_alive,
-        epoch,
-        epoch_known,
-        instances,
-        problems,
-    })
+/// One instance from its five replies (none for a member that is not an id).
+fn instance_status(
+    ks: &KeySpace,
+    m: &mut Member,
+    r: &[Reply],
+    now: i64,
+    stale_ms: f64,
+) -> InstanceStatus {
+    let mut hb = false;
+    let mut rooms = None;
+    let mut peers = None;
+    if let Some(w) = &m.wire {
+        let hb_key = ks.heartbeat(w);
+        match key_type(&r[0]) {
+            Ok(t) if t == "none" => {}
+            Ok(t) if t == "string" => hb = true,
+            Ok(t) => {
+                // The reaper checks EXISTS: any type counts as a heartbeat.
+                hb = true;
+                m.problems.push(format!(
+                    "{hb_key} holds a {}, not a string (it still counts as a heartbeat)",
+                    type_name(&t)
+                ));
+            }
+            Err(e) => m.problems.push(format!(
+                "cannot read the type of {hb_key} ({e}); taken as absent"
+            )),
+        }
+        rooms = count(&ks.instance_rooms(w), &r[1], &r[2], &mut m.problems);
+        peers = count(&ks.instance_peers(w), &r[3], &r[4], &mut m.problems);
+    }
+    let age = now as f64 - m.score;
+    let state = InstanceState::judge(m.score, age, hb, stale_ms);
+    // `as` saturates (and maps NaN to 0).
+    let last = m.score as i64;
+    InstanceStatus {
+        id: m.id.clone(),
+        last_heartbeat_ms: last,
+        age_ms: now.saturating_sub(last),
+        state,
+        alive: state == InstanceState::Alive,
+        being_reaped: state == InstanceState::BeingReaped,
+        rooms: rooms.unwrap_or(0),
+        rooms_known: rooms.is_some(),
+        peers: peers.unwrap_or(0),
+        peers_known: peers.is_some(),
+        problems: std::mem::take(&mut m.problems),
+    }
 }
 
 /// The `SCARD` of an index set, or `None` (with a problem naming the key) when it holds
