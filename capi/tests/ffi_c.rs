@@ -3,7 +3,7 @@
 //! valgrind memcheck: zero errors and no definite leak.
 
 mod ffi_support;
-#[path = "../../tests/support/mod.rs"]
+#[path = "../../tests/it/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@
 
 mod ffi_host;
 mod ffi_support;
-#[path = "../../tests/support/mod.rs"]
+#[path = "../../tests/it/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

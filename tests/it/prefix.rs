@@ -3,7 +3,7 @@
 //! between dev/prod and between branches"), also when their names differ only in characters
 //! that prefix escaping rewrites (`feature/login` / `feature_login`).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

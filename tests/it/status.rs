@@ -3,7 +3,7 @@
 //! states, the leader that is not heartbeating, paging with ZSCAN; and the `node` subcommand's
 //! bounds on its start-up sizes.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

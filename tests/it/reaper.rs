@@ -2,7 +2,7 @@
 //! re-check spares an instance that only missed heartbeats, the owner CAS keeps rooms another
 //! instance took over, expired pins are still reaped, and a leader never reaps itself.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,7 +4,7 @@
 //! and left alone, another prefix is never seen, and the CLI keeps its JSON shape and exit
 //! codes. Protects invariants 2, 4 and 5 (docs/DESIGN.md) as checked by the audit.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output};

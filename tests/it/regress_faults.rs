@@ -8,7 +8,7 @@
 //! resume), and the README's "every call is blocking and bounded by `command_timeout`" and "a
 //! request whose reply never came is not re-sent; the node converges by itself".
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! it fails with `BadData`, every other room keeps working, the heartbeat keeps refreshing and
 //! the reaper keeps reaping.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! refused with `InvalidId` without disturbing anything else, and a Redis password never shows
 //! up in an error, a `Debug` print or a log line.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -435,9 +435,26 @@ fn redaction_hides_every_password_shape() {
 
 // `Config::from_env` reads REDIS_URL, SFU_NAMESPACE/STAGE/BRANCH and SFU_INSTANCE_ID, treats an
 // empty REDIS_URL as memory-only, and names the variable's field when a value is invalid.
-// (The only test of this binary that touches the environment.)
+// The environment is changed in a process of its own (this test binary, run for the one
+// ignored test below): in this process it would reach the node processes other tests spawn.
 #[test]
 fn from_env_reads_the_variables() {
+    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--exact", "config::from_env_in_a_process_of_its_own"])
+        .args(["--ignored", "--test-threads=1"])
+        .output()
+        .expect("run this test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "changes the process environment: run alone by from_env_reads_the_variables"]
+fn from_env_in_a_process_of_its_own() {
     let vars = [
         ("REDIS_URL", "redis://127.0.0.1:6379"),
         ("SFU_NAMESPACE", "acme"),

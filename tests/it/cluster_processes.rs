@@ -3,7 +3,7 @@
 //! SIGKILL the leader: the survivor takes the lease and reaps it. Finally SIGTERM the survivor:
 //! it releases the lease and exits 0.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::mpsc;

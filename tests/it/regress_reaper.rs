@@ -6,7 +6,7 @@
 //! whatever the timing) and 3 (a reaper that has lost the lease stops before its next batch),
 //! and the README's bounded shutdown.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //! reaped instance remains; nothing crosses a prefix), and the README's "no error or log line
 //! ever contains the password of a Redis URL", `status` robustness and the events contract.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! forwarding), the whole server pauses (`CLIENT PAUSE`), an instance stalls past the reap
 //! window (zombie), and Redis restarts without persistence (data loss).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Memory-only mode (no Redis URL): the same pin/close/owner/upsert/remove rules as on Redis
 //! (generations, guest supersede, NotOwner), single instance, no leader, no background work.
 
-mod support;
+use crate::support;
 
 use sfu_redis::{Config, ErrorKind, Event, Mode, Node, PinOutcome};
 

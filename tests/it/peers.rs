@@ -3,7 +3,7 @@
 //! for an older generation, and after any sequence the indexes hold exactly what the records
 //! say (invariant 4).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 

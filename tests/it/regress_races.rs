@@ -11,7 +11,7 @@
 //! Where a precise interleaving matters, a FaultProxy adds a few ms each way so that the second
 //! host call lands between the first call's round trips.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;

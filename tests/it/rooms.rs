@@ -1,7 +1,7 @@
 //! Rooms on a real redis-server: pin outcomes and the owner CAS, close, and what the heartbeat
 //! does with a pin that lapsed, was taken, or was deleted.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

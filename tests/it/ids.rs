@@ -2,7 +2,7 @@
 //! syntax"): `:`, `{`, `}`, `*`, `/`, `%`, spaces and Korean text in room, peer, guest and
 //! instance ids pin, upsert, remove, close and reap like any other id, and never collide.
 
-mod support;
+use crate::support;
 
 use sfu_redis::keys::{encode_id, IdKind, ParsedKey};
 use sfu_redis::{Event, PinOutcome, Timings};

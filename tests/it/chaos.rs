@@ -44,7 +44,7 @@
 //! fails if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir
 //! when it fails.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;

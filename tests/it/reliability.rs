@@ -3,7 +3,7 @@
 //! process (zombie), a SIGSTOPped Redis, clock skew (libfaketime), ACLs, passwords in logs, a
 //! 500,000-member index and malformed records. Every test runs on a real redis-server.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::sync::mpsc;

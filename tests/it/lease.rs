@@ -2,7 +2,7 @@
 //! (owner CAS), refresh never recreates an expired lease, at most one leader at a time, and a
 //! released lease is free at once.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

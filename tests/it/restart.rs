@@ -1,7 +1,7 @@
 //! Restarts with the same instance id on a real redis-server: a live duplicate is refused, a
 //! gracefully stopped id restarts at once, an earlier life's rooms are cleared at registration.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,30 @@
+//! The library's integration tests, one binary (each file under `tests/it/` is a module; one
+//! link of the crate instead of one per file, and the long suites run beside the short ones).
+//! Every test starts its own private `redis-server` (`support`).
+//!
+//! Day to day: `cargo test --test it rooms::` runs one module; `cargo quick` (an alias in
+//! `.cargo/config.toml`) skips the two long suites, `chaos::` and `reliability::`.
+
+mod support;
+
+mod bad_data;
+mod chaos;
+mod cluster_processes;
+mod config;
+mod faults;
+mod fsck;
+mod ids;
+mod keys_prop;
+mod lease;
+mod memory;
+mod peers;
+mod prefix;
+mod reaper;
+mod regress_faults;
+mod regress_inputs;
+mod regress_races;
+mod regress_reaper;
+mod reliability;
+mod restart;
+mod rooms;
+mod status;
