@@ -350,6 +350,31 @@ pub enum ParsedKey {
     Peer(String, String),
 }
 
+impl ParsedKey {
+    /// The room (wire form) of a room key or peer record; `None` for a control-plane key.
+    pub fn room(&self) -> Option<&str> {
+        match self {
+            ParsedKey::RoomOwner(r)
+            | ParsedKey::RoomMeta(r)
+            | ParsedKey::RoomPeers(r)
+            | ParsedKey::RoomGuests(r)
+            | ParsedKey::RoomGuestState(r)
+            | ParsedKey::Peer(r, _) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The instance (wire form) of a heartbeat key or an instance index; `None` otherwise.
+    pub fn instance(&self) -> Option<&str> {
+        match self {
+            ParsedKey::Heartbeat(i) | ParsedKey::InstanceRooms(i) | ParsedKey::InstancePeers(i) => {
+                Some(i)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The member `<room>/<peer>` of an instance's peer index (both in wire form).
 pub fn peer_member(room: &str, peer: &str) -> String {
     format!("{room}/{peer}")

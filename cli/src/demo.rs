@@ -12,7 +12,7 @@ use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use redis::Connection;
 use sfu_redis::audit::{self, Problem};
 use sfu_redis::conn::Redis;
-use sfu_redis::keys::{KeySpace, ParsedKey};
+use sfu_redis::keys::KeySpace;
 use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
 use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
@@ -307,17 +307,8 @@ fn redis_failed(e: redis::RedisError) -> String {
 
 /// True when problem `p` is at a key of one of `rooms` (peer records included).
 fn in_rooms(keys: &KeySpace, p: &Problem, rooms: &[String]) -> bool {
-    match keys.parse(&p.key) {
-        Some(
-            ParsedKey::RoomOwner(r)
-            | ParsedKey::RoomMeta(r)
-            | ParsedKey::RoomPeers(r)
-            | ParsedKey::RoomGuests(r)
-            | ParsedKey::RoomGuestState(r)
-            | ParsedKey::Peer(r, _),
-        ) => rooms.contains(&r),
-        _ => false,
-    }
+    keys.parse(&p.key)
+        .is_some_and(|k| k.room().is_some_and(|r| rooms.iter().any(|x| x == r)))
 }
 
 /// Deletes every key under the demo's prefix; returns how many.

@@ -338,20 +338,8 @@ fn room_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life, r: &s
 /// True for a key of instance `id` (heartbeat key, room or peer index) or of one of its
 /// `rooms` (any room key, peer records included).
 fn at_life_key(ks: &KeySpace, key: &str, id: &str, rooms: &BTreeSet<String>) -> bool {
-    match ks.parse(key) {
-        Some(
-            ParsedKey::Heartbeat(i) | ParsedKey::InstanceRooms(i) | ParsedKey::InstancePeers(i),
-        ) => i == id,
-        Some(
-            ParsedKey::RoomOwner(r)
-            | ParsedKey::RoomMeta(r)
-            | ParsedKey::RoomPeers(r)
-            | ParsedKey::RoomGuests(r)
-            | ParsedKey::RoomGuestState(r)
-            | ParsedKey::Peer(r, _),
-        ) => rooms.contains(&r),
-        _ => false,
-    }
+    ks.parse(key)
+        .is_some_and(|k| k.instance() == Some(id) || k.room().is_some_and(|r| rooms.contains(r)))
 }
 
 struct Chaos {
