@@ -134,129 +134,181 @@ fn sweep(sizes: &[usize], rooms: usize, latency_rooms: usize, runs: usize) {
     }
 }
 
-fn main() {
-    let rtt_ms: f64 = arg("--rtt-ms").and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let rooms: usize = arg("--rooms")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let latency_rooms: usize = arg("--latency-rooms")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let runs: usize = arg("--runs").and_then(|v| v.parse().ok()).unwrap_or(3);
-    let batch: usize = arg("--reap-batch")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(sfu_redis::REAP_BATCH);
-    if let Some(list) = arg("--sweep") {
-        let sizes: Vec<usize> = list
-            .split(',')
-            .filter_map(|v| v.trim().parse().ok())
-            .collect();
-        sweep(&sizes, rooms, latency_rooms, runs);
-        return;
+/// The command line (see the module docs).
+struct Args {
+    rtt_ms: f64,
+    rooms: usize,
+    latency_rooms: usize,
+    runs: usize,
+    batch: usize,
+}
+
+impl Args {
+    fn parse() -> Args {
+        let num =
+            |name: &str, default: usize| arg(name).and_then(|v| v.parse().ok()).unwrap_or(default);
+        Args {
+            rtt_ms: arg("--rtt-ms").and_then(|v| v.parse().ok()).unwrap_or(0.0),
+            rooms: num("--rooms", 10_000),
+            latency_rooms: num("--latency-rooms", 100_000),
+            runs: num("--runs", 3),
+            batch: num("--reap-batch", sfu_redis::REAP_BATCH),
+        }
     }
+}
 
-    let server = server();
-    // With --rtt-ms, everything the library and the baselines send goes through a proxy that
-    // delays each direction by half the RTT; fabrication and the PING client go direct. At
-    // loopback there is no proxy (its threads would compete with Redis for the CPU).
-    let proxy = FaultProxy::start(("127.0.0.1", server.port())).expect("proxy");
-    proxy.set_delay(Duration::from_secs_f64(rtt_ms / 2000.0));
-    let direct = server.url();
-    let url = if rtt_ms > 0.0 {
-        proxy.url()
-    } else {
-        direct.clone()
-    };
-    let ks = keyspace();
-    eprintln!(
-        "perf_report: {rooms} rooms x {PEERS_PER_ROOM} peers, rtt {rtt_ms} ms, {runs} runs each"
-    );
+/// Where the measurements run: `url` for the library and the baselines (through a proxy
+/// delaying each direction by half the RTT with `--rtt-ms`), `direct` for fabrication and
+/// the PING client.
+struct Bench {
+    server: sfu_redis_testkit::devserver::LocalRedis,
+    _proxy: FaultProxy,
+    url: String,
+    direct: String,
+    ks: sfu_redis::keys::KeySpace,
+    fab: redis::Connection,
+    via: redis::Connection,
+}
 
-    // --- reap ---------------------------------------------------------------------------
-    let leader = fast_leader_with_batch(&url, batch);
-    let mut fab = connect(&direct);
-    let mut library_server = Vec::new();
+impl Bench {
+    fn start(rtt_ms: f64) -> Bench {
+        let server = server();
+        // At loopback there is no proxy hop (its threads would compete with Redis for the CPU).
+        let proxy = FaultProxy::start(("127.0.0.1", server.port())).expect("proxy");
+        proxy.set_delay(Duration::from_secs_f64(rtt_ms / 2000.0));
+        let direct = server.url();
+        let url = if rtt_ms > 0.0 {
+            proxy.url()
+        } else {
+            direct.clone()
+        };
+        Bench {
+            fab: connect(&direct),
+            via: connect(&url),
+            ks: keyspace(),
+            server,
+            _proxy: proxy,
+            url,
+            direct,
+        }
+    }
+}
+
+/// The reap of `rooms` rooms by the library, the seed-style reaper, the floor and the script
+/// floor (medians), with the server CPU of the library's and the floor's.
+struct Reaps {
+    library: Duration,
+    seed: Duration,
+    floor: Duration,
+    script_floor: Duration,
+    library_cpu_us: u64,
+    floor_cpu_us: u64,
+}
+
+fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Reaps {
+    let stats = std::env::var_os("SFU_PERF_STATS").is_some();
+    let mut library_cpu = Vec::new();
     let library = median(runs, || {
-        fabricate(&mut fab, &ks, "dead", rooms);
-        if std::env::var_os("SFU_PERF_STATS").is_some() {
+        fabricate(&mut b.fab, &b.ks, "dead", rooms);
+        if stats {
             let _: () = redis::cmd("CONFIG")
                 .arg("RESETSTAT")
-                .query(&mut fab)
+                .query(&mut b.fab)
                 .unwrap();
         }
-        let cpu = server_cpu_us(&mut fab);
+        let cpu = server_cpu_us(&mut b.fab);
         let t = Instant::now();
         let c = leader.reap_now("dead").expect("reap").expect("dead");
         let d = t.elapsed();
-        library_server.push(server_cpu_us(&mut fab) - cpu);
+        library_cpu.push(server_cpu_us(&mut b.fab) - cpu);
         // SFU_PERF_STATS=1: the server's per-command costs of the library's reap.
-        if std::env::var_os("SFU_PERF_STATS").is_some() {
+        if stats {
             let s: String = redis::cmd("INFO")
                 .arg("commandstats")
-                .query(&mut fab)
+                .query(&mut b.fab)
                 .unwrap();
             eprintln!("{s}");
         }
         assert_eq!(c.rooms as usize, rooms);
         d
     });
-    library_server.sort();
-    assert_eq!(count_keys(&mut fab), 0, "the library left keys");
-    let mut via = connect(&url);
+    assert_eq!(count_keys(&mut b.fab), 0, "the library left keys");
     let seed = median(runs, || {
-        fabricate(&mut fab, &ks, "dead", rooms);
+        fabricate(&mut b.fab, &b.ks, "dead", rooms);
         let t = Instant::now();
-        assert_eq!(seed_style_reap(&mut via, &ks, "dead"), rooms);
+        assert_eq!(seed_style_reap(&mut b.via, &b.ks, "dead"), rooms);
         t.elapsed()
     });
-    let mut floor_server = Vec::new();
+    let mut floor_cpu = Vec::new();
     let floor = median(runs, || {
-        let keys = fabricate(&mut fab, &ks, "dead", rooms);
-        let cpu = server_cpu_us(&mut fab);
+        let keys = fabricate(&mut b.fab, &b.ks, "dead", rooms);
+        let cpu = server_cpu_us(&mut b.fab);
         let t = Instant::now();
-        floor_reap(&mut via, &keys);
+        floor_reap(&mut b.via, &keys);
         let d = t.elapsed();
-        floor_server.push(server_cpu_us(&mut fab) - cpu);
+        floor_cpu.push(server_cpu_us(&mut b.fab) - cpu);
         d
     });
-    floor_server.sort();
     let script_floor = median(runs, || {
-        let keys = fabricate(&mut fab, &ks, "dead", rooms);
+        let keys = fabricate(&mut b.fab, &b.ks, "dead", rooms);
         let t = Instant::now();
-        script_floor_reap(&mut via, &keys);
+        script_floor_reap(&mut b.via, &keys);
         t.elapsed()
     });
     let _: () = redis::cmd("ZREM")
-        .arg(ks.heartbeats())
+        .arg(b.ks.heartbeats())
         .arg("dead")
-        .query(&mut fab)
+        .query(&mut b.fab)
         .expect("ZREM");
+    Reaps {
+        library,
+        seed,
+        floor,
+        script_floor,
+        library_cpu_us: middle(library_cpu),
+        floor_cpu_us: middle(floor_cpu),
+    }
+}
 
-    // --- heartbeat tick -----------------------------------------------------------------
-    let ticker = Node::start(config(&url, "ticker")).expect("ticker");
+/// The median of `v`.
+fn middle(mut v: Vec<u64>) -> u64 {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The heartbeat tick with `rooms` pinned rooms against its floor (one pipelined `PEXPIRE` per
+/// pin), its server CPU, and its round trips (counted through a proxy adding 25 ms each way).
+struct Ticks {
+    tick: Duration,
+    floor: Duration,
+    cpu_us: u64,
+    round_trips: u64,
+}
+
+fn measure_ticks(b: &mut Bench, rooms: usize, runs: usize) -> Ticks {
+    let ticker = Node::start(config(&b.url, "ticker")).expect("ticker");
     let names: Vec<String> = (0..rooms).map(|r| format!("tick-r{r}")).collect();
     for r in &names {
         ticker.pin_room(r).expect("pin");
     }
-    let cpu = server_cpu_us(&mut fab);
+    let cpu = server_cpu_us(&mut b.fab);
     let tick = median(runs * 3, || {
         let t = Instant::now();
         ticker.heartbeat_now().expect("tick");
         t.elapsed()
     });
-    let tick_server_us = (server_cpu_us(&mut fab) - cpu) / (runs as u64 * 3);
-    let owners: Vec<String> = names.iter().map(|r| ks.room(r).owner).collect();
-    let tick_floor = median(runs * 3, || {
+    let cpu_us = (server_cpu_us(&mut b.fab) - cpu) / (runs as u64 * 3);
+    let owners: Vec<String> = names.iter().map(|r| b.ks.room(r).owner).collect();
+    let floor = median(runs * 3, || {
         let t = Instant::now();
         let mut pipe = redis::pipe();
         for k in &owners {
             pipe.pexpire(k, 90_000).ignore();
         }
-        pipe.query::<()>(&mut via).expect("PEXPIRE");
+        pipe.query::<()>(&mut b.via).expect("PEXPIRE");
         t.elapsed()
     });
-    // Round trips: the same tick through a proxy adding 25 ms each way.
-    let slow = FaultProxy::start(("127.0.0.1", server.port())).expect("proxy");
+    let slow = FaultProxy::start(("127.0.0.1", b.server.port())).expect("proxy");
     slow.set_delay(Duration::from_millis(25));
     let slow_ticker = Node::start(config(&slow.url(), "slow-ticker")).expect("slow ticker");
     for r in 0..1000 {
@@ -267,48 +319,79 @@ fn main() {
         slow_ticker.heartbeat_now().expect("tick");
         t.elapsed()
     });
-    let tick_round_trips = (secs(base) / 0.050).round() as u64;
     slow_ticker.leave().ok();
     ticker.leave().ok();
+    Ticks {
+        tick,
+        floor,
+        cpu_us,
+        round_trips: (secs(base) / 0.050).round() as u64,
+    }
+}
 
-    // --- latency during a big reap ------------------------------------------------------
-    let (big_reap, samples) = reap_with_pings(&leader, &mut fab, &direct, latency_rooms);
+fn main() {
+    let a = Args::parse();
+    if let Some(list) = arg("--sweep") {
+        let sizes: Vec<usize> = list
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        sweep(&sizes, a.rooms, a.latency_rooms, a.runs);
+        return;
+    }
+    let mut b = Bench::start(a.rtt_ms);
+    eprintln!(
+        "perf_report: {} rooms x {PEERS_PER_ROOM} peers, rtt {} ms, {} runs each",
+        a.rooms, a.rtt_ms, a.runs
+    );
+    let leader = fast_leader_with_batch(&b.url, a.batch);
+    let reaps = measure_reaps(&mut b, &leader, a.rooms, a.runs);
+    let ticks = measure_ticks(&mut b, a.rooms, a.runs);
+    let direct = b.direct.clone();
+    let (big_reap, samples) = reap_with_pings(&leader, &mut b.fab, &direct, a.latency_rooms);
+    leader.shutdown().ok();
+    report(&a, &reaps, &ticks, big_reap, &samples);
+}
+
+/// Prints the JSON report, then each goal and whether it is met.
+fn report(a: &Args, r: &Reaps, t: &Ticks, big_reap: Duration, samples: &[Duration]) {
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
     let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
-    leader.shutdown().ok();
-
-    let rate = |d: Duration| (rooms as f64 / secs(d)).round();
+    let rate = |d: Duration| (a.rooms as f64 / secs(d)).round();
+    let ratio = |x: Duration, y: Duration| (secs(x) / secs(y) * 100.0).round() / 100.0;
+    let ping_max = *samples.last().expect("samples");
     let report = json!({
-        "rooms": rooms,
+        "rooms": a.rooms,
         "peers_per_room": PEERS_PER_ROOM,
-        "rtt_ms": rtt_ms,
-        "reap_batch": batch,
-        "library_rooms_per_s": rate(library),
-        "seed_style_rooms_per_s": rate(seed),
-        "floor_rooms_per_s": rate(floor),
-        "library_vs_seed_style": (secs(seed) / secs(library) * 100.0).round() / 100.0,
-        "library_vs_floor": (secs(floor) / secs(library) * 100.0).round() / 100.0,
-        "script_floor_ms": ms(script_floor),
-        "library_vs_script_floor": (secs(script_floor) / secs(library) * 100.0).round() / 100.0,
-        "library_ms": ms(library),
-        "library_server_cpu_ms": library_server[library_server.len() / 2] as f64 / 1000.0,
-        "floor_server_cpu_ms": floor_server[floor_server.len() / 2] as f64 / 1000.0,
-        "tick_server_cpu_ms": tick_server_us as f64 / 1000.0,
-        "seed_style_ms": ms(seed),
-        "floor_ms": ms(floor),
-        "tick_ms": ms(tick),
-        "tick_floor_ms": ms(tick_floor),
-        "tick_round_trips": tick_round_trips,
-        "tick_vs_floor": (secs(tick) / secs(tick_floor) * 100.0).round() / 100.0,
-        "latency_rooms": latency_rooms,
+        "rtt_ms": a.rtt_ms,
+        "reap_batch": a.batch,
+        "library_rooms_per_s": rate(r.library),
+        "seed_style_rooms_per_s": rate(r.seed),
+        "floor_rooms_per_s": rate(r.floor),
+        "library_vs_seed_style": ratio(r.seed, r.library),
+        "library_vs_floor": ratio(r.floor, r.library),
+        "script_floor_ms": ms(r.script_floor),
+        "library_vs_script_floor": ratio(r.script_floor, r.library),
+        "library_ms": ms(r.library),
+        "library_server_cpu_ms": r.library_cpu_us as f64 / 1000.0,
+        "floor_server_cpu_ms": r.floor_cpu_us as f64 / 1000.0,
+        "tick_server_cpu_ms": t.cpu_us as f64 / 1000.0,
+        "seed_style_ms": ms(r.seed),
+        "floor_ms": ms(r.floor),
+        "tick_ms": ms(t.tick),
+        "tick_floor_ms": ms(t.floor),
+        "tick_round_trips": t.round_trips,
+        "tick_vs_floor": ratio(t.tick, t.floor),
+        "latency_rooms": a.latency_rooms,
         "latency_reap_ms": ms(big_reap),
         "ping_samples": samples.len(),
         "ping_p50_ms": ms(pct(0.50)),
         "ping_p99_ms": ms(pct(0.99)),
-        "ping_max_ms": ms(*samples.last().expect("samples")),
+        "ping_max_ms": ms(ping_max),
     });
     println!("{report}");
-    let loopback = rtt_ms == 0.0;
+    let loopback = a.rtt_ms == 0.0;
+    let seed_goal = if loopback { 5.0 } else { 50.0 };
     let goals = [
         (
             if loopback {
@@ -316,18 +399,18 @@ fn main() {
             } else {
                 "reap >= 50x seed-style (1 ms RTT)"
             },
-            secs(seed) / secs(library) >= if loopback { 5.0 } else { 50.0 },
+            secs(r.seed) / secs(r.library) >= seed_goal,
         ),
-        ("reap >= 0.5x floor", secs(floor) / secs(library) >= 0.5),
-        ("tick <= 2 round trips", tick_round_trips <= 2),
-        ("tick <= 2x floor", secs(tick) <= 2.0 * secs(tick_floor)),
+        ("reap >= 0.5x floor", secs(r.floor) / secs(r.library) >= 0.5),
+        ("tick <= 2 round trips", t.round_trips <= 2),
+        ("tick <= 2x floor", secs(t.tick) <= 2.0 * secs(t.floor)),
         (
             "PING p99 < 2 ms during the big reap",
             pct(0.99) < Duration::from_millis(2),
         ),
         (
             "PING max < 10 ms during the big reap",
-            *samples.last().expect("samples") < Duration::from_millis(10),
+            ping_max < Duration::from_millis(10),
         ),
     ];
     for (goal, met) in goals {
