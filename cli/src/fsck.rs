@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use sfu_redis::audit::{audit, AuditOptions, AuditReport, DEFAULT_SETTLE};
-use sfu_redis::Timings;
+use sfu_redis::{ErrorKind, Timings};
 
 use crate::{with_place, Failure, RedisArgs};
 
@@ -57,8 +57,16 @@ pub(crate) fn run(args: FsckArgs) -> Result<(), Failure> {
         repair: args.repair,
         settle: Duration::from_millis(args.settle_ms),
     };
-    let report =
-        audit(&config, &options).map_err(|e| error(with_place("cannot audit", Some(url), &e)))?;
+    let report = audit(&config, &options).map_err(|e| {
+        if e.kind() == ErrorKind::InvalidArgument {
+            // The settle delay against the command timeout: say which flags set them.
+            error(format!(
+                "{e} (raise --settle-ms, or pass the fleet's own --command-timeout-ms)"
+            ))
+        } else {
+            error(with_place("cannot audit", Some(url), &e))
+        }
+    })?;
     if args.json {
         out!("{}", report.to_json());
     } else {
