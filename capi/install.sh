@@ -49,6 +49,9 @@ case "$profile" in
 esac
 [ -n "$prefix" ] || die "--prefix is empty"
 case "$prefix" in
+  *[[:space:]]*) die "--prefix '$prefix' holds whitespace: pkg-config and compiler flags would split it; choose a prefix without spaces" ;;
+esac
+case "$prefix" in
   /*) ;;
   *) prefix="$PWD/$prefix" ;;
 esac

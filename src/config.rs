@@ -340,13 +340,13 @@ impl ConfigBuilder {
     }
 
     /// The Redis URL (`redis://[user:pass@]host:port[/db]`): a `&str`, `String` or `&String`, or
-    /// an `Option<&str>`. `None` or an empty string means memory-only mode (see
+    /// an `Option` of one (`Some(&url)` as before; a bare `None` is written `None::<&str>`). `None` or an empty string means memory-only mode (see
     /// [`crate::Node::mode`]).
     ///
     /// ```
     /// let c = sfu_redis::Config::builder().redis_url("redis://127.0.0.1:6379").build()?;
     /// assert_eq!(c.redis_url(), Some("redis://127.0.0.1:6379"));
-    /// let m = sfu_redis::Config::builder().redis_url(None).build()?;
+    /// let m = sfu_redis::Config::builder().redis_url(None::<&str>).build()?;
     /// assert_eq!(m.redis_url(), None);
     /// # Ok::<(), sfu_redis::Error>(())
     /// ```
@@ -602,7 +602,7 @@ impl std::fmt::Display for Mode {
 }
 
 /// What [`ConfigBuilder::redis_url`] takes: a URL (`&str`, `String`, `&String`) or an
-/// `Option<&str>` (`None` means memory-only mode).
+/// `Option` of one (`None` means memory-only mode).
 pub trait IntoRedisUrl {
     /// The URL, if any (not yet trimmed).
     fn into_redis_url(self) -> Option<String>;
@@ -626,11 +626,11 @@ impl IntoRedisUrl for &String {
     }
 }
 
-/// `None` (memory-only mode) or `Some(url)`. The one `Option` form, so a bare `None` needs no
-/// type annotation.
-impl IntoRedisUrl for Option<&str> {
+/// `None` (memory-only mode) or `Some(url)`, for every URL form above. A bare `None` needs its
+/// type (`None::<&str>`); leaving the URL unset is the same.
+impl<T: IntoRedisUrl> IntoRedisUrl for Option<T> {
     fn into_redis_url(self) -> Option<String> {
-        self.map(str::to_owned)
+        self.and_then(IntoRedisUrl::into_redis_url)
     }
 }
 

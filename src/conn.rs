@@ -61,9 +61,15 @@ impl Redis {
     /// Nothing is sent yet.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] (`redis_url`) when the URL cannot be used; the message shows
-    /// the URL without its password.
+    /// [`Error::InvalidConfig`] (`redis_url`) when the URL cannot be used (the message shows
+    /// the URL without its password); [`Error::InvalidArgument`] for a zero `timeout`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidArgument {
+                what: "command timeout",
+                reason: "must be longer than 0 ms".to_owned(),
+            });
+        }
         let client = redis::Client::open(url).map_err(|e| {
             Error::config(
                 "redis_url",

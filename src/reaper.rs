@@ -605,7 +605,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
         if sh.leader.is_leader() {
             round(sh, &mut link, shutdown, demoted);
         }
-        worker::on_grid(run.scheduled, interval)
+        worker::catch_up(run.scheduled, interval)
     });
 }
 

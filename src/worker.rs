@@ -6,7 +6,7 @@
 //! - Crash flag: a node that simulated a crash stops its workers without any cleanup; the loop
 //!   checks the flag after every wait.
 //! - Schedule: deadlines are `Instant`s, never tick counts (`crossbeam_channel::tick` merges
-//!   missed ticks, so counting them drifts); [`every`] and [`on_grid`] compute the next one.
+//!   missed ticks, so counting them drifts); [`every`] and [`catch_up`] compute the next one.
 //! - Retries: capped, jittered exponential backoff (`conn::Backoff`), reset after a success.
 
 use std::time::{Duration, Instant};
@@ -97,17 +97,18 @@ pub(crate) fn every(scheduled: Instant, interval: Duration) -> Instant {
     }
 }
 
-/// The run after one scheduled at `scheduled`, on the grid `scheduled + k * interval`: if runs
-/// were missed (the step took longer than `interval`), one runs at once (on the last grid point
-/// passed) and the grid continues, as a `crossbeam_channel::tick` ticker would deliver.
-pub(crate) fn on_grid(scheduled: Instant, interval: Duration) -> Instant {
+/// The run after one scheduled at `scheduled`, every `interval`; when that time has passed
+/// (the step took longer than `interval`), one run at once, and the schedule goes on from it:
+/// what the `crossbeam_channel::tick` ticker the reaper used before delivered after a late
+/// tick (one tick at once, the next a full interval after it).
+pub(crate) fn catch_up(scheduled: Instant, interval: Duration) -> Instant {
     let next = scheduled + interval;
     let now = Instant::now();
-    if next > now || interval.is_zero() {
-        return next;
+    if next > now {
+        next
+    } else {
+        now
     }
-    let missed = (now - next).as_nanos() / interval.as_nanos();
-    next + interval * u32::try_from(missed).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -122,15 +123,14 @@ mod tests {
         // every: a full interval from now.
         let e = every(long_ago, interval);
         assert!(e >= now + interval && e <= Instant::now() + interval);
-        // on_grid: the last grid point passed (at once), still on the grid.
-        let g = on_grid(long_ago, interval);
-        assert!(g <= Instant::now());
-        assert!(g > Instant::now() - interval);
-        assert_eq!((g - long_ago).as_millis() % 100, 0);
+        // catch_up: one run at once; the schedule goes on from it.
+        let g = catch_up(long_ago, interval);
+        assert!(g >= now && g <= Instant::now());
+        assert_eq!(catch_up(g, interval), g + interval);
         // No miss: the next point.
         let t = Instant::now();
         assert_eq!(every(t, interval), t + interval);
-        assert_eq!(on_grid(t, interval), t + interval);
+        assert_eq!(catch_up(t, interval), t + interval);
     }
 
     #[test]

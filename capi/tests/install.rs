@@ -272,6 +272,18 @@ fn install_lays_out_the_prefix() {
         "{}",
         output_text(&out)
     );
+    // A prefix with whitespace would split in the .pc file's flags: refused, naming it.
+    let out = Command::new("bash")
+        .arg(root().join("install.sh"))
+        .args(["--prefix", "/tmp/my sfu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'/tmp/my sfu' holds whitespace"),
+        "{}",
+        output_text(&out)
+    );
 }
 
 /// `cmake -DFILE=<version file> -DASKED=<version or range> -P`: sets what find_package sets

@@ -99,7 +99,8 @@ impl Scan<'_> {
         Ok(owned)
     }
 
-    /// The pin must be an instance id with a TTL; the metadata's owner an instance id.
+    /// The pin must be an instance id with a TTL; the metadata's owner an instance id, the
+    /// same as the pin's.
     fn room_values(&mut self, room: &str, read: &RoomRead) {
         let rk = self.ks.room(room);
         if let Some(Some(p)) = &read.pin {
@@ -116,6 +117,16 @@ impl Scan<'_> {
             if !is_id(m) {
                 let detail = format!("the metadata's owner is {m:?}, not an instance id");
                 self.malformed(&rk.meta, "owner", detail);
+            } else if let Some(Some(p)) = &read.pin {
+                // pin_room.lua and pin_refresh.lua write the pin and the metadata's owner
+                // together (one slot, one script): two different owners are damage.
+                if p != m && is_id(p) {
+                    let detail = format!(
+                        "the metadata names {m} as the owner while the pin names {p} \
+                         (they are written together)"
+                    );
+                    self.malformed(&rk.meta, "owner", detail);
+                }
             }
         }
     }

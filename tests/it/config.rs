@@ -442,6 +442,7 @@ fn from_env_reads_the_variables() {
     let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
         .args(["--exact", "config::from_env_in_a_process_of_its_own"])
         .args(["--ignored", "--test-threads=1"])
+        .env(CHILD, "1")
         .output()
         .expect("run this test binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -452,9 +453,17 @@ fn from_env_reads_the_variables() {
     );
 }
 
+/// Set by `from_env_reads_the_variables` for its child process.
+const CHILD: &str = "SFU_TEST_FROM_ENV_CHILD";
+
 #[test]
 #[ignore = "changes the process environment: run alone by from_env_reads_the_variables"]
 fn from_env_in_a_process_of_its_own() {
+    if std::env::var_os(CHILD).is_none() {
+        // `--include-ignored` in the shared test process: the environment is not ours to change.
+        eprintln!("not run: from_env_reads_the_variables runs it in a process of its own");
+        return;
+    }
     let vars = [
         ("REDIS_URL", "redis://127.0.0.1:6379"),
         ("SFU_NAMESPACE", "acme"),
@@ -477,4 +486,34 @@ fn from_env_in_a_process_of_its_own() {
     for (k, _) in vars {
         std::env::remove_var(k);
     }
+}
+
+// A new user's trip (issue 10, item 8): `redis_url` takes the URL as it comes (`&str`, `String`,
+// `&String`) or an `Option` of it, as before (`Some(&url)`); blank means memory-only.
+#[test]
+fn redis_url_takes_plain_and_optional_urls() {
+    let url = String::from(" redis://127.0.0.1:6379 ");
+    let want = Some("redis://127.0.0.1:6379");
+    let built = |b: sfu_redis::ConfigBuilder| b.build().unwrap().redis_url().map(str::to_owned);
+    assert_eq!(
+        built(Config::builder().redis_url("redis://127.0.0.1:6379")).as_deref(),
+        want
+    );
+    assert_eq!(
+        built(Config::builder().redis_url(url.clone())).as_deref(),
+        want
+    );
+    assert_eq!(built(Config::builder().redis_url(&url)).as_deref(), want);
+    assert_eq!(
+        built(Config::builder().redis_url(Some(&url))).as_deref(),
+        want
+    );
+    assert_eq!(
+        built(Config::builder().redis_url(Some(url.as_str()))).as_deref(),
+        want
+    );
+    assert_eq!(built(Config::builder().redis_url(None::<&str>)), None);
+    assert_eq!(built(Config::builder().redis_url("  ")), None);
+    let memory = Config::builder().redis_url("").build().unwrap();
+    assert_eq!(memory.mode(), sfu_redis::Mode::Memory);
 }

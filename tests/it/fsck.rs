@@ -450,7 +450,7 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
     let ks = ks(stage);
     register(&s, &ks, "inst-a");
     register(&s, &ks, "inst-b");
-    let rooms = ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"];
+    let rooms = ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"];
     let now = s.server_ms().to_string();
     for r in rooms {
         let rk = ks.room(r);
@@ -503,6 +503,9 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
     raw(&s, &["HSET", &ks.room("r6").guest_state, "g6", "left"]);
     raw(&s, &["SADD", &ks.instance_peers("inst-a"), "r7/p7"]);
     raw(&s, &["SREM", &ks.instance_rooms("inst-a"), "r8"]);
+    // The metadata names another owner than the pin (the old checker: the metadata's owner
+    // does not list the room in its index).
+    raw(&s, &["HSET", &ks.room("r9").meta, "owner", "inst-b"]);
     let unknown = format!("{}:bogus", ks.prefix());
     raw(&s, &["SET", &unknown, "x"]);
 
@@ -518,6 +521,7 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
         (ProblemKind::OrphanedGuestState, ks.room("r6").guest_state),
         (ProblemKind::DanglingPeerIndex, ks.instance_peers("inst-a")),
         (ProblemKind::UnindexedRoom, ks.room("r8").meta),
+        (ProblemKind::MalformedValue, ks.room("r9").meta),
         (ProblemKind::UnknownKey, unknown.clone()),
     ]
     .into();
@@ -964,7 +968,7 @@ fn repair_refuses_a_short_settle_delay_and_memory_only_mode() {
     };
     let e = audit(&config, &short).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-    let memory = Config::builder().redis_url(None).build().unwrap();
+    let memory = Config::builder().redis_url(None::<&str>).build().unwrap();
     let e = audit(&memory, &AuditOptions::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
 }
