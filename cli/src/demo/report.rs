@@ -1,0 +1,65 @@
+//! The demo's report: stop the collectors, print the timeline and the checks.
+
+use super::*;
+
+impl Demo {
+    /// Shuts down every live node (the survivor releases the lease and emits `stopped`), then
+    /// collects the last events.
+    pub(super) fn finish(&mut self) {
+        for m in &self.members {
+            if !m.crashed {
+                if let Err(e) = m.node.shutdown() {
+                    log::warn!("shutdown of {}: {e}", m.id);
+                }
+            }
+        }
+        // Every event is emitted by now: let the collectors drain and stop.
+        self.stop_collectors = None;
+        for h in self.collectors.drain(..) {
+            if h.join().is_err() {
+                log::error!("an event collector panicked");
+            }
+        }
+        self.tx = None;
+        self.pump();
+        self.members.clear();
+    }
+
+    pub(super) fn print_timeline(&self) {
+        out!("\n[d] timeline (time since the demo started, instance, event, fields)");
+        let mut sorted: Vec<&Entry> = self.entries.iter().collect();
+        sorted.sort_by_key(|e| e.at);
+        for e in sorted {
+            let (name, fields) = match &e.what {
+                What::Event(ev) => (ev.name(), event_fields(ev)),
+                What::Note(note) => ("", (*note).to_owned()),
+            };
+            let line = format!(
+                "  {}  {:<5}  {:<16} {fields}",
+                stamp(e.at),
+                e.instance,
+                name
+            );
+            out!("{}", line.trim_end());
+        }
+    }
+
+    pub(super) fn print_check(&self, i: usize) {
+        let c = &self.checks[i];
+        if c.ok {
+            out!("  PASS  {} ({})", c.name, c.detail);
+        } else {
+            out!("  FAIL  {}: {}", c.name, c.detail);
+        }
+    }
+
+    pub(super) fn print_checks(&self) {
+        out!(
+            "\n[f] checks (read back from Redis with SCAN MATCH {})",
+            self.keys.scan_pattern()
+        );
+        for i in 0..self.checks.len() {
+            self.print_check(i);
+        }
+    }
+}
