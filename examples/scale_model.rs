@@ -77,6 +77,101 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * p).round() / p
 }
 
+/// `instances` nodes, each pinning `rooms` rooms with `peers` peers (with guests).
+fn start_fleet(url: &str, instances: usize, rooms: usize, peers: usize, t: Timings) -> Vec<Node> {
+    (0..instances)
+        .map(|i| {
+            let node = Node::start(scale_config(url, &format!("sfu-{i}"), t)).expect("start");
+            for r in 0..rooms {
+                let room = format!("i{i}-r{r}");
+                node.pin_room(&room).expect("pin");
+                for p in 0..peers {
+                    node.upsert_peer(
+                        &room,
+                        &format!("{room}-p{p}"),
+                        Some(&format!("{room}-g{p}")),
+                        &[("transport", "webrtc")],
+                    )
+                    .expect("upsert");
+                }
+            }
+            node
+        })
+        .collect()
+}
+
+fn scale_config(url: &str, instance: &str, t: Timings) -> Config {
+    Config::builder()
+        .redis_url(url)
+        .stage("scale")
+        .instance_id(instance)
+        .timings(t)
+        .build()
+        .expect("config")
+}
+
+/// The steady state over a window: its length (s), the server CPU (µs) and the calls by
+/// command name.
+struct Steady {
+    window: f64,
+    cpu: f64,
+    by_cmd: BTreeMap<String, u64>,
+}
+
+fn steady_window(con: &mut redis::Connection, seconds: u64) -> Steady {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(con)
+        .expect("RESETSTAT");
+    let c0 = cpu_us(con);
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(seconds));
+    Steady {
+        window: t.elapsed().as_secs_f64(),
+        cpu: cpu_us(con) - c0,
+        by_cmd: calls(con),
+    }
+}
+
+/// Server CPU (µs) of one tick of `node`, averaged over 20 ticks.
+fn tick_cpu_us(con: &mut redis::Connection, node: &Node) -> f64 {
+    let ticks = 20;
+    let c0 = cpu_us(con);
+    for _ in 0..ticks {
+        node.heartbeat_now().expect("tick");
+    }
+    (cpu_us(con) - c0) / ticks as f64
+}
+
+/// Server CPU (µs) of a peer joining and leaving, and of a room opening and closing, on `node`.
+fn churn_cpu_us(con: &mut redis::Connection, node: &Node, churn_ops: usize) -> (f64, f64) {
+    let churn_room = "churn-room";
+    node.pin_room(churn_room).expect("pin");
+    let c0 = cpu_us(con);
+    for k in 0..churn_ops {
+        let peer = format!("cp{k}");
+        let generation = node
+            .upsert_peer(
+                churn_room,
+                &peer,
+                Some(&format!("cg{k}")),
+                &[("transport", "webrtc")],
+            )
+            .expect("upsert");
+        node.remove_peer(churn_room, &peer, generation)
+            .expect("remove");
+    }
+    let peer = (cpu_us(con) - c0) / churn_ops as f64;
+    let room_ops = churn_ops / 4;
+    let c0 = cpu_us(con);
+    for k in 0..room_ops {
+        let room = format!("cr{k}");
+        node.pin_room(&room).expect("pin");
+        node.close_room(&room).expect("close");
+    }
+    (peer, (cpu_us(con) - c0) / room_ops as f64)
+}
+
 fn main() {
     let instances: usize = arg("--instances", 10);
     let rooms: usize = arg("--rooms", 1000);
@@ -101,86 +196,31 @@ fn main() {
     let idle_cpu_per_s = (cpu_us(&mut con) - c0) / idle_window.as_secs_f64();
 
     let mem0 = used_memory(&mut con);
-    let nodes: Vec<Node> = (0..instances)
-        .map(|i| {
-            let cfg = Config::builder()
-                .redis_url(&url)
-                .stage("scale")
-                .instance_id(&format!("sfu-{i}"))
-                .timings(timings)
-                .build()
-                .expect("config");
-            let node = Node::start(cfg).expect("start");
-            for r in 0..rooms {
-                let room = format!("i{i}-r{r}");
-                node.pin_room(&room).expect("pin");
-                for p in 0..peers {
-                    node.upsert_peer(
-                        &room,
-                        &format!("{room}-p{p}"),
-                        Some(&format!("{room}-g{p}")),
-                        &[("transport", "webrtc")],
-                    )
-                    .expect("upsert");
-                }
-            }
-            node
-        })
-        .collect();
+    let nodes = start_fleet(&url, instances, rooms, peers, timings);
     let mem1 = used_memory(&mut con);
     // Let every node's first tick after the set-up pass, then count a whole window.
     std::thread::sleep(timings.heartbeat_interval + Duration::from_secs(1));
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut con)
-        .expect("RESETSTAT");
-    let c0 = cpu_us(&mut con);
-    let t = Instant::now();
-    std::thread::sleep(Duration::from_secs(seconds));
-    let window = t.elapsed().as_secs_f64();
-    let cpu = cpu_us(&mut con) - c0;
-    let by_cmd = calls(&mut con);
-    let total: u64 = by_cmd.values().sum();
+    let steady = steady_window(&mut con, seconds);
+    let total: u64 = steady.by_cmd.values().sum();
     // The per-room commands of a tick are the refresh's PEXPIRE + GET; everything else
     // (heartbeat, lease and reaper scripts, and the commands they run inside) is per instance.
-    let per_room_calls =
-        by_cmd.get("pexpire").copied().unwrap_or(0) + by_cmd.get("get").copied().unwrap_or(0);
+    let per_room_calls = steady.by_cmd.get("pexpire").copied().unwrap_or(0)
+        + steady.by_cmd.get("get").copied().unwrap_or(0);
     let total_rooms = (instances * rooms) as f64;
-    let cmds_per_s = total as f64 / window;
-    let room_cmds_per_s = per_room_calls as f64 / window / total_rooms;
-    let instance_cmds_per_s = (total - per_room_calls) as f64 / window / instances as f64;
-    let steady_cpu_per_s = cpu / window; // µs of server CPU per second
+    let window = steady.window;
+    let steady_cpu_per_s = steady.cpu / window; // µs of server CPU per second
 
-    // Split the CPU: measure one tick's cost alone (heartbeat_now on one node) to price a room.
+    // Split the CPU: one tick's cost alone (heartbeat_now on one node) prices a room, against
+    // a tick with no rooms (the per-instance part, on a node that owns none).
     let probe = &nodes[0];
-    let c0 = cpu_us(&mut con);
-    let ticks = 20;
-    for _ in 0..ticks {
-        probe.heartbeat_now().expect("tick");
-    }
-    let tick_cpu_us = (cpu_us(&mut con) - c0) / ticks as f64;
+    let tick_us = tick_cpu_us(&mut con, probe);
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut con)
         .expect("RESETSTAT");
-    // One tick = one per-instance part + `rooms` refreshes; the per-instance part is a tick
-    // with no rooms (measured on a node that owns none).
-    let empty = Node::start(
-        Config::builder()
-            .redis_url(&url)
-            .stage("scale")
-            .instance_id("sfu-empty")
-            .timings(timings)
-            .build()
-            .expect("config"),
-    )
-    .expect("start");
-    let c0 = cpu_us(&mut con);
-    for _ in 0..ticks {
-        empty.heartbeat_now().expect("tick");
-    }
-    let empty_tick_cpu_us = (cpu_us(&mut con) - c0) / ticks as f64;
-    let room_tick_cpu_us = ((tick_cpu_us - empty_tick_cpu_us) / rooms as f64).max(0.0);
+    let empty = Node::start(scale_config(&url, "sfu-empty", timings)).expect("start");
+    let empty_tick_cpu_us = tick_cpu_us(&mut con, &empty);
+    let room_tick_cpu_us = ((tick_us - empty_tick_cpu_us) / rooms as f64).max(0.0);
     let interval = timings.heartbeat_interval.as_secs_f64();
     let room_cpu_per_s = room_tick_cpu_us / interval;
     // Per instance: its tick with no rooms, every interval (its lease and reaper calls, every
@@ -192,34 +232,7 @@ fn main() {
     let room_all_in_cpu_per_s =
         ((steady_cpu_per_s - idle_cpu_per_s - instance_cpu_per_s * instances as f64) / total_rooms)
             .max(room_cpu_per_s);
-
-    // Churn: a peer joining and leaving, a room opening and closing, on the probe node.
-    let churn_room = "churn-room";
-    probe.pin_room(churn_room).expect("pin");
-    let c0 = cpu_us(&mut con);
-    for k in 0..churn_ops {
-        let peer = format!("cp{k}");
-        let generation = probe
-            .upsert_peer(
-                churn_room,
-                &peer,
-                Some(&format!("cg{k}")),
-                &[("transport", "webrtc")],
-            )
-            .expect("upsert");
-        probe
-            .remove_peer(churn_room, &peer, generation)
-            .expect("remove");
-    }
-    let peer_churn_cpu_us = (cpu_us(&mut con) - c0) / churn_ops as f64;
-    let room_ops = churn_ops / 4;
-    let c0 = cpu_us(&mut con);
-    for k in 0..room_ops {
-        let room = format!("cr{k}");
-        probe.pin_room(&room).expect("pin");
-        probe.close_room(&room).expect("close");
-    }
-    let room_churn_cpu_us = (cpu_us(&mut con) - c0) / room_ops as f64;
+    let (peer_churn_cpu_us, room_churn_cpu_us) = churn_cpu_us(&mut con, probe, churn_ops);
 
     // Capacity of one primary at 50% of one core (Redis executes commands on one thread).
     let budget = 0.5e6 - idle_cpu_per_s;
@@ -233,10 +246,11 @@ fn main() {
         "peers_per_room": peers,
         "window_s": round(window, 1),
         "heartbeat_interval_s": interval,
-        "commands_per_s": round(cmds_per_s, 1),
-        "commands_per_s_per_instance": round(instance_cmds_per_s, 3),
-        "commands_per_s_per_room": round(room_cmds_per_s, 3),
-        "commands_by_name": by_cmd,
+        "commands_per_s": round(total as f64 / window, 1),
+        "commands_per_s_per_instance":
+            round((total - per_room_calls) as f64 / window / instances as f64, 3),
+        "commands_per_s_per_room": round(per_room_calls as f64 / window / total_rooms, 3),
+        "commands_by_name": steady.by_cmd,
         "server_cpu_pct": round(steady_cpu_per_s / 1e4, 3),
         "idle_cpu_pct": round(idle_cpu_per_s / 1e4, 3),
         "cpu_us_per_s_per_instance": round(instance_cpu_per_s, 2),
