@@ -2,8 +2,8 @@
 //! [`Redis`], the connector, and [`server_time_ms`]; the rest is the library's own). It owns
 //! connecting (timeouts on connect, read and write), preloading the Lua scripts on every new
 //! connection, `NOSCRIPT` recovery (single calls and pipelines), sending pipelines, decoding
-//! replies, reading the server clock, one thread's connection ([`Link`]), the host threads'
-//! pool ([`Pool`]), and the capped, jittered backoff of the workers' retries ([`Backoff`]).
+//! replies, reading the server clock, one thread's connection (`Link`), the host threads'
+//! pool (`Pool`), and the capped, jittered backoff of the workers' retries (`Backoff`).
 //!
 //! Where the production topologies plug in (docs/DESIGN.md "Deployment topologies"), so that
 //! each changes only this module and the configuration:
@@ -14,11 +14,11 @@
 //! - **Sentinel** (`redis+sentinel://h1,h2,h3/<master>`): master discovery when a connection is
 //!   made ([`Redis::connect`] asks the sentinels for the current primary), and again when a
 //!   reply says the server is no master (`READONLY`, `MASTERDOWN`): `keep_connection` already
-//!   drops such a connection and [`Pool::run`] already retries that refused call once on a new
+//!   drops such a connection and `Pool::run` already retries that refused call once on a new
 //!   one, which is where the rediscovery runs.
 //! - **Cluster** (`redis+cluster://h1,h2,...`): a `ClusterConnection` variant next to the
-//!   single-node connection, behind the same [`Link::run`] / [`Pool::run`], [`call`] and [`exec`]
-//!   functions: [`exec`] splits a pipeline per node (every script already touches one slot) and
+//!   single-node connection, behind the same `Link::run` / `Pool::run`, `call` and `exec`
+//!   functions: `exec` splits a pipeline per node (every script already touches one slot) and
 //!   reassembles the replies in order; redirections and retries stay inside the command
 //!   timeout.
 
