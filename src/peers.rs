@@ -392,4 +392,66 @@ mod tests {
             .unwrap();
         assert!(!exists);
     }
+
+    // The lost-reply clean-up at the data-access level: `drop_unheld` deletes a record naming
+    // this instance (by its own generation) and leaves another instance's alone;
+    // `unindex_gone` then removes only members whose record is gone or not ours.
+    #[test]
+    fn unindex_gone_removes_only_members_whose_record_is_not_ours() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = |id: &str| {
+            Config::builder()
+                .redis_url(server.url())
+                .stage("unit")
+                .instance_id(id)
+                .timings(Timings::fast())
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (
+            Ctx::from_config(&cfg("a")).unwrap(),
+            Ctx::from_config(&cfg("b")).unwrap(),
+        );
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        crate::rooms::pin(&a, &Local::default(), &mut con, "r", "r", false).unwrap();
+        crate::rooms::pin(&b, &Local::default(), &mut con, "s", "s", false).unwrap();
+        upsert(&a, &mut con, "r", "r", "kept", None, &[]).unwrap();
+        upsert(&a, &mut con, "r", "r", "landed", None, &[]).unwrap();
+        upsert(&b, &mut con, "s", "s", "theirs", None, &[]).unwrap();
+        // Entries a lost reply may leave: one with no record, one whose record is b's.
+        let _: () = redis::cmd("SADD")
+            .arg(a.keys.instance_peers(&a.me))
+            .arg(peer_member("r", "never"))
+            .arg(peer_member("s", "theirs"))
+            .query(&mut con)
+            .unwrap();
+        assert!(drop_unheld(&a, &mut con, ("r", "r"), ("landed", "landed")).unwrap());
+        assert!(!drop_unheld(&a, &mut con, ("s", "s"), ("theirs", "theirs")).unwrap());
+        let kept = unindex_gone(
+            &a,
+            &mut con,
+            "r",
+            &["kept".to_owned(), "landed".to_owned(), "never".to_owned()],
+        )
+        .unwrap();
+        assert_eq!(kept, vec![true, false, false]);
+        assert_eq!(
+            unindex_gone(&a, &mut con, "s", &["theirs".to_owned()]).unwrap(),
+            vec![false]
+        );
+        let mut index: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(a.keys.instance_peers(&a.me))
+            .query(&mut con)
+            .unwrap();
+        index.sort();
+        assert_eq!(index, vec![peer_member("r", "kept")]);
+        let theirs: bool = redis::cmd("EXISTS")
+            .arg(b.keys.peer("s", "theirs"))
+            .query(&mut con)
+            .unwrap();
+        assert!(theirs, "another instance's record is never deleted");
+    }
 }

@@ -645,6 +645,44 @@ fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
     wait_for_exact_indexes(&s, &ks);
 }
 
+// Protects: invariant 4 with the room lock and the "unless the node holds it again" rule of the
+// lost-reply clean-up: it removes only index entries of peers the node does not hold.
+// Fault: close_room's reply is lost (the close ran); the host then pins the room again and
+// upserts the same peer id before or after the next tick.
+// Protection: the tick skips the peer the node holds again (its entry is the new record's).
+// Removing every entry the close knew of, unconditionally, would strip the new record's entry:
+// a record that no index reaches, never reaped.
+#[test]
+fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "w", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    a.upsert_peer("r", "p", None, &[]).unwrap();
+    a.upsert_peer("r", "q", None, &[]).unwrap();
+    let a2 = Arc::clone(&a);
+    let out = run_and_lose_the_reply(&proxy, move || a2.close_room("r"));
+    assert!(out.is_err(), "the close's reply was lost: {out:?}");
+    assert!(a.pin_room("r").unwrap().is_owned());
+    a.upsert_peer("r", "p", None, &[]).unwrap();
+    std::thread::sleep(Timings::fast().heartbeat_interval * 5);
+    wait_for_exact_indexes(&s, &ks);
+    let index: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_peers("w"))
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(
+        index,
+        vec!["r/p".to_owned()],
+        "the new p stays indexed, q is gone"
+    );
+    let records = s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()));
+    assert_eq!(records, vec![ks.peer("r", "p")]);
+    assert_eq!(a.stats().peers, 1);
+    assert_eq!(a.stats().rooms, 1);
+}
+
 // Protects: the same promise for remove_peer.
 // Fault: remove_peer runs on the server, then its reply is lost (held, connection reset).
 // Protection: no re-send; the node forgets the peer at once and the heartbeat sends the remove
