@@ -6,7 +6,11 @@
 //! - Redis lost its data (`restored`): pins, indexes and peer records are written back, and a
 //!   lease this node held is given up (the lease key is gone with the data);
 //! - a leader reaped it (`reaped`, a zombie): every room is reported lost, forgotten and never
-//!   written back; its own leftovers are cleaned; it registers again as a fresh life.
+//!   written back; its own leftovers are cleaned; it registers again as a fresh life;
+//! - host calls whose reply was lost (pin, close, upsert, remove): settled, and the index
+//!   entries they may have left are removed once their records are known gone, from what the
+//!   node knew, never from a reply (`settle_uncertain`). In steady state (nothing uncertain)
+//!   this costs no round trip.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;

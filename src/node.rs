@@ -435,8 +435,11 @@ impl Node {
                     self.local.remove_peer(&room.raw, &peer.raw);
                     self.local
                         .mark_uncertain_peer(&room.raw, &peer.raw, generation);
+                }
+                if !e.outcome_known() {
                     // Its index entry goes once the record is known gone, whatever the re-sent
-                    // remove replies (a no-op if the first one ran).
+                    // remove replies (a no-op if the first one ran); the heartbeat checks the
+                    // record, and leaves the entry of a peer the node holds.
                     self.local.mark_unindex(&room.raw, [peer.raw.clone()]);
                 }
                 return Err(e);
