@@ -234,7 +234,8 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         }
         sh.local.settled(&room);
     }
-    for (room, peer, generation) in sh.local.take_uncertain_peers() {
+    let mut removes = sh.local.take_uncertain_peers().into_iter();
+    while let Some((room, peer, generation)) = removes.next() {
         let (Ok(r), Ok(p)) = (
             encode_id(IdKind::Room, &room),
             encode_id(IdKind::Peer, &peer),
@@ -249,7 +250,11 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
             Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
             Err(e) => {
+                // This one and the ones not tried yet: the next tick tries them again.
                 sh.local.mark_uncertain_peer(&room, &peer, generation);
+                for (room, peer, generation) in removes {
+                    sh.local.mark_uncertain_peer(&room, &peer, generation);
+                }
                 return Err(e);
             }
         }
@@ -266,7 +271,8 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
 /// (the host upserted it again, or held it before this attempt) keeps its record and entry:
 /// they agree. Protects invariant 4 and "nothing the host was told failed is written back".
 fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
-    for (room, peer) in sh.local.take_uncertain_upserts() {
+    let mut upserts = sh.local.take_uncertain_upserts().into_iter();
+    while let Some((room, peer)) = upserts.next() {
         let (Ok(r), Ok(p)) = (
             encode_id(IdKind::Room, &room),
             encode_id(IdKind::Peer, &peer),
@@ -289,7 +295,11 @@ fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
             }
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
             Err(e) => {
+                // This one and the ones not tried yet: the next tick tries them again.
                 sh.local.mark_uncertain_upsert(&room, &peer);
+                for (room, peer) in upserts {
+                    sh.local.mark_uncertain_upsert(&room, &peer);
+                }
                 return Err(e);
             }
         }
