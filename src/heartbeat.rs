@@ -6,7 +6,11 @@
 //! - Redis lost its data (`restored`): pins, indexes and peer records are written back, and a
 //!   lease this node held is given up (the lease key is gone with the data);
 //! - a leader reaped it (`reaped`, a zombie): every room is reported lost, forgotten and never
-//!   written back; its own leftovers are cleaned; it registers again as a fresh life.
+//!   written back; its own leftovers are cleaned; it registers again as a fresh life;
+//! - host calls whose reply was lost (pin, close, upsert, remove): settled, and the index
+//!   entries they may have left are removed once their records are known gone, from what the
+//!   node knew, never from a reply (`settle_uncertain`). In steady state (nothing uncertain)
+//!   this costs no round trip.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -203,7 +207,8 @@ fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>)
 /// Rooms whose `pin_room` or `close_room` ended without a known outcome (a timeout after the
 /// request was sent): a pin that did land is released (owner CAS) and the index entry removed;
 /// rooms the host pinned again meanwhile are left alone. Peers whose `remove_peer` ended so
-/// get the remove sent again (a no-op if it had run).
+/// get the remove sent again (a no-op if it had run). Then uncertain upserts are settled and
+/// the index entries such calls may have left are removed (see `unindex_gone_records`).
 fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
     for room in sh.local.uncertain() {
         let _guard = sh.local.lock_room(&room);
@@ -229,7 +234,8 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         }
         sh.local.settled(&room);
     }
-    for (room, peer, generation) in sh.local.take_uncertain_peers() {
+    let mut removes = sh.local.take_uncertain_peers().into_iter();
+    while let Some((room, peer, generation)) = removes.next() {
         let (Ok(r), Ok(p)) = (
             encode_id(IdKind::Room, &room),
             encode_id(IdKind::Peer, &peer),
@@ -244,10 +250,110 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
             Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
             Err(e) => {
+                // This one and the ones not tried yet: the next tick tries them again.
                 sh.local.mark_uncertain_peer(&room, &peer, generation);
+                for (room, peer, generation) in removes {
+                    sh.local.mark_uncertain_peer(&room, &peer, generation);
+                }
                 return Err(e);
             }
         }
+    }
+    settle_uncertain_upserts(sh, link)?;
+    unindex_gone_records(sh, link)
+}
+
+/// Upserts whose outcome is unknown (a timeout after the request was sent): the index entry,
+/// and maybe the record, may have been written although the host was told the call failed.
+/// Rule (the simplest safe one; the lost reply's generation is unknown): if the node does not
+/// hold the peer, a record naming this instance is deleted by its generation, then the index
+/// entry goes with the unindex step below (record first, index second). A peer the node holds
+/// (the host upserted it again, or held it before this attempt) keeps its record and entry:
+/// they agree. Protects invariant 4 and "nothing the host was told failed is written back".
+fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
+    let mut upserts = sh.local.take_uncertain_upserts().into_iter();
+    while let Some((room, peer)) = upserts.next() {
+        let (Ok(r), Ok(p)) = (
+            encode_id(IdKind::Room, &room),
+            encode_id(IdKind::Peer, &peer),
+        ) else {
+            continue;
+        };
+        let _guard = sh.local.lock_room(&room);
+        if sh.local.peer_generation(&room, &peer).is_some() {
+            continue;
+        }
+        let out = link.run(&sh.redis, |c| {
+            peers::drop_unheld(&sh.ctx, c, (&r, &room), (&p, &peer))
+        });
+        match out {
+            Ok(removed) => {
+                if removed {
+                    log::info!("peer {peer:?} of room {room:?}: removed the record of an upsert that had timed out");
+                }
+                sh.local.mark_unindex(&room, [peer]);
+            }
+            Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
+            Err(e) => {
+                // This one and the ones not tried yet: the next tick tries them again.
+                sh.local.mark_uncertain_upsert(&room, &peer);
+                for (room, peer) in upserts {
+                    sh.local.mark_uncertain_upsert(&room, &peer);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Index members that may outlive their records after a lost reply (a close's peers, a
+/// remove's peer, an uncertain upsert's peer): under each room's lock, every member whose peer
+/// the node does not hold again and whose record is gone or names another instance leaves this
+/// instance's peer index. Runs after the closes, removes and upserts above were settled, so
+/// the records are deleted (or known gone) before their entries go. A member whose record
+/// still names this instance stays (it agrees with the record); it stays pending only while a
+/// settlement of its room or peer is still to run (one marked meanwhile, or one that failed),
+/// which may yet delete the record with its reply lost again. Protects invariant 4.
+fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
+    for (room, peers) in sh.local.unindex_pending() {
+        let _guard = sh.local.lock_room(&room);
+        let Ok(r) = encode_id(IdKind::Room, &room) else {
+            sh.local.unindexed(&room, &peers);
+            continue;
+        };
+        let unheld: Vec<(&String, String)> = peers
+            .iter()
+            .filter(|p| sh.local.peer_generation(&room, p).is_none())
+            .filter_map(|p| encode_id(IdKind::Peer, p).ok().map(|w| (p, w)))
+            .collect();
+        let wires: Vec<String> = unheld.iter().map(|(_, w)| w.clone()).collect();
+        let kept = match link.run(&sh.redis, |c| peers::unindex_gone(&sh.ctx, c, &r, &wires)) {
+            Ok(kept) => kept,
+            Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                log::warn!("room {room:?}: {e}");
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let removed = kept.iter().filter(|k| !**k).count();
+        if removed > 0 {
+            log::info!(
+                "room {room:?}: removed {removed} index entries whose records a call with a lost reply deleted"
+            );
+        }
+        let still_ours: std::collections::HashSet<&String> = unheld
+            .iter()
+            .zip(&kept)
+            .filter(|(_, k)| **k)
+            .map(|((p, _), _)| *p)
+            .collect();
+        let done: Vec<String> = peers
+            .iter()
+            .filter(|p| !(still_ours.contains(p) && sh.local.settling(&room, p)))
+            .cloned()
+            .collect();
+        sh.local.unindexed(&room, &done);
     }
     Ok(())
 }

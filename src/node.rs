@@ -309,12 +309,19 @@ impl Node {
         let _guard = self.local.lock_room(&room.raw);
         // Forget it first so a concurrent heartbeat cannot report it lost.
         let held = self.local.has_room(&room.raw);
+        let peers = self.local.peers_in(&room.raw);
         self.local.remove_room(&room.raw);
         let out = self.backend.close_room(&room);
         match &out {
             // Unknown outcome: the host was told it failed, but the close may have run. The
-            // heartbeat finishes it (owner CAS), so the room does not linger half-known.
-            Err(e) if !e.outcome_known() => self.local.mark_uncertain(&room.raw),
+            // heartbeat finishes it (owner CAS), so the room does not linger half-known, and
+            // removes the index entries of the peers this node knew in it once their records
+            // are gone: a batch whose reply was lost deleted records whose entries only that
+            // reply named (invariant 4).
+            Err(e) if !e.outcome_known() => {
+                self.local.mark_uncertain(&room.raw);
+                self.local.mark_unindex(&room.raw, peers);
+            }
             Err(e) if held && e.kind() != crate::ErrorKind::NotOwner => {
                 self.local.add_room(&room.raw)
             }
@@ -373,9 +380,20 @@ impl Node {
         let guest = guest.map(|g| Id::new(IdKind::Guest, g)).transpose()?;
         check_fields(fields)?;
         let _guard = self.local.lock_room(&room.raw);
-        let upserted = self
+        let upserted = match self
             .backend
-            .upsert_peer(&room, &peer, guest.as_ref(), fields)?;
+            .upsert_peer(&room, &peer, guest.as_ref(), fields)
+        {
+            Ok(u) => u,
+            Err(e) => {
+                if !e.outcome_known() {
+                    // The index entry, and maybe the record, may have been written although
+                    // the host is told the call failed: the heartbeat settles it.
+                    self.local.mark_uncertain_upsert(&room.raw, &peer.raw);
+                }
+                return Err(e);
+            }
+        };
         let generation = upserted.generation;
         if let Some(old) = &upserted.replaced {
             self.local.remove_peer(&room.raw, old);
@@ -417,6 +435,12 @@ impl Node {
                     self.local.remove_peer(&room.raw, &peer.raw);
                     self.local
                         .mark_uncertain_peer(&room.raw, &peer.raw, generation);
+                }
+                if !e.outcome_known() {
+                    // Its index entry goes once the record is known gone, whatever the re-sent
+                    // remove replies (a no-op if the first one ran); the heartbeat checks the
+                    // record, and leaves the entry of a peer the node holds.
+                    self.local.mark_unindex(&room.raw, [peer.raw.clone()]);
                 }
                 return Err(e);
             }

@@ -259,6 +259,84 @@ pub(crate) fn remove(
     Ok(removed == 1)
 }
 
+/// Settles an upsert of `peer` (wire form, then caller's) in `room` whose reply was lost, for a
+/// node that does not hold the peer (the host was told the call failed): a record that names
+/// this instance is deleted by its own generation with `remove_peer.lua`, so nothing the host
+/// was told failed stays written (README "Using the library"). A record naming another instance
+/// or none is left alone. The index entry is the caller's next step (record first, index
+/// second: [`unindex_gone`]). Returns whether a record was deleted.
+pub(crate) fn drop_unheld(
+    ctx: &Ctx,
+    con: &mut Connection,
+    room: (&str, &str),
+    peer: (&str, &str),
+) -> Result<bool> {
+    let op = "settle an uncertain upsert";
+    let (instance, generation): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(ctx.keys.peer(room.0, peer.0))
+        .arg("instance")
+        .arg("generation")
+        .query(con)
+        .map_err(|e| Error::redis(op, e))?;
+    if instance.as_deref() != Some(ctx.me.as_str()) {
+        return Ok(false);
+    }
+    let Some(generation) = generation.and_then(|g| g.parse::<u64>().ok()) else {
+        return Err(Error::bad_data(
+            op,
+            "peer record without a numeric generation",
+        ));
+    };
+    match remove(ctx, con, room, peer, generation) {
+        Ok(removed) => Ok(removed),
+        Err(Error::NotPeerOwner { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes from this instance's peer index each `<room>/<peer>` of `peers` (wire forms) whose
+/// record is gone or names another instance; members whose record names this instance stay
+/// (the index then holds what the record says). Record read first, index entry second, in
+/// batches of [`crate::rooms::PEER_BATCH`] (two round trips each). Returns, per peer, whether
+/// its record still names this instance (its member was kept).
+///
+/// Protects invariant 4 after a lost reply: the clean-up is derived from the records and the
+/// node's own knowledge of what it had, never from the reply of the script that deleted them.
+pub(crate) fn unindex_gone(
+    ctx: &Ctx,
+    con: &mut Connection,
+    room: &str,
+    peers: &[String],
+) -> Result<Vec<bool>> {
+    let op = "unindex peers whose record is gone";
+    let index = ctx.keys.instance_peers(&ctx.me);
+    let mut kept = Vec::with_capacity(peers.len());
+    for batch in peers.chunks(crate::rooms::PEER_BATCH) {
+        let mut reads = redis::pipe();
+        for p in batch {
+            reads.hget(ctx.keys.peer(room, p), "instance");
+        }
+        let owners: Vec<Option<String>> = reads.query(con).map_err(|e| Error::redis(op, e))?;
+        let mut gone = Vec::new();
+        for (p, owner) in batch.iter().zip(owners) {
+            let ours = owner.as_deref() == Some(ctx.me.as_str());
+            if !ours {
+                gone.push(peer_member(room, p));
+            }
+            kept.push(ours);
+        }
+        if gone.is_empty() {
+            continue;
+        }
+        let mut srem = redis::pipe();
+        for chunk in gone.chunks(conn::MEMBERS_PER_COMMAND) {
+            srem.srem(&index, chunk).ignore();
+        }
+        srem.query::<()>(con).map_err(|e| Error::redis(op, e))?;
+    }
+    Ok(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,5 +391,67 @@ mod tests {
             .query(&mut con)
             .unwrap();
         assert!(!exists);
+    }
+
+    // The lost-reply clean-up at the data-access level: `drop_unheld` deletes a record naming
+    // this instance (by its own generation) and leaves another instance's alone;
+    // `unindex_gone` then removes only members whose record is gone or not ours.
+    #[test]
+    fn unindex_gone_removes_only_members_whose_record_is_not_ours() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = |id: &str| {
+            Config::builder()
+                .redis_url(server.url())
+                .stage("unit")
+                .instance_id(id)
+                .timings(Timings::fast())
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (
+            Ctx::from_config(&cfg("a")).unwrap(),
+            Ctx::from_config(&cfg("b")).unwrap(),
+        );
+        let mut con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        crate::rooms::pin(&a, &Local::default(), &mut con, "r", "r", false).unwrap();
+        crate::rooms::pin(&b, &Local::default(), &mut con, "s", "s", false).unwrap();
+        upsert(&a, &mut con, "r", "r", "kept", None, &[]).unwrap();
+        upsert(&a, &mut con, "r", "r", "landed", None, &[]).unwrap();
+        upsert(&b, &mut con, "s", "s", "theirs", None, &[]).unwrap();
+        // Entries a lost reply may leave: one with no record, one whose record is b's.
+        let _: () = redis::cmd("SADD")
+            .arg(a.keys.instance_peers(&a.me))
+            .arg(peer_member("r", "never"))
+            .arg(peer_member("s", "theirs"))
+            .query(&mut con)
+            .unwrap();
+        assert!(drop_unheld(&a, &mut con, ("r", "r"), ("landed", "landed")).unwrap());
+        assert!(!drop_unheld(&a, &mut con, ("s", "s"), ("theirs", "theirs")).unwrap());
+        let kept = unindex_gone(
+            &a,
+            &mut con,
+            "r",
+            &["kept".to_owned(), "landed".to_owned(), "never".to_owned()],
+        )
+        .unwrap();
+        assert_eq!(kept, vec![true, false, false]);
+        assert_eq!(
+            unindex_gone(&a, &mut con, "s", &["theirs".to_owned()]).unwrap(),
+            vec![false]
+        );
+        let mut index: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(a.keys.instance_peers(&a.me))
+            .query(&mut con)
+            .unwrap();
+        index.sort();
+        assert_eq!(index, vec![peer_member("r", "kept")]);
+        let theirs: bool = redis::cmd("EXISTS")
+            .arg(b.keys.peer("s", "theirs"))
+            .query(&mut con)
+            .unwrap();
+        assert!(theirs, "another instance's record is never deleted");
     }
 }

@@ -195,6 +195,17 @@ pub(crate) struct Local {
     /// Peers whose remove ended without a known outcome, with the generation to remove; the
     /// heartbeat sends the remove again (it is a no-op if it had run).
     uncertain_peers: Mutex<BTreeMap<(String, String), u64>>,
+    /// Peers whose upsert ended without a known outcome: its index entry, and maybe its
+    /// record, may have been written although the host was told the call failed. The
+    /// heartbeat deletes such a record (if it names this instance and the node does not hold
+    /// the peer), then its index entry.
+    uncertain_upserts: Mutex<BTreeSet<(String, String)>>,
+    /// `(room, peer)` whose `<room>/<peer>` member of this instance's peer index may outlive
+    /// its record: a close, remove or upsert deleted (or may have deleted, or never wrote) the
+    /// record, and the reply that would have led to the clean-up was lost. The heartbeat
+    /// removes each member whose record is gone or names another instance, unless the node
+    /// holds that peer again (invariant 4, from the node's own knowledge, not from a reply).
+    unindex: Mutex<BTreeSet<(String, String)>>,
     locks: Vec<Mutex<()>>,
 }
 
@@ -205,6 +216,8 @@ impl Default for Local {
             peers: Mutex::default(),
             uncertain: Mutex::default(),
             uncertain_peers: Mutex::default(),
+            uncertain_upserts: Mutex::default(),
+            unindex: Mutex::default(),
             locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
         }
     }
@@ -241,6 +254,64 @@ impl Local {
         std::mem::take(&mut *self.uncertain_peers.lock())
             .into_iter()
             .map(|((r, p), g)| (r, p, g))
+            .collect()
+    }
+
+    /// Notes an upsert whose outcome is unknown (see [`Local`]'s `uncertain_upserts`).
+    pub(crate) fn mark_uncertain_upsert(&self, room: &str, peer: &str) {
+        self.uncertain_upserts
+            .lock()
+            .insert((room.to_owned(), peer.to_owned()));
+    }
+
+    /// Takes the upserts whose outcome the heartbeat must settle.
+    pub(crate) fn take_uncertain_upserts(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.uncertain_upserts.lock())
+            .into_iter()
+            .collect()
+    }
+
+    /// Notes index members that may outlive their records (see [`Local`]'s `unindex`).
+    pub(crate) fn mark_unindex<I: IntoIterator<Item = String>>(&self, room: &str, peers: I) {
+        let mut u = self.unindex.lock();
+        for p in peers {
+            u.insert((room.to_owned(), p));
+        }
+    }
+
+    /// The index members to check, grouped by room: `(room, peers)`.
+    pub(crate) fn unindex_pending(&self) -> Vec<(String, Vec<String>)> {
+        let mut by_room: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (r, p) in self.unindex.lock().iter() {
+            by_room.entry(r.clone()).or_default().push(p.clone());
+        }
+        by_room.into_iter().collect()
+    }
+
+    /// These members of `room` were checked (and removed where they had to go).
+    pub(crate) fn unindexed(&self, room: &str, peers: &[String]) {
+        let mut u = self.unindex.lock();
+        for p in peers {
+            u.remove(&(room.to_owned(), p.clone()));
+        }
+    }
+
+    /// Whether a settlement the heartbeat has yet to run may still delete the record of
+    /// `peer` in `room` (an uncertain pin or close of the room, remove or upsert of the peer).
+    pub(crate) fn settling(&self, room: &str, peer: &str) -> bool {
+        let key = (room.to_owned(), peer.to_owned());
+        self.uncertain.lock().contains(room)
+            || self.uncertain_peers.lock().contains_key(&key)
+            || self.uncertain_upserts.lock().contains(&key)
+    }
+
+    /// The peers this node holds in `room`.
+    pub(crate) fn peers_in(&self, room: &str) -> Vec<String> {
+        self.peers
+            .lock()
+            .keys()
+            .filter(|(r, _)| r == room)
+            .map(|(_, p)| p.clone())
             .collect()
     }
 
@@ -304,6 +375,8 @@ impl Local {
         self.peers.lock().clear();
         self.uncertain.lock().clear();
         self.uncertain_peers.lock().clear();
+        self.uncertain_upserts.lock().clear();
+        self.unindex.lock().clear();
         std::mem::take(&mut *self.rooms.lock())
             .into_keys()
             .collect()

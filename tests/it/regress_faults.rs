@@ -586,6 +586,25 @@ fn run_and_lose_the_reply<T: Send + 'static>(
     h.join().unwrap()
 }
 
+/// Waits (up to 30 heartbeat intervals) until one consistency scan of `ks` finds every index
+/// exact (invariant 4: each index holds exactly what the records say); panics with the last
+/// problems otherwise. For the lost-reply tests: "the node then converges by itself" (README).
+fn wait_for_exact_indexes(s: &Server, ks: &sfu_redis::keys::KeySpace) {
+    let bound = Timings::fast().heartbeat_interval * 30;
+    let deadline = Instant::now() + bound;
+    loop {
+        let problems = s.index_problems(ks);
+        if problems.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the indexes did not converge within {bound:?} (30 heartbeat intervals): {problems:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 // Protects: the README's "when a request was sent but its reply never came, the call fails and
 // is not re-sent; a close whose outcome is unknown is finished by the next heartbeat".
 // Fault: close_room runs on the server, then its reply is held by the proxy and the connection
@@ -622,6 +641,46 @@ fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
             .all(|e| !matches!(e, Event::RoomLost { .. })),
         "a closed room was reported lost"
     );
+    // Invariant 4: the peer's index entry went with its record, whatever the lost reply said.
+    wait_for_exact_indexes(&s, &ks);
+}
+
+// Protects: invariant 4 with the room lock and the "unless the node holds it again" rule of the
+// lost-reply clean-up: it removes only index entries of peers the node does not hold.
+// Fault: close_room's reply is lost (the close ran); the host then pins the room again and
+// upserts the same peer id before or after the next tick.
+// Protection: the tick skips the peer the node holds again (its entry is the new record's).
+// Removing every entry the close knew of, unconditionally, would strip the new record's entry:
+// a record that no index reaches, never reaped.
+#[test]
+fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "w", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    a.upsert_peer("r", "p", None, &[]).unwrap();
+    a.upsert_peer("r", "q", None, &[]).unwrap();
+    let a2 = Arc::clone(&a);
+    let out = run_and_lose_the_reply(&proxy, move || a2.close_room("r"));
+    assert!(out.is_err(), "the close's reply was lost: {out:?}");
+    assert!(a.pin_room("r").unwrap().is_owned());
+    a.upsert_peer("r", "p", None, &[]).unwrap();
+    std::thread::sleep(Timings::fast().heartbeat_interval * 5);
+    wait_for_exact_indexes(&s, &ks);
+    let index: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_peers("w"))
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(
+        index,
+        vec!["r/p".to_owned()],
+        "the new p stays indexed, q is gone"
+    );
+    let records = s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()));
+    assert_eq!(records, vec![ks.peer("r", "p")]);
+    assert_eq!(a.stats().peers, 1);
+    assert_eq!(a.stats().rooms, 1);
 }
 
 // Protects: the same promise for remove_peer.
@@ -649,6 +708,148 @@ fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
         "remove_peer was re-sent: {out:?}"
     );
     assert_eq!(a.stats().peers, 0, "the node forgot the peer");
+    // Invariant 4: the re-sent remove finds no record (a no-op), yet the index entry must go.
+    wait_for_exact_indexes(&s, &ks);
+}
+
+// Protects: invariant 4 and the README's "a request whose reply never came is not re-sent; the
+// node then converges by itself", for upsert_peer.
+// Fault: upsert_peer's first request (the index entry, written before the record) runs on the
+// server, then its reply is held by the proxy and the connection reset: the call fails after
+// the index entry landed.
+// Protection: the upsert is marked uncertain; the next tick, finding the peer not held by the
+// node, deletes a record naming this instance (none here) and then the index entry. Without it
+// the entry `r/p` stays in this instance's peer index with no record, until a reap or fsck.
+#[test]
+fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "u", Timings::fast())).unwrap());
+    a.pin_room("r").unwrap();
+    a.upsert_peer("r", "kept", None, &[]).unwrap();
+    let a2 = Arc::clone(&a);
+    let out = run_and_lose_the_reply(&proxy, move || a2.upsert_peer("r", "p", None, &[]));
+    assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
+    wait_for_exact_indexes(&s, &ks);
+    // The host's view matches Redis: the failed upsert left no record, the other peer stays.
+    let records = s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()));
+    assert_eq!(records, vec![ks.peer("r", "kept")]);
+    assert_eq!(a.stats().peers, records.len());
+    let index: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_peers("u"))
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(index, vec!["r/kept".to_owned()]);
+}
+
+/// A TCP forwarder that, once armed, lets the first request containing `marker` reach the
+/// server and then closes that connection instead of forwarding the reply: exactly one
+/// request ran and its answer never came (earlier requests of the same call got theirs).
+struct CutProxy {
+    addr: SocketAddr,
+    armed: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl CutProxy {
+    fn start(upstream: SocketAddr) -> CutProxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let armed: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
+        let armed2 = Arc::clone(&armed);
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(client) = c else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (armed, cut_up) = (Arc::clone(&armed2), Arc::clone(&cut));
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n @ 1..) = c_in.read(&mut buf) {
+                        {
+                            let mut a = armed.lock();
+                            let hit = a.as_ref().is_some_and(|m| {
+                                buf[..n].windows(m.len()).any(|w| w == m.as_slice())
+                            });
+                            if hit {
+                                *a = None;
+                                cut_up.store(true, std::sync::atomic::Ordering::SeqCst);
+                            }
+                        }
+                        if s_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s_out.shutdown(Shutdown::Write);
+                });
+                let (mut s_in, mut c_out) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n @ 1..) = s_in.read(&mut buf) {
+                        if cut.load(std::sync::atomic::Ordering::SeqCst) {
+                            // The request ran (this is its reply): drop it and the connection.
+                            let _ = c_out.shutdown(Shutdown::Both);
+                            let _ = s_in.shutdown(Shutdown::Both);
+                            return;
+                        }
+                        if c_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        CutProxy { addr, armed }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// The next request containing `marker` runs, and its reply is lost.
+    fn lose_reply_of(&self, marker: &str) {
+        *self.armed.lock() = Some(marker.as_bytes().to_vec());
+    }
+}
+
+// Protects: the same as above, when the upsert's record did land.
+// Fault: upsert_peer's index entry is written and acknowledged, then its script runs on the
+// server (record written, generation drawn) and that reply alone is lost (connection closed).
+// Protection: the tick finds a record naming this instance for a peer the node does not hold
+// (the host was told the upsert failed): it deletes the record by its generation, then the
+// index entry. Without it the record stays written although the host was told the call failed
+// (stats().peers != records), and with only an index clean-up it would be a record no index
+// reaches.
+#[test]
+fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = CutProxy::start(addr(&s));
+    let a = Node::start(config_for(&proxy.url(), RT, "v", Timings::fast())).unwrap();
+    a.pin_room("r").unwrap();
+    a.upsert_peer("r", "kept", None, &[]).unwrap();
+    // The script's keys name the record; the index write before it only names "r/landed".
+    proxy.lose_reply_of(":peer:landed");
+    let out = a.upsert_peer("r", "landed", None, &[("k", "v")]);
+    assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
+    assert!(
+        proxy.armed.lock().is_none(),
+        "the upsert script was never sent"
+    );
+    wait_for_exact_indexes(&s, &ks);
+    wait_for(LONG, "the landed record is removed", || {
+        s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()))
+            .eq(&vec![ks.peer("r", "kept")])
+            .then_some(())
+    });
+    assert_eq!(a.stats().peers, 1, "the host's view: only the kept peer");
+    wait_for_exact_indexes(&s, &ks);
 }
 
 // Protects: invariant 4 and the README's "nothing the host was told failed is ever written
