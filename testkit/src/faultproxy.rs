@@ -44,6 +44,8 @@ struct Faults {
     stall_down: bool,
     refuse: bool,
     delay: Duration,
+    /// Armed by [`FaultProxy::lose_reply_of`]: the next request chunk holding these bytes.
+    lose_reply_of: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -139,6 +141,21 @@ impl FaultProxy {
         }
     }
 
+    /// Lets the next request that contains `marker` (within one read chunk: a script's SHA, a
+    /// key name) reach the server, then closes that connection when the reply comes back,
+    /// instead of forwarding it: the request ran and its answer never came (a lost reply,
+    /// the case a client must not answer by sending the request again). Earlier requests on
+    /// the connection got their replies. Fires once.
+    pub fn lose_reply_of(&self, marker: &[u8]) {
+        self.state.faults.lock().lose_reply_of = Some(marker.to_vec());
+    }
+
+    /// True while a [`FaultProxy::lose_reply_of`] has not fired yet (no request held its
+    /// marker).
+    pub fn reply_loss_pending(&self) -> bool {
+        self.state.faults.lock().lose_reply_of.is_some()
+    }
+
     /// Removes every fault: no delay, drop or stall, new connections accepted.
     pub fn heal(&self) {
         *self.state.faults.lock() = Faults::default();
@@ -177,8 +194,24 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, st: &Arc<State>) {
         let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
             continue;
         };
-        pump(client, s2, true, Arc::clone(st));
-        pump(server, c2, false, Arc::clone(st));
+        // Set when a request whose reply must be lost went up this connection.
+        let cut = Arc::new(AtomicBool::new(false));
+        pump(client, s2, true, Arc::clone(st), Arc::clone(&cut));
+        pump(server, c2, false, Arc::clone(st), cut);
+    }
+}
+
+/// Sets `cut` when `chunk` holds the armed marker of [`FaultProxy::lose_reply_of`] (and
+/// disarms it: it fires once).
+fn arm_cut(st: &State, chunk: &[u8], cut: &AtomicBool) {
+    let mut f = st.faults.lock();
+    let hit = f
+        .lose_reply_of
+        .as_ref()
+        .is_some_and(|m| !m.is_empty() && chunk.windows(m.len()).any(|w| w == m.as_slice()));
+    if hit {
+        f.lose_reply_of = None;
+        cut.store(true, Ordering::SeqCst);
     }
 }
 
@@ -188,9 +221,19 @@ type Chunk = (Instant, Vec<u8>);
 /// Copies `from` -> `to` through a delay line: a reader thread stamps each chunk with its due
 /// time, a writer thread sends it then (so a delay adds latency without serializing traffic).
 /// The reader polls (20 ms read timeout) so a stall or stop takes effect between chunks.
-fn pump(mut from: TcpStream, mut to: TcpStream, upstream: bool, st: Arc<State>) {
+/// `cut`: shared by the connection's two pumps; set upstream by [`FaultProxy::lose_reply_of`],
+/// it makes the downstream pump close the connection instead of forwarding the next reply.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    upstream: bool,
+    st: Arc<State>,
+    cut: Arc<AtomicBool>,
+) {
     let (tx, rx): (Sender<Chunk>, Receiver<Chunk>) = unbounded();
     let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    // The other side, for a cut (the writer thread owns `to`).
+    let other = to.try_clone().ok();
     let _ = std::thread::Builder::new()
         .name("fault-proxy-read".into())
         .spawn(move || {
@@ -234,6 +277,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, upstream: bool, st: Arc<State>) 
                 };
                 if dropped {
                     continue;
+                }
+                if upstream {
+                    arm_cut(&st, &buf[..n], &cut);
+                } else if cut.load(Ordering::SeqCst) {
+                    // The reply of the marked request: lost, with its connection.
+                    let _ = from.shutdown(Shutdown::Both);
+                    if let Some(o) = &other {
+                        let _ = o.shutdown(Shutdown::Both);
+                    }
+                    break;
                 }
                 if tx
                     .send((Instant::now() + delay, buf[..n].to_vec()))

@@ -743,81 +743,6 @@ fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
     assert_eq!(index, vec!["r/kept".to_owned()]);
 }
 
-/// A TCP forwarder that, once armed, lets the first request containing `marker` reach the
-/// server and then closes that connection instead of forwarding the reply: exactly one
-/// request ran and its answer never came (earlier requests of the same call got theirs).
-struct CutProxy {
-    addr: SocketAddr,
-    armed: Arc<Mutex<Option<Vec<u8>>>>,
-}
-
-impl CutProxy {
-    fn start(upstream: SocketAddr) -> CutProxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let armed: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
-        let armed2 = Arc::clone(&armed);
-        std::thread::spawn(move || {
-            for c in l.incoming() {
-                let Ok(client) = c else { continue };
-                let Ok(server) = TcpStream::connect(upstream) else {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
-                };
-                let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let (mut c_in, mut s_out) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (armed, cut_up) = (Arc::clone(&armed2), Arc::clone(&cut));
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n @ 1..) = c_in.read(&mut buf) {
-                        {
-                            let mut a = armed.lock();
-                            let hit = a.as_ref().is_some_and(|m| {
-                                buf[..n].windows(m.len()).any(|w| w == m.as_slice())
-                            });
-                            if hit {
-                                *a = None;
-                                cut_up.store(true, std::sync::atomic::Ordering::SeqCst);
-                            }
-                        }
-                        if s_out.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = s_out.shutdown(Shutdown::Write);
-                });
-                let (mut s_in, mut c_out) = (server, client);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n @ 1..) = s_in.read(&mut buf) {
-                        if cut.load(std::sync::atomic::Ordering::SeqCst) {
-                            // The request ran (this is its reply): drop it and the connection.
-                            let _ = c_out.shutdown(Shutdown::Both);
-                            let _ = s_in.shutdown(Shutdown::Both);
-                            return;
-                        }
-                        if c_out.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = c_out.shutdown(Shutdown::Write);
-                });
-            }
-        });
-        CutProxy { addr, armed }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-
-    /// The next request containing `marker` runs, and its reply is lost.
-    fn lose_reply_of(&self, marker: &str) {
-        *self.armed.lock() = Some(marker.as_bytes().to_vec());
-    }
-}
-
 // Protects: the same as above, when the upsert's record did land.
 // Fault: upsert_peer's index entry is written and acknowledged, then its script runs on the
 // server (record written, generation drawn) and that reply alone is lost (connection closed).
@@ -830,16 +755,16 @@ impl CutProxy {
 fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
     let s = Server::start();
     let ks = ks(RT);
-    let proxy = CutProxy::start(addr(&s));
+    let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), RT, "v", Timings::fast())).unwrap();
     a.pin_room("r").unwrap();
     a.upsert_peer("r", "kept", None, &[]).unwrap();
     // The script's keys name the record; the index write before it only names "r/landed".
-    proxy.lose_reply_of(":peer:landed");
+    proxy.lose_reply_of(b":peer:landed");
     let out = a.upsert_peer("r", "landed", None, &[("k", "v")]);
     assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
     assert!(
-        proxy.armed.lock().is_none(),
+        !proxy.reply_loss_pending(),
         "the upsert script was never sent"
     );
     wait_for_exact_indexes(&s, &ks);
