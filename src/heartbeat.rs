@@ -236,10 +236,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
     }
     let mut removes = sh.local.take_uncertain_peers().into_iter();
     while let Some((room, peer, generation)) = removes.next() {
-        let (Ok(r), Ok(p)) = (
-            encode_id(IdKind::Room, &room),
-            encode_id(IdKind::Peer, &peer),
-        ) else {
+        let Some((r, p)) = wire_room_peer(&room, &peer) else {
             continue;
         };
         let _guard = sh.local.lock_room(&room);
@@ -263,6 +260,14 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
     unindex_gone_records(sh, link)
 }
 
+/// The wire forms of a room and peer id the node stored (always valid; `None` skips it).
+fn wire_room_peer(room: &str, peer: &str) -> Option<(String, String)> {
+    Some((
+        encode_id(IdKind::Room, room).ok()?,
+        encode_id(IdKind::Peer, peer).ok()?,
+    ))
+}
+
 /// Upserts whose outcome is unknown (a timeout after the request was sent): the index entry,
 /// and maybe the record, may have been written although the host was told the call failed.
 /// Rule (the simplest safe one; the lost reply's generation is unknown): if the node does not
@@ -273,10 +278,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
 fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
     let mut upserts = sh.local.take_uncertain_upserts().into_iter();
     while let Some((room, peer)) = upserts.next() {
-        let (Ok(r), Ok(p)) = (
-            encode_id(IdKind::Room, &room),
-            encode_id(IdKind::Peer, &peer),
-        ) else {
+        let Some((r, p)) = wire_room_peer(&room, &peer) else {
             continue;
         };
         let _guard = sh.local.lock_room(&room);
