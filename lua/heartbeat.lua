@@ -18,7 +18,7 @@
 --         live instance knows of (a new lease is only granted a lease TTL after the dataset
 --         was re-created, by when every live instance has heartbeated)
 --
--- Reply: {status, server_ms, token, epoch}; status is
+-- Reply: {status, server_ms, token, epoch, server_us}; status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
@@ -33,6 +33,7 @@
 -- stale) and the zombie rule (a reaped instance never silently writes itself back).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- Reads that tolerate a key of the wrong type (bad data must not stop the heartbeat: the
 -- writes below replace such a key).
 local function get(key)
@@ -45,18 +46,18 @@ local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
 if ARGV[3] == 'register' and holder and holder ~= ARGV[6] and holder ~= 'released' then
-  return {'duplicate', now, token or '', epoch}
+  return {'duplicate', now, token or '', epoch, now_us}
 end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch}
+      return {'reaped', now, token, epoch, now_us}
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or '', epoch}
+    return {'reaped', now, token or '', epoch, now_us}
   end
 end
 if not token then
@@ -72,4 +73,4 @@ if tonumber(ARGV[7]) > tonumber(epoch) then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
-return {status, now, token, epoch}
+return {status, now, token, epoch, now_us}

@@ -38,7 +38,8 @@ redis.call('HSET', KEYS[2], 'owner', ARGV[1])
 if not meta_owner then
   -- Metadata gone (Redis lost data): no solo mark, the reap reads every record's instance.
   local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'pinned_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[2], 'pinned_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
+    'pinned_us', t[1] .. string.format('%06d', tonumber(t[2])))
   redis.call('HDEL', KEYS[2], 'solo')
 end
 return {'repinned', ''}

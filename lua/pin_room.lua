@@ -2,7 +2,8 @@
 -- pin_room.lua: make the calling instance the owner of a room.
 --
 -- KEYS[1] P:room:{R}:owner   STRING, PX pin_ttl: the pin
--- KEYS[2] P:room:{R}:meta    HASH: owner (second, non-expiring copy), pinned_ms, peer_seq, solo
+-- KEYS[2] P:room:{R}:meta    HASH: owner (second, non-expiring copy), pinned_ms, pinned_us,
+--                            peer_seq, solo
 -- P:room:{R}:peers is derived from KEYS[1] (same prefix and hash tag).
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] pin_ttl, ms
@@ -14,8 +15,9 @@
 --   'took_over'  the pin had expired, or its owner is ARGV[3] (dead): other = previous owner;
 --   'held'       another instance holds the pin: other = that owner. Nothing written.
 --
--- Every successful pin writes pinned_ms (server time); the reaper only deletes a room whose
--- pinned_ms predates the start of its reap, so a room pinned again by a resumed instance is
+-- Every successful pin writes pinned_ms and pinned_us (server time, ms and microseconds); the
+-- reaper only deletes a room whose pinned_us is strictly before the start of its reap (t0, in
+-- microseconds: a new life's pin cannot tie with it; a tie would count as the new life's), so a room pinned again by a resumed instance is
 -- never deleted as the leftover of its previous life.
 -- A pin that makes the caller the owner (not 'ours') also sets meta field solo = the caller when
 -- the room's peers set is empty, and removes it otherwise: upsert_peer.lua writes only records
@@ -42,7 +44,8 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'pinned_ms', now)
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'pinned_ms', now,
+  'pinned_us', t[1] .. string.format('%06d', tonumber(t[2])))
 if status ~= 'ours' then
   if redis.call('SCARD', string.sub(KEYS[1], 1, -6) .. 'peers') == 0 then
     redis.call('HSET', KEYS[2], 'solo', ARGV[1])

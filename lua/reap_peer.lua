@@ -6,7 +6,8 @@
 -- KEYS[3] P:room:{R}:guests
 -- KEYS[4] P:room:{R}:guest-state
 -- ARGV[1] dead instance id (wire form)
--- ARGV[2] t0: server ms at which the reap began
+-- ARGV[2] t0: server time, microseconds, at which the reap began (a record is the dead
+--         life's when updated_us, or the end of updated_ms for older data, is strictly before)
 -- ARGV[3] peer id (wire form)
 --
 -- Reply: status
@@ -24,7 +25,8 @@ if inst == false then
   return 'gone'
 end
 if inst ~= ARGV[1] then return 'moved' end
-if (tonumber(redis.call('HGET', KEYS[1], 'updated_ms')) or 0) > tonumber(ARGV[2]) then
+local upd = redis.call('HMGET', KEYS[1], 'updated_us', 'updated_ms')
+if (tonumber(upd[1]) or ((tonumber(upd[2]) or 0) * 1000 + 999)) >= tonumber(ARGV[2]) then
   return 'new_life'
 end
 local g = redis.call('HGET', KEYS[1], 'guest')

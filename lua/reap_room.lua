@@ -8,12 +8,15 @@
 -- KEYS[5] P:room:{R}:guest-state
 -- Peer records P:room:{R}:peer:<p> are derived from KEYS[1] (same prefix and hash tag).
 -- ARGV[1] dead instance id (wire form)
--- ARGV[2] t0: server ms at which the reap of this instance began (reap_begin.lua)
+-- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
+--         (reap_begin.lua)
 -- ARGV[3] SSCAN cursor over the room's peers ('0' on the first call)
 -- ARGV[4] SSCAN COUNT (batch size)
 --
 -- The room is the dead instance's leftover when its pin names the dead instance, or the pin
--- has expired and the metadata still names it (or names nobody), and it was pinned before t0.
+-- has expired and the metadata still names it (or names nobody), and it was pinned strictly
+-- before t0 (pinned_us; data written before pinned_us existed counts as pinned at the end of its
+-- pinned_ms: a tie is the new life's, kept, and reaped by a later round if no new life registers).
 -- Such a room is deleted whole: peer records batch by batch, then every room key.
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
@@ -37,12 +40,17 @@
 -- "never loop unboundedly in Lua" (SSCAN batches).
 local dead, t0 = ARGV[1], tonumber(ARGV[2])
 local owner = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms', 'solo')
-local meta_owner, pinned = meta[1], tonumber(meta[2]) or 0
+local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms', 'solo', 'pinned_us')
+local meta_owner = meta[1]
+-- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
+local function micros(us, ms)
+  return tonumber(us) or ((tonumber(ms) or 0) * 1000 + 999)
+end
+local pinned = micros(meta[4], meta[2])
 local base = string.sub(KEYS[1], 1, -6)
 local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
 local status
-if dead_owns and pinned <= t0 then
+if dead_owns and pinned < t0 then
   if owner == false and meta_owner == false then status = 'gone' else status = 'reaped' end
 elseif dead_owns then
   status = 'new_life'
@@ -59,7 +67,8 @@ for _, p in ipairs(scan[2]) do
   if solo then inst = dead else inst = redis.call('HGET', rec, 'instance') end
   local drop = whole
   if not drop and inst == dead then
-    drop = (tonumber(redis.call('HGET', rec, 'updated_ms')) or 0) <= t0
+    local upd = redis.call('HMGET', rec, 'updated_us', 'updated_ms')
+    drop = micros(upd[1], upd[2]) < t0
     if drop then
       local g = redis.call('HGET', rec, 'guest')
       if g and g ~= '' and redis.call('HGET', KEYS[4], g) == p then

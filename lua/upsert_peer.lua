@@ -74,6 +74,6 @@ else
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'instance', me, 'guest', guest, 'generation', gen, 'updated_ms', now,
-  unpack(ARGV, 5))
+  'updated_us', t[1] .. string.format('%06d', tonumber(t[2])), unpack(ARGV, 5))
 redis.call('SADD', KEYS[2], peer)
 return {gen, old_inst, sup, sup_inst}

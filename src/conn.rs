@@ -357,6 +357,16 @@ pub fn server_time_ms(con: &mut Connection) -> Result<i64> {
     time_reply_ms(&reply)
 }
 
+/// Redis server time in microseconds (the start of a clean-up of an earlier life).
+pub(crate) fn server_time_us(con: &mut Connection) -> Result<i64> {
+    let reply = redis::cmd("TIME")
+        .query::<Value>(con)
+        .map_err(|e| Error::redis("read server time", e))?;
+    redis::from_redis_value_ref::<(i64, i64)>(&reply)
+        .map(|(s, us)| s * 1_000_000 + us)
+        .map_err(|e| Error::bad_data("read server time", format!("unexpected TIME reply: {e}")))
+}
+
 /// `TIME`'s reply (seconds, microseconds), e.g. from a pipeline, as server ms.
 pub(crate) fn time_reply_ms(reply: &Value) -> Result<i64> {
     redis::from_redis_value_ref::<(i64, i64)>(reply)

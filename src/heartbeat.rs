@@ -56,6 +56,9 @@ pub(crate) struct Beaten {
     pub beat: Beat,
     /// Redis server time, ms.
     pub server_ms: i64,
+    /// The same server time, microseconds (the start of a clean-up of an earlier life: pins and
+    /// records written strictly before it are that life's).
+    pub server_us: i64,
 }
 
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
@@ -79,7 +82,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<
         .arg(&fresh)
         .arg(&sh.boot)
         .arg(sh.max_epoch.load(Ordering::Relaxed));
-    let (status, server_ms, token, epoch): (String, i64, String, String) =
+    let (status, server_ms, token, epoch, server_us): (String, i64, String, String, i64) =
         conn::call(con, op, &inv)?;
     let beat = match status.as_str() {
         // The dataset token changed under a heartbeat that found us registered: an earlier
@@ -108,14 +111,18 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<
     if let Ok(e) = epoch.parse::<u64>() {
         sh.max_epoch.fetch_max(e, Ordering::Relaxed);
     }
-    Ok(Beaten { beat, server_ms })
+    Ok(Beaten {
+        beat,
+        server_ms,
+        server_us,
+    })
 }
 
 /// One tick: heartbeat, then refresh (or restore) every pin.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
     match beaten.beat {
-        Beat::Reaped => return resume_after_reap(sh, link, beaten.server_ms),
+        Beat::Reaped => return resume_after_reap(sh, link, beaten.server_us),
         Beat::Restored => {
             log::warn!(
                 "instance {} was missing from Redis and the dataset token changed: Redis lost its data; restoring pins and peers",
@@ -159,7 +166,7 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         // reporting, so a zombie reports all its rooms through `reaped_self`.
         let again = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
         if again.beat == Beat::Reaped {
-            return resume_after_reap(sh, link, again.server_ms);
+            return resume_after_reap(sh, link, again.server_us);
         }
         if again.beat == Beat::Restored {
             // Redis lost its data between the two beats: the pins are gone with it, not lost
@@ -362,8 +369,9 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
 
 /// This instance was reaped while it was unresponsive (a zombie): every room it held is lost.
 /// Report them, forget them (never write them back), clean what the reap may have left of this
-/// id (rooms and peers written before `server_ms`), and register again as a fresh life.
-fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()> {
+/// id (rooms and peers written before `server_us`, server microseconds), and register again as
+/// a fresh life.
+fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);
     log::warn!(
@@ -392,11 +400,12 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_ms: i64) -> Result<()>
         let new_owner = owner.map(|o| decode_id(&o).unwrap_or(o));
         sh.events.emit(Event::RoomLost { room, new_owner });
     }
-    register(sh, link, server_ms)
+    register(sh, link, server_us)
 }
 
 /// Registers a fresh life of this instance id and removes what an earlier life left under it
-/// (rooms and peer records written before `t0`, server ms), with the reaper's owner-CAS
+/// (rooms and peer records written strictly before `t0`, server microseconds), with the
+/// reaper's owner-CAS
 /// scripts. Rooms the host pins from now on are newer than `t0` and kept.
 pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;

@@ -14,11 +14,11 @@
 //! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
 //! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
 //! | `P:room:{<R>}:owner` | STRING, PX pin_ttl | owning instance |
-//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `peer_seq`, `solo` |
+//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `pinned_us`, `peer_seq`, `solo` |
 //! | `P:room:{<R>}:peers` | SET | peer ids in the room |
 //! | `P:room:{<R>}:guests` | HASH | guest id -> current peer id |
 //! | `P:room:{<R>}:guest-state` | HASH | guest id -> state (written by the host) |
-//! | `P:room:{<R>}:peer:<peer>` | HASH | `instance`, `guest`, `generation`, `updated_ms`, host fields |
+//! | `P:room:{<R>}:peer:<peer>` | HASH | `instance`, `guest`, `generation`, `updated_ms`, `updated_us`, host fields |
 //! | `P:events` | channel | `leader_acquired`, `leader_lost` (shutdown), `instance_reaped` as JSON |
 //!
 //! **Ids are data, not syntax.** Any non-empty UTF-8 id of at most [`MAX_ID_BYTES`] bytes

@@ -716,7 +716,7 @@ fn register_at_start(sh: &Shared) -> Result<()> {
     let t = &sh.ctx.timings;
     let give_up = Instant::now() + t.heartbeat_ttl + t.heartbeat_interval;
     loop {
-        let t0 = link.run(&sh.redis, conn::server_time_ms)?;
+        let t0 = link.run(&sh.redis, conn::server_time_us)?;
         match heartbeat::register(sh, &mut link, t0) {
             Err(Error::InvalidConfig { field, reason }) if field == "instance_id" => {
                 if Instant::now() >= give_up {

@@ -14,7 +14,13 @@ use crate::scripts::SCRIPTS;
 use crate::state::{Ctx, LocalPeer};
 
 /// Peer fields reserved by the library; a host field with one of these names is refused.
-pub const RESERVED_PEER_FIELDS: [&str; 4] = ["instance", "guest", "generation", "updated_ms"];
+pub const RESERVED_PEER_FIELDS: [&str; 5] = [
+    "instance",
+    "guest",
+    "generation",
+    "updated_ms",
+    "updated_us",
+];
 
 /// The most host fields one peer record may carry.
 pub const MAX_PEER_FIELDS: usize = 64;

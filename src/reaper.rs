@@ -74,7 +74,8 @@ pub(crate) fn candidates(ctx: &Ctx, con: &mut Connection) -> Result<Vec<String>>
         .collect())
 }
 
-/// Phase two for one candidate: `Some(t0)` if it is really dead (now marked as being reaped).
+/// Phase two for one candidate: `Some(t0)` (server microseconds) if it is really dead (now
+/// marked as being reaped).
 pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
@@ -83,11 +84,12 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Optio
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);
-    let (status, now): (String, i64) = conn::call(con, "re-check candidate", &inv)?;
+    let (status, _now_ms, now_us): (String, i64, i64) =
+        conn::call(con, "re-check candidate", &inv)?;
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
-    Ok((status == "dead").then_some(now))
+    Ok((status == "dead").then_some(now_us))
 }
 
 /// The next `SSCAN` page of an instance's index (`cursor`: about
@@ -172,7 +174,9 @@ pub(crate) struct Reap<'a> {
     pub counters: &'a Counters,
     /// The instance reaped (wire form).
     pub dead: &'a str,
-    /// Server time (ms) the reap began: members written later belong to a new life of `dead`.
+    /// Server time (microseconds) the reap began: members written at or after it belong to a
+    /// new life of `dead` (docs/DESIGN.md: a same-instant write is never taken for the old
+    /// life's).
     pub t0: i64,
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].

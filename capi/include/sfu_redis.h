@@ -366,7 +366,7 @@ typedef struct SfuEvent {
 typedef struct SfuField {
     /**
      * 1 to 256 bytes of UTF-8 without control characters; not `instance`, `guest`,
-     * `generation` or `updated_ms` (reserved).
+     * `generation`, `updated_ms` or `updated_us` (reserved).
      */
     const char *name;
     /**

@@ -82,7 +82,7 @@ pub enum SfuPinOutcome {
 #[derive(Debug, Clone, Copy)]
 pub struct SfuField {
     /// 1 to 256 bytes of UTF-8 without control characters; not `instance`, `guest`,
-    /// `generation` or `updated_ms` (reserved).
+    /// `generation`, `updated_ms` or `updated_us` (reserved).
     pub name: *const c_char,
     /// Any UTF-8 string.
     pub value: *const c_char,

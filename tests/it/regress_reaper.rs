@@ -357,3 +357,128 @@ fn late_writes_of_an_instance_that_never_came_back_are_reaped_too() {
          a later round must reap them: {left:#?}"
     );
 }
+
+/// Runs `lua/<name>.lua` (the shipped script text) with `keys` and `args`.
+fn eval<T: redis::FromRedisValue>(s: &Server, src: &str, keys: &[&str], args: &[&str]) -> T {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(src).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut s.con()).unwrap()
+}
+
+const REAP_ROOM: &str = include_str!("../../lua/reap_room.lua");
+const REAP_PEER: &str = include_str!("../../lua/reap_peer.lua");
+
+// Protects: invariant 2's "new life" rule (issue 11, item 3: time resolution). The reap's start
+// t0 and a new life's pin or upsert used to be compared in whole milliseconds (`<= t0` meant
+// "the old life's"), so a pin or upsert in the same millisecond as the reap's start was deleted
+// as the dead life's. Now t0 and the writes carry server microseconds and only writes strictly
+// before t0 are the old life's; data written before the microsecond fields existed counts as
+// written at the end of its millisecond.
+// Fault: the exact tie, written by the pin and upsert scripts' own fields (pinned_us,
+// updated_us): a room and a peer record of instance "tie" written at microsecond X, reaped with
+// t0 = X. The old comparison reaps both; the new one keeps both ("new_life"), and t0 = X + 1
+// reaps them. The same for data that has only the millisecond fields, at a t0 inside that
+// millisecond.
+#[test]
+fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let dead = wire(IdKind::Instance, "tie");
+    let x: i64 = s.server_ms() * 1000 + 123;
+    for (case, room, pin_fields, t_tie) in [
+        (
+            "microseconds",
+            "tie-us",
+            vec![
+                ("pinned_us", x.to_string()),
+                ("pinned_ms", (x / 1000).to_string()),
+            ],
+            x,
+        ),
+        (
+            "milliseconds only",
+            "tie-ms",
+            vec![("pinned_ms", (x / 1000).to_string())],
+            x / 1000 * 1000 + 500,
+        ),
+    ] {
+        let rk = ks.room(room);
+        let peer = ks.peer(room, "p1");
+        let write = || {
+            let mut con = s.con();
+            let mut meta = redis::cmd("HSET");
+            meta.arg(&rk.meta).arg("owner").arg(&dead);
+            let mut rec = redis::cmd("HSET");
+            rec.arg(&peer)
+                .arg("instance")
+                .arg(&dead)
+                .arg("generation")
+                .arg(1);
+            for (f, v) in &pin_fields {
+                meta.arg(*f).arg(v);
+                rec.arg(f.replace("pinned", "updated")).arg(v);
+            }
+            let _: () = meta.query(&mut con).unwrap();
+            let _: () = rec.query(&mut con).unwrap();
+            let _: () = redis::cmd("SADD")
+                .arg(&rk.peers)
+                .arg("p1")
+                .query(&mut con)
+                .unwrap();
+        };
+        write();
+        let room_keys = [
+            &rk.owner[..],
+            &rk.meta,
+            &rk.peers,
+            &rk.guests,
+            &rk.guest_state,
+        ];
+        let tie = t_tie.to_string();
+        let (status, _, removed): (String, String, Vec<String>) =
+            eval(&s, REAP_ROOM, &room_keys, &[&dead, &tie, "0", "100"]);
+        assert_eq!(
+            (status.as_str(), removed.len()),
+            ("new_life", 0),
+            "{case}: a room pinned in the same instant as the reap's start was taken for the old life's"
+        );
+        let peer_keys = [&peer[..], &rk.peers, &rk.guests, &rk.guest_state];
+        let status: String = eval(&s, REAP_PEER, &peer_keys, &[&dead, &tie, "p1"]);
+        assert_eq!(
+            status, "new_life",
+            "{case}: a peer record written in the same instant as the reap's start was reaped"
+        );
+        let exists: bool = redis::cmd("EXISTS").arg(&peer).query(&mut s.con()).unwrap();
+        assert!(exists, "{case}: the record is gone");
+
+        // One microsecond (or millisecond) later, they are the old life's.
+        let later = if case == "microseconds" {
+            x + 1
+        } else {
+            (x / 1000 + 1) * 1000
+        };
+        let later = later.to_string();
+        let status: String = eval(&s, REAP_PEER, &peer_keys, &[&dead, &later, "p1"]);
+        assert_eq!(
+            status, "reaped",
+            "{case}: the record written before t0 was kept"
+        );
+        write();
+        let (status, _, removed): (String, String, Vec<String>) =
+            eval(&s, REAP_ROOM, &room_keys, &[&dead, &later, "0", "100"]);
+        assert_eq!((status.as_str(), removed.len()), ("reaped", 2), "{case}");
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(&rk.meta)
+            .arg(&rk.peers)
+            .arg(&peer)
+            .query(&mut s.con())
+            .unwrap();
+        assert_eq!(left, 0, "{case}: the room was not deleted whole");
+    }
+}
