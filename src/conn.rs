@@ -298,10 +298,12 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 }
 
 /// Sends `pipe` (one round trip) and returns one result per command; a failed command does
-/// not fail the others. If any command failed with `NOSCRIPT`, every script is reloaded and the
-/// whole pipeline is sent once more: every pipeline this crate builds is safe to repeat (its
-/// plain commands are idempotent and its scripts either did not run or are idempotent batches).
-/// An `Err` means the round trip itself failed (I/O, timeout).
+/// not fail the others. If any command failed with `NOSCRIPT` (the script cache was flushed,
+/// maybe halfway through the pipeline), every script is reloaded and only those commands are
+/// sent again, their new replies taking their places: a reply of a command that did run is
+/// kept, since it may be the only record of what it deleted (issue 11: no clean-up that only a
+/// lost reply knows). A pipeline with ignored commands is sent whole again (each is
+/// idempotent). An `Err` means a round trip itself failed (I/O, timeout).
 pub(crate) fn exec(
     con: &mut Connection,
     pipe: &mut Pipeline,
@@ -310,14 +312,36 @@ pub(crate) fn exec(
         return Ok(Vec::new());
     }
     pipe.ignore_errors();
-    let results: Vec<RedisResult<Value>> = pipe.query(con)?;
-    if results
+    let mut results: Vec<RedisResult<Value>> = pipe.query(con)?;
+    let flushed: Vec<usize> = results
         .iter()
-        .any(|r| matches!(r, Err(e) if is_noscript(e)))
-    {
-        log::info!("script cache was flushed; reloading scripts");
-        preload(con)?;
+        .enumerate()
+        .filter(|(_, r)| matches!(r, Err(e) if is_noscript(e)))
+        .map(|(i, _)| i)
+        .collect();
+    if flushed.is_empty() {
+        return Ok(results);
+    }
+    log::info!("script cache was flushed; reloading scripts");
+    preload(con)?;
+    if pipe.is_transaction() || results.len() != pipe.len() {
+        // Replies do not map one to one onto commands (ignored ones): send it all again
+        // (no caller derives a clean-up from such a pipeline's replies).
         return pipe.query(con);
+    }
+    // Only the commands that found no script: the others ran, and their replies may be the
+    // only record of what they did (a reap script's deleted records, whose index entries
+    // must go). Sending them again would replace those replies with "nothing left".
+    let mut again = redis::pipe();
+    again.ignore_errors();
+    for (i, cmd) in pipe.cmd_iter().enumerate() {
+        if flushed.binary_search(&i).is_ok() {
+            again.add_command(cmd.clone());
+        }
+    }
+    let replies: Vec<RedisResult<Value>> = again.query(con)?;
+    for (i, reply) in flushed.into_iter().zip(replies) {
+        results[i] = reply;
     }
     Ok(results)
 }
@@ -372,4 +396,46 @@ pub(crate) fn time_reply_ms(reply: &Value) -> Result<i64> {
     redis::from_redis_value_ref::<(i64, i64)>(reply)
         .map(|(s, us)| s * 1000 + us / 1000)
         .map_err(|e| Error::bad_data("read server time", format!("unexpected TIME reply: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sfu_redis_testkit::devserver::LocalRedis;
+
+    /// A script cache flushed halfway through a pipeline: only the commands that found no
+    /// script are sent again; the replies of those that ran are kept (sending everything again
+    /// would run the first script twice and replace its reply with the second run's).
+    #[test]
+    fn noscript_halfway_resends_only_what_did_not_run() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let redis = Redis::new(&server.url(), std::time::Duration::from_secs(2)).unwrap();
+        let mut con = redis.connect().unwrap();
+        let _: () = redis::cmd("SADD")
+            .arg("set")
+            .arg("a")
+            .arg("b")
+            .query(&mut con)
+            .unwrap();
+        // reap_unindex.lua removes its members (the instance "x" is not registered).
+        let unindex = |member: &str| {
+            let mut inv = SCRIPTS.reap_unindex.prepare_invoke();
+            inv.key("hbs").key("hb").key("set").arg("x").arg(member);
+            inv
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&unindex("a"));
+        pipe.cmd("SCRIPT").arg("FLUSH");
+        pipe.invoke_script(&unindex("b"));
+        let replies = exec(&mut con, &mut pipe).unwrap();
+        let got: Vec<Option<i64>> = replies
+            .into_iter()
+            .map(|r| r.ok().and_then(|v| redis::from_redis_value::<i64>(v).ok()))
+            .collect();
+        // Sent whole again, the first script would run twice (its reply then 0, "nothing
+        // removed") and the third would find no script again.
+        assert_eq!(got, vec![Some(1), None, Some(1)]);
+        let left: i64 = redis::cmd("SCARD").arg("set").query(&mut con).unwrap();
+        assert_eq!(left, 0);
+    }
 }

@@ -26,7 +26,7 @@ use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::SCRIPTS;
-use crate::state::Shared;
+use crate::state::{Shared, ROOM_LOCKS};
 use crate::worker::{self, Periodic};
 
 /// First heartbeat of a life, or a regular one.
@@ -178,6 +178,8 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         }
         lose_rooms(sh, link, lost)?;
     }
+    let stripes = sh.local.next_reassert_stripes(REASSERT_STRIPES);
+    reassert_held(sh, link, stripes, true)?;
     if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
@@ -186,6 +188,120 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     sh.counters.heartbeat_ok();
     Ok(())
 }
+
+/// Lock stripes whose holdings one tick puts back into this instance's indexes: every stripe
+/// once per `ROOM_LOCKS / REASSERT_STRIPES` (8) ticks.
+const REASSERT_STRIPES: usize = 8;
+
+/// Puts the rooms and peers this node holds in lock stripes `stripes` back into its two indexes
+/// (`SADD`: a member already there is left as it is), holding those stripes' locks (taken in
+/// increasing order; a host call takes one) for the round trip, so no pin, close, upsert or
+/// remove of those rooms runs meanwhile: nothing closed or removed is added back, and nothing
+/// is added before its record (a held room's pin and a held peer's record exist, or the next
+/// tick reports them lost). What it repairs: an entry of this node removed by a clean-up that
+/// raced with a new write of the same room or peer (another node's reaper unindexing records
+/// of this instance it deleted in a room this instance pinned again, or this node's clean-up
+/// of its own earlier life), which would otherwise leave a room or record no index reaches:
+/// an orphan once this instance dies (invariant 4, issue 11). One round trip, none when the
+/// stripes hold nothing.
+///
+/// With `walk`, the same round trip also reads the next page of each of this instance's own
+/// indexes (`SSCAN`, [`WALK_PAGE`] members) and hands every member this node does not hold to
+/// the settlements of the next tick: a room to `settle_uncertain` (its pin released if it is
+/// still ours, its entry removed if not), a peer to `unindex_gone_records` (its entry removed
+/// if its record is gone or names another instance). This finds, from durable state, the
+/// entries a clean-up known only from a lost reply would have removed, also those another
+/// instance owed this one (a guest's superseded peer, a moved record): every entry is looked
+/// at once per walk of the index. Members the node holds cost nothing more.
+fn reassert_held(
+    sh: &Shared,
+    link: &mut Link,
+    stripes: std::ops::Range<usize>,
+    walk: bool,
+) -> Result<()> {
+    let _locks: Vec<_> = stripes.clone().map(|i| sh.local.lock_stripe(i)).collect();
+    let held = sh.local.held_in_stripes(&stripes);
+    if held.is_empty() && !walk {
+        return Ok(());
+    }
+    let mut rooms = Vec::with_capacity(held.len());
+    let mut members = Vec::new();
+    for (room, peers) in &held {
+        let Ok(r) = encode_id(IdKind::Room, room) else {
+            continue;
+        };
+        for p in peers {
+            if let Ok(p) = encode_id(IdKind::Peer, p) {
+                members.push(crate::keys::peer_member(&r, &p));
+            }
+        }
+        rooms.push(r);
+    }
+    let mut pipe = redis::pipe();
+    let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
+    let peer_index = sh.ctx.keys.instance_peers(&sh.ctx.me);
+    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.sadd(&room_index, chunk);
+    }
+    for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.sadd(&peer_index, chunk);
+    }
+    let sadds = pipe.len();
+    let (room_cursor, peer_cursor) = *sh.local.index_walk.lock();
+    if walk {
+        for (index, cursor) in [(&room_index, room_cursor), (&peer_index, peer_cursor)] {
+            pipe.cmd("SSCAN")
+                .arg(index)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WALK_PAGE);
+        }
+    }
+    let op = "re-assert held index entries";
+    let replies = link.run(&sh.redis, |c| {
+        conn::exec(c, &mut pipe).map_err(|e| Error::redis(op, e))
+    })?;
+    let mut replies = replies.into_iter();
+    let mut added = 0;
+    for reply in replies.by_ref().take(sadds) {
+        added += conn::decode::<i64>(op, reply)?;
+    }
+    if added > 0 {
+        log::warn!(
+            "put {added} missing entries back into this instance's indexes (rooms and peers it holds; a clean-up had removed them)"
+        );
+    }
+    drop(_locks);
+    if walk {
+        let (Some(rooms), Some(peers)) = (replies.next(), replies.next()) else {
+            return Err(Error::bad_data(op, "fewer replies than commands"));
+        };
+        let (room_next, rooms) = conn::decode::<(u64, Vec<String>)>(op, rooms)?;
+        let (peer_next, peers) = conn::decode::<(u64, Vec<String>)>(op, peers)?;
+        *sh.local.index_walk.lock() = (room_next, peer_next);
+        for w in rooms {
+            if let Ok(room) = decode_id(&w) {
+                if !sh.local.has_room(&room) {
+                    sh.local.mark_uncertain(&room);
+                }
+            }
+        }
+        for m in peers {
+            let Some((r, p)) = crate::keys::split_peer_member(&m) else {
+                continue;
+            };
+            if let (Ok(room), Ok(peer)) = (decode_id(r), decode_id(p)) {
+                if sh.local.peer_generation(&room, &peer).is_none() {
+                    sh.local.mark_unindex(&room, [peer]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Members of each own index one tick looks at (see `reassert_held`).
+const WALK_PAGE: usize = 256;
 
 /// Forgets rooms another instance owns now (or that are gone), reports them, and removes them
 /// from this instance's room index (after the pin moved: index after record).
@@ -196,6 +312,10 @@ fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>)
         if !sh.local.has_room(&room) {
             continue;
         }
+        // Its peers' entries stay while their records name this instance (they agree); one
+        // whose record the new owner deleted (a guest reconnecting there) goes on the next
+        // tick (`unindex_gone_records`), also if a re-assertion had put it back.
+        sh.local.mark_unindex(&room, sh.local.peers_in(&room));
         sh.local.remove_room(&room);
         if let Ok(w) = encode_id(IdKind::Room, &room) {
             link.run(&sh.redis, |c| {
@@ -396,6 +516,25 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
                 .map_err(|e| Error::redis("read owners of lost rooms", e))
         })
         .unwrap_or_else(|_| vec![None; room_ids.len()]);
+    // The lost rooms go into the room index (index first) so that the clean-up of the earlier
+    // life below finds each, also one whose entry a reaper removed while a host call pinned
+    // it again before this tick saw the reap: it reaps those still pinned before
+    // `server_us` (reported lost above) and keeps what was pinned after.
+    let wires: Vec<String> = room_ids
+        .iter()
+        .filter_map(|r| encode_id(IdKind::Room, r).ok())
+        .collect();
+    if !wires.is_empty() {
+        link.run(&sh.redis, |c| {
+            let mut pipe = redis::pipe();
+            for chunk in wires.chunks(conn::MEMBERS_PER_COMMAND) {
+                pipe.sadd(sh.ctx.keys.instance_rooms(&sh.ctx.me), chunk)
+                    .ignore();
+            }
+            pipe.query::<()>(c)
+                .map_err(|e| Error::redis("index the lost rooms for the clean-up", e))
+        })?;
+    }
     for (room, owner) in room_ids.into_iter().zip(owners) {
         let new_owner = owner.map(|o| decode_id(&o).unwrap_or(o));
         sh.events.emit(Event::RoomLost { room, new_owner });
@@ -429,6 +568,10 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
             sh.id
         );
     }
+    // Host calls may have pinned or upserted meanwhile (after a zombie's rooms were
+    // forgotten), and the clean-up removes index entries in a later round trip than the
+    // deletes: what this node holds now goes back into its indexes.
+    reassert_held(sh, link, 0..ROOM_LOCKS, false)?;
     sh.counters.heartbeat_ok();
     Ok(())
 }

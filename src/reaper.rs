@@ -23,7 +23,7 @@ use crate::conn::{self, Backoff, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
-use crate::rooms::{Unindex, PEER_BATCH};
+use crate::rooms::{unindex_reaped, Unindex, PEER_BATCH};
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
 use crate::state::{Counters, Ctx, Shared};
@@ -181,6 +181,28 @@ pub(crate) struct Reap<'a> {
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].
     pub leading: &'a dyn Fn() -> bool,
+}
+
+impl Reap<'_> {
+    /// The instance whose own index clean-ups must be skipped should it register again: the
+    /// reaped one, unless this node cleans up after its own earlier life (it has registered
+    /// by then; what it pins again is put back in its indexes under the room locks, see
+    /// `heartbeat::reassert_held`).
+    fn guarded(&self) -> Option<&str> {
+        (self.dead != self.ctx.me).then_some(self.dead)
+    }
+
+    /// Adds the removal of `members` from `index` (one of `dead`'s indexes) to `pipe`: plain
+    /// `SREM` for this node's own clean-up, else `reap_unindex.lua` (skipped once `dead`
+    /// registered again: a new life's entries are never stripped).
+    fn unindex(&self, pipe: &mut redis::Pipeline, index: &str, members: &[String]) {
+        match self.guarded() {
+            Some(dead) => unindex_reaped(&self.ctx.keys, pipe, dead, index, members),
+            None => {
+                pipe.srem(index, members);
+            }
+        }
+    }
 }
 
 /// Index `SREM`s owed for records and rooms already deleted.
@@ -350,9 +372,9 @@ fn room_replies(
             }
         }
     }
-    cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
+    cleanup.len += unindex.flush_reaped(&r.ctx.keys, &mut cleanup.pipe, r.guarded());
     if !unindexed.is_empty() {
-        cleanup.pipe.srem(index, &unindexed);
+        r.unindex(&mut cleanup.pipe, index, &unindexed);
         cleanup.len += 1;
     }
     again
@@ -374,11 +396,9 @@ pub(crate) fn reap_peers(
         let members = index_page(con, op, &mut cursor)?;
         let unindexed = reap_peer_batch(r, con, members, counts)?;
         if !unindexed.is_empty() {
-            redis::cmd("SREM")
-                .arg(&index)
-                .arg(&unindexed)
-                .query::<()>(con)
-                .map_err(|e| Error::redis(op, e))?;
+            let mut pipe = redis::pipe();
+            r.unindex(&mut pipe, &index, &unindexed);
+            conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
         }
         if cursor.done() {
             return Ok(());

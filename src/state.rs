@@ -176,7 +176,7 @@ pub(crate) struct LocalPeer {
 }
 
 /// Stripes of the per-room lock.
-const ROOM_LOCKS: usize = 64;
+pub(crate) const ROOM_LOCKS: usize = 64;
 
 /// What this node holds: the rooms it pinned and the peers it upserted (callers' ids). The
 /// heartbeat refreshes these pins; counts come from here.
@@ -207,6 +207,11 @@ pub(crate) struct Local {
     /// holds that peer again (invariant 4, from the node's own knowledge, not from a reply).
     unindex: Mutex<BTreeSet<(String, String)>>,
     locks: Vec<Mutex<()>>,
+    /// The first lock stripe of the next tick's re-assertion of held entries.
+    reassert_next: std::sync::atomic::AtomicUsize,
+    /// `SSCAN` cursors (room index, peer index) of the tick's walk over this instance's own
+    /// indexes.
+    pub(crate) index_walk: Mutex<(u64, u64)>,
 }
 
 impl Default for Local {
@@ -219,6 +224,8 @@ impl Default for Local {
             uncertain_upserts: Mutex::default(),
             unindex: Mutex::default(),
             locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
+            reassert_next: std::sync::atomic::AtomicUsize::new(0),
+            index_walk: Mutex::new((0, 0)),
         }
     }
 }
@@ -226,9 +233,20 @@ impl Default for Local {
 impl Local {
     /// The lock of `room` (striped: unrelated rooms may share a stripe).
     pub(crate) fn lock_room(&self, room: &str) -> MutexGuard<'_, ()> {
+        self.locks[Self::stripe_of(room)].lock()
+    }
+
+    /// The lock stripe of `room` (`0..ROOM_LOCKS`).
+    pub(crate) fn stripe_of(room: &str) -> usize {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         room.hash(&mut h);
-        self.locks[(h.finish() as usize) % ROOM_LOCKS].lock()
+        (h.finish() as usize) % ROOM_LOCKS
+    }
+
+    /// The lock of stripe `i` (`0..ROOM_LOCKS`): every room of [`Local::stripe_of`] `i`. A
+    /// caller taking several takes them in increasing order (host calls take one at a time).
+    pub(crate) fn lock_stripe(&self, i: usize) -> MutexGuard<'_, ()> {
+        self.locks[i % ROOM_LOCKS].lock()
     }
 
     pub(crate) fn mark_uncertain(&self, room: &str) {
@@ -368,6 +386,44 @@ impl Local {
         self.peers
             .lock()
             .remove(&(room.to_owned(), peer.to_owned()));
+    }
+
+    /// The rooms this node holds whose lock stripe is in `stripes`, each with the peers it
+    /// holds there (the caller holds those stripes' locks).
+    pub(crate) fn held_in_stripes(
+        &self,
+        stripes: &std::ops::Range<usize>,
+    ) -> Vec<(String, Vec<String>)> {
+        let rooms: Vec<String> = self
+            .rooms
+            .lock()
+            .keys()
+            .filter(|r| stripes.contains(&Self::stripe_of(r)))
+            .cloned()
+            .collect();
+        let peers = self.peers.lock();
+        rooms
+            .into_iter()
+            .map(|room| {
+                let held = peers
+                    .range((room.clone(), String::new())..)
+                    .take_while(|((r, _), _)| *r == room)
+                    .map(|((_, p), _)| p.clone())
+                    .collect();
+                (room, held)
+            })
+            .collect()
+    }
+
+    /// The next `n` lock stripes whose holdings a tick puts back into the indexes (a rotating
+    /// window: every stripe once per `ROOM_LOCKS / n` calls).
+    pub(crate) fn next_reassert_stripes(&self, n: usize) -> std::ops::Range<usize> {
+        let n = n.clamp(1, ROOM_LOCKS);
+        let start = self
+            .reassert_next
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+            % ROOM_LOCKS;
+        start..(start + n).min(ROOM_LOCKS)
     }
 
     /// Forgets everything (after this node was reaped).

@@ -46,6 +46,10 @@ struct Faults {
     delay: Duration,
     /// Armed by [`FaultProxy::lose_reply_of`]: the next request chunk holding these bytes.
     lose_reply_of: Option<Vec<u8>>,
+    /// Armed by [`FaultProxy::hold_request_of`]: the next request chunk holding these bytes.
+    hold_request_of: Option<Vec<u8>>,
+    /// A request is held (until [`FaultProxy::heal`]).
+    holding: bool,
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +160,19 @@ impl FaultProxy {
         self.state.faults.lock().lose_reply_of.is_some()
     }
 
+    /// Holds back the next request that contains `marker` (within one read chunk), and
+    /// everything after it on that connection, until [`FaultProxy::heal`]: the client has sent
+    /// it, the server has not seen it yet. Other connections are untouched. Fires once. Lets a
+    /// test act at an exact point between two round trips of a node.
+    pub fn hold_request_of(&self, marker: &[u8]) {
+        self.state.faults.lock().hold_request_of = Some(marker.to_vec());
+    }
+
+    /// True once a [`FaultProxy::hold_request_of`] fired and until [`FaultProxy::heal`].
+    pub fn request_held(&self) -> bool {
+        self.state.faults.lock().holding
+    }
+
     /// Removes every fault: no delay, drop or stall, new connections accepted.
     pub fn heal(&self) {
         *self.state.faults.lock() = Faults::default();
@@ -213,6 +230,21 @@ fn arm_cut(st: &State, chunk: &[u8], cut: &AtomicBool) {
         f.lose_reply_of = None;
         cut.store(true, Ordering::SeqCst);
     }
+}
+
+/// True when `chunk` holds the armed marker of [`FaultProxy::hold_request_of`] (it is then
+/// disarmed, and the proxy is holding until healed).
+fn arm_hold(st: &State, chunk: &[u8]) -> bool {
+    let mut f = st.faults.lock();
+    let hit = f
+        .hold_request_of
+        .as_ref()
+        .is_some_and(|m| !m.is_empty() && chunk.windows(m.len()).any(|w| w == m.as_slice()));
+    if hit {
+        f.hold_request_of = None;
+        f.holding = true;
+    }
+    hit
 }
 
 /// A chunk of bytes and when it is due at the other side.
@@ -277,6 +309,11 @@ fn pump(
                 };
                 if dropped {
                     continue;
+                }
+                if upstream && arm_hold(&st, &buf[..n]) {
+                    while st.faults.lock().holding && !st.stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                 }
                 if upstream {
                     arm_cut(&st, &buf[..n], &cut);

@@ -869,3 +869,122 @@ fn data_loss_with_the_restored_reply_lost_still_restores_everything() {
         "the room was reported lost"
     );
 }
+
+// Protects: invariant 4 for entries another instance owed this one (issue 11, item 1: "a
+// guest's superseded peer on upsert" with its reply lost).
+// Fault: instance "e" held room r with peer pe of guest g, then lost the room to "d" (its
+// owner rewritten, as after a takeover); e's record stays (it names e, e's index lists it:
+// consistent). d upserts a new peer pd for guest g (the guest reconnected through d): the
+// script deletes pe's record and the reply, which would have told d to remove "r/pe" from e's
+// index, is lost.
+// Protection: each tick walks a page of the node's own indexes and hands members it does not
+// hold to the record check (`unindex_gone_records`): e removes "r/pe" itself, from durable
+// state. Before, the entry stayed in e's index until e died (the audit reported it).
+#[test]
+fn a_superseded_peer_of_another_instance_leaves_its_index_after_a_lost_reply() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let e = s.node(RT, "e");
+    e.pin_room("r").unwrap();
+    e.upsert_peer("r", "pe", Some("g"), &[]).unwrap();
+    let proxy = s.proxy();
+    let d = Node::start(config_for(&proxy.url(), RT, "d", Timings::fast())).unwrap();
+    let rk = ks.room("r");
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(&rk.owner)
+        .arg("d")
+        .arg("PX")
+        .arg(60_000)
+        .ignore()
+        .cmd("HSET")
+        .arg(&rk.meta)
+        .arg("owner")
+        .arg("d")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    // d takes up the room it owns now (a room in its index that it does not hold would be
+    // released by its own walk: a forgotten room).
+    assert_eq!(d.pin_room("r").unwrap(), sfu_redis::PinOutcome::AlreadyOurs);
+    wait_for(LONG, "e notices it lost the room", || {
+        (e.stats().rooms == 0).then_some(())
+    });
+    // e checks its entries of the lost room on its next tick (the record still names e:
+    // kept); the supersede comes well after that.
+    std::thread::sleep(Timings::fast().heartbeat_interval * 5);
+    proxy.lose_reply_of(b":peer:pd");
+    let out = d.upsert_peer("r", "pd", Some("g"), &[]);
+    assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
+    assert!(
+        !proxy.reply_loss_pending(),
+        "the upsert script was never sent"
+    );
+    // The host retries and succeeds (the usual answer to a failed call).
+    d.upsert_peer("r", "pd", Some("g"), &[]).unwrap();
+    let e_peers = ks.instance_peers("e");
+    wait_for(LONG, "e's index loses the superseded peer", || {
+        let m: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&e_peers)
+            .query(&mut s.con())
+            .unwrap();
+        (!m.contains(&"r/pe".to_owned())).then_some(())
+    });
+    wait_for_exact_indexes(&s, &ks);
+    assert!(!s
+        .keys(&format!("{}:room:{{r}}:peer:pe", ks.prefix()))
+        .iter()
+        .any(|_| true));
+}
+
+// Protects: invariant 4 and "no orphans" (issue 11, items 1 and 2: clean-ups that raced with a
+// new write, or whose reply was lost, on this node's own indexes).
+// Fault: entries of rooms and peers the node holds are removed from its indexes behind its
+// back (as a reaper's deferred clean-up racing a re-pin would), and entries naming nothing are
+// added (as a lost clean-up would leave).
+// Protection: each tick puts what the node holds in one eighth of its room lock stripes back
+// into its indexes (under those locks), and walks a page of its indexes, handing members it
+// does not hold to the settlements: all converge within a few dozen ticks, with no host call.
+#[test]
+fn a_node_puts_back_its_stripped_entries_and_drops_dangling_ones() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let a = s.node(RT, "a");
+    let rooms: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    for r in &rooms {
+        a.pin_room(r).unwrap();
+        a.upsert_peer(r, "p1", Some("g1"), &[]).unwrap();
+    }
+    let (ri, pi) = (ks.instance_rooms("a"), ks.instance_peers("a"));
+    let stripped_peers: Vec<String> = rooms.iter().map(|r| format!("{r}/p1")).collect();
+    let _: () = redis::pipe()
+        .cmd("SREM")
+        .arg(&ri)
+        .arg(&rooms)
+        .ignore()
+        .cmd("SREM")
+        .arg(&pi)
+        .arg(&stripped_peers)
+        .ignore()
+        .cmd("SADD")
+        .arg(&ri)
+        .arg("nowhere")
+        .ignore()
+        .cmd("SADD")
+        .arg(&pi)
+        .arg("r0/ghost")
+        .arg("elsewhere/ghost")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    wait_for_exact_indexes(&s, &ks);
+    let members = |key: &str| -> std::collections::BTreeSet<String> {
+        redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+    };
+    assert_eq!(members(&ri), rooms.iter().cloned().collect());
+    assert_eq!(members(&pi), stripped_peers.iter().cloned().collect());
+    assert_eq!(a.stats().rooms, 40, "the host's rooms are untouched");
+    for r in &rooms {
+        assert_eq!(a.room_owner(r).unwrap().as_deref(), Some("a"));
+    }
+}

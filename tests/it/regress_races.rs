@@ -584,3 +584,89 @@ fn takeover_of_a_garbage_pin_keeps_the_room_indexed() {
          index does not list it"
     );
 }
+
+/// Stage of the new-life tests.
+const LIFE: &str = "life";
+
+// Protects: invariant 4 and "no orphans" across two lives of one instance id (issue 11, item 2:
+// the review's reproduction). The reaper removes a dead instance's index entries in a later
+// round trip than the scripts that deleted the records. If the same instance id registers again
+// and pins a room (or writes a peer) in between, that removal used to strip the new life's
+// entry: the room was then owned but unindexed, and a permanent orphan once the new life died.
+// Fault: 300 fabricated rooms of "lazarus" (one peer each), reap_batch 10. A fault proxy holds
+// the leader's round trip that carries the first batch's index clean-up (its SREM of the
+// room index); meanwhile "lazarus" starts again (registers, cleans its earlier life) and pins
+// every room and upserts every peer again; then the held round trip goes through.
+// Protection: the deferred clean-up of a dead instance's own indexes is a `{ctl}` script
+// (reap_unindex.lua) that skips the removal once that instance has registered again (its new life cleans its own
+// indexes at registration, before it pins anything).
+#[test]
+fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
+    const ROOMS: usize = 300;
+    let s = Server::start();
+    let ks = ks(LIFE);
+    let names: Vec<String> = (0..ROOMS).map(|i| format!("r{i:03}")).collect();
+    let peers: Vec<[(&str, Option<&str>); 1]> = (0..ROOMS).map(|_| [("p1", Some("g1"))]).collect();
+    let rooms: Vec<FakeRoom<'_>> = names
+        .iter()
+        .zip(&peers)
+        .map(|(r, p)| (r.as_str(), &p[..]))
+        .collect();
+    s.fabricate_dead(&ks, "lazarus", s.server_ms() - 60_000, None, &rooms);
+    let lazarus_w = wire(IdKind::Instance, "lazarus");
+    let index = ks.instance_rooms(&lazarus_w);
+    let proxy = s.proxy();
+    // The clean-up of the room index: the one request naming lazarus's heartbeat key right
+    // before its room index (reap_unindex.lua's keys; before the fix, a plain SREM of the
+    // index, held by the marker "SREM\r\n$<len>\r\n<index>", failed this test the same way).
+    let hb = ks.heartbeat(&lazarus_w);
+    proxy.hold_request_of(format!("{hb}\r\n${}\r\n{index}", index.len()).as_bytes());
+    let t = Timings::fast();
+    let leader = Node::start(
+        config_for(&proxy.url(), LIFE, "leader", t)
+            .to_builder()
+            .reap_batch(10)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        "the first batch's clean-up held",
+        || proxy.request_held().then_some(()),
+    );
+    let lazarus = s.node_with(LIFE, "lazarus", t);
+    for r in &names {
+        assert!(lazarus.pin_room(r).unwrap().is_owned(), "room {r}");
+        lazarus.upsert_peer(r, "p1", Some("g1"), &[]).unwrap();
+    }
+    proxy.heal();
+    // The held round trip and the reap's remaining batches run; give them time, then check
+    // on a quiet fleet (the reap finds every later room pinned after it began: kept).
+    std::thread::sleep(t.reap_interval * 4 + Duration::from_secs(1));
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query(&mut s.con())
+        .unwrap();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|r| !members.contains(&wire(IdKind::Room, r)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} rooms owned by the new life of lazarus are missing from its room index (orphans once it dies): {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    for r in &names {
+        assert_eq!(
+            lazarus.room_owner(r).unwrap().as_deref(),
+            Some("lazarus"),
+            "room {r}"
+        );
+    }
+    let problems = s.index_problems(&ks);
+    assert!(problems.is_empty(), "index problems: {problems:#?}");
+    drop(leader);
+    drop(lazarus);
+}
