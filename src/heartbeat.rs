@@ -144,9 +144,17 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
-    let results = link.run(&sh.redis, |c| {
-        rooms::refresh_pins(&sh.ctx, c, &rooms, restore)
-    })?;
+    let results = if restore {
+        link.run(&sh.redis, |c| {
+            rooms::refresh_pins(&sh.ctx, c, &rooms, true, &redis::pipe())
+        })?
+        .1
+    } else {
+        // This tick's share of the held entries (and a page of each index) rides ahead of
+        // the pin refresh: still two round trips per tick.
+        let stripes = sh.local.next_reassert_stripes(REASSERT_STRIPES);
+        Reassert::new(sh, stripes, true).send_with_refresh(link, &rooms)?
+    };
     let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
@@ -178,8 +186,6 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
         }
         lose_rooms(sh, link, lost)?;
     }
-    let stripes = sh.local.next_reassert_stripes(REASSERT_STRIPES);
-    reassert_held(sh, link, stripes, true)?;
     if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
         log::warn!("restored {restored} peer records after Redis lost its data");
@@ -202,82 +208,119 @@ const REASSERT_STRIPES: usize = 8;
 /// raced with a new write of the same room or peer (another node's reaper unindexing records
 /// of this instance it deleted in a room this instance pinned again, or this node's clean-up
 /// of its own earlier life), which would otherwise leave a room or record no index reaches:
-/// an orphan once this instance dies (invariant 4, issue 11). One round trip, none when the
-/// stripes hold nothing.
+/// an orphan once this instance dies (invariant 4, issue 11).
 ///
-/// With `walk`, the same round trip also reads the next page of each of this instance's own
-/// indexes (`SSCAN`, [`WALK_PAGE`] members) and hands every member this node does not hold to
-/// the settlements of the next tick: a room to `settle_uncertain` (its pin released if it is
-/// still ours, its entry removed if not), a peer to `unindex_gone_records` (its entry removed
-/// if its record is gone or names another instance). This finds, from durable state, the
-/// entries a clean-up known only from a lost reply would have removed, also those another
-/// instance owed this one (a guest's superseded peer, a moved record): every entry is looked
-/// at once per walk of the index. Members the node holds cost nothing more.
-fn reassert_held(
-    sh: &Shared,
-    link: &mut Link,
-    stripes: std::ops::Range<usize>,
+/// With `walk`, it also reads the next page of each of this instance's own indexes (`SSCAN`,
+/// [`WALK_PAGE`] members) and hands every member this node does not hold to the settlements
+/// of the next tick: a room to `settle_uncertain` (its pin released if it is still ours, its
+/// entry removed if not), a peer to `unindex_gone_records` (its entry removed if its record is
+/// gone or names another instance). This finds, from durable state, the entries a clean-up
+/// known only from a lost reply would have removed, also those another instance owed this one
+/// (a guest's superseded peer, a moved record): every entry is looked at once per walk of the
+/// index. Members the node holds cost nothing more.
+///
+/// The tick sends these commands ahead of its pin refresh, in the same round trip
+/// ([`Reassert::send_with_refresh`]); a registration sends them alone ([`reassert_held`]).
+struct Reassert<'a> {
+    sh: &'a Shared,
+    _locks: Vec<parking_lot::MutexGuard<'a, ()>>,
+    pipe: redis::Pipeline,
+    sadds: usize,
     walk: bool,
-) -> Result<()> {
-    let _locks: Vec<_> = stripes.clone().map(|i| sh.local.lock_stripe(i)).collect();
-    let held = sh.local.held_in_stripes(&stripes);
-    if held.is_empty() && !walk {
-        return Ok(());
-    }
-    let mut rooms = Vec::with_capacity(held.len());
-    let mut members = Vec::new();
-    for (room, peers) in &held {
-        let Ok(r) = encode_id(IdKind::Room, room) else {
-            continue;
-        };
-        for p in peers {
-            if let Ok(p) = encode_id(IdKind::Peer, p) {
-                members.push(crate::keys::peer_member(&r, &p));
+}
+
+const REASSERT_OP: &str = "re-assert held index entries";
+
+impl<'a> Reassert<'a> {
+    /// Takes the stripes' locks and builds the commands.
+    fn new(sh: &'a Shared, stripes: std::ops::Range<usize>, walk: bool) -> Reassert<'a> {
+        let locks: Vec<_> = stripes.clone().map(|i| sh.local.lock_stripe(i)).collect();
+        let held = sh.local.held_in_stripes(&stripes);
+        let mut rooms = Vec::with_capacity(held.len());
+        let mut members = Vec::new();
+        for (room, peers) in &held {
+            let Ok(r) = encode_id(IdKind::Room, room) else {
+                continue;
+            };
+            for p in peers {
+                if let Ok(p) = encode_id(IdKind::Peer, p) {
+                    members.push(crate::keys::peer_member(&r, &p));
+                }
+            }
+            rooms.push(r);
+        }
+        let mut pipe = redis::pipe();
+        let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
+        let peer_index = sh.ctx.keys.instance_peers(&sh.ctx.me);
+        for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+            pipe.sadd(&room_index, chunk);
+        }
+        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
+            pipe.sadd(&peer_index, chunk);
+        }
+        let sadds = pipe.len();
+        if walk {
+            let (room_cursor, peer_cursor) = *sh.local.index_walk.lock();
+            for (index, cursor) in [(&room_index, room_cursor), (&peer_index, peer_cursor)] {
+                pipe.cmd("SSCAN")
+                    .arg(index)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(WALK_PAGE);
             }
         }
-        rooms.push(r);
-    }
-    let mut pipe = redis::pipe();
-    let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
-    let peer_index = sh.ctx.keys.instance_peers(&sh.ctx.me);
-    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.sadd(&room_index, chunk);
-    }
-    for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.sadd(&peer_index, chunk);
-    }
-    let sadds = pipe.len();
-    let (room_cursor, peer_cursor) = *sh.local.index_walk.lock();
-    if walk {
-        for (index, cursor) in [(&room_index, room_cursor), (&peer_index, peer_cursor)] {
-            pipe.cmd("SSCAN")
-                .arg(index)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(WALK_PAGE);
+        Reassert {
+            sh,
+            _locks: locks,
+            pipe,
+            sadds,
+            walk,
         }
     }
-    let op = "re-assert held index entries";
-    let replies = link.run(&sh.redis, |c| {
-        conn::exec(c, &mut pipe).map_err(|e| Error::redis(op, e))
-    })?;
-    let mut replies = replies.into_iter();
-    let mut added = 0;
-    for reply in replies.by_ref().take(sadds) {
-        added += conn::decode::<i64>(op, reply)?;
+
+    /// Sends the commands ahead of the pin refresh of `rooms` (one round trip), releases the
+    /// locks, handles the replies, and returns the refresh's outcomes.
+    fn send_with_refresh(
+        self,
+        link: &mut Link,
+        rooms: &[String],
+    ) -> Result<Vec<(String, Refreshed)>> {
+        let sh = self.sh;
+        let (ahead, results) = link.run(&sh.redis, |c| {
+            rooms::refresh_pins(&sh.ctx, c, rooms, false, &self.pipe)
+        })?;
+        self.handle(ahead)?;
+        Ok(results)
     }
-    if added > 0 {
-        log::warn!(
-            "put {added} missing entries back into this instance's indexes (rooms and peers it holds; a clean-up had removed them)"
-        );
-    }
-    drop(_locks);
-    if walk {
+
+    /// Handles the replies of the commands (the locks are released first).
+    fn handle(self, replies: Vec<redis::RedisResult<redis::Value>>) -> Result<()> {
+        let Reassert {
+            sh,
+            _locks,
+            sadds,
+            walk,
+            ..
+        } = self;
+        drop(_locks);
+        let mut replies = replies.into_iter();
+        let mut added = 0;
+        for reply in replies.by_ref().take(sadds) {
+            added += conn::decode::<i64>(REASSERT_OP, reply)?;
+        }
+        if added > 0 {
+            log::warn!(
+                "put {added} missing entries back into this instance's indexes (rooms and peers it holds; a clean-up had removed them)"
+            );
+        }
+        if !walk {
+            return Ok(());
+        }
         let (Some(rooms), Some(peers)) = (replies.next(), replies.next()) else {
-            return Err(Error::bad_data(op, "fewer replies than commands"));
+            return Err(Error::bad_data(REASSERT_OP, "fewer replies than commands"));
         };
-        let (room_next, rooms) = conn::decode::<(u64, Vec<String>)>(op, rooms)?;
-        let (peer_next, peers) = conn::decode::<(u64, Vec<String>)>(op, peers)?;
+        let (room_next, rooms) = conn::decode::<(u64, Vec<String>)>(REASSERT_OP, rooms)?;
+        let (peer_next, peers) = conn::decode::<(u64, Vec<String>)>(REASSERT_OP, peers)?;
         *sh.local.index_walk.lock() = (room_next, peer_next);
         for w in rooms {
             if let Ok(room) = decode_id(&w) {
@@ -296,8 +339,20 @@ fn reassert_held(
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
+}
+
+/// [`Reassert`] of every stripe, in a round trip of its own (no walk).
+fn reassert_held(sh: &Shared, link: &mut Link) -> Result<()> {
+    let r = Reassert::new(sh, 0..ROOM_LOCKS, false);
+    if r.pipe.is_empty() {
+        return Ok(());
+    }
+    let replies = link.run(&sh.redis, |c| {
+        conn::exec(c, &mut r.pipe.clone()).map_err(|e| Error::redis(REASSERT_OP, e))
+    })?;
+    r.handle(replies)
 }
 
 /// Members of each own index one tick looks at (see `reassert_held`).
@@ -571,7 +626,7 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     // Host calls may have pinned or upserted meanwhile (after a zombie's rooms were
     // forgotten), and the clean-up removes index entries in a later round trip than the
     // deletes: what this node holds now goes back into its indexes.
-    reassert_held(sh, link, 0..ROOM_LOCKS, false)?;
+    reassert_held(sh, link)?;
     sh.counters.heartbeat_ok();
     Ok(())
 }

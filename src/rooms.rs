@@ -63,11 +63,19 @@ pub(crate) fn pin(
 ) -> Result<PinOutcome> {
     let op = "pin room";
     let index = ctx.keys.instance_rooms(&ctx.me);
-    redis::cmd("SADD")
+    let added = redis::cmd("SADD")
         .arg(&index)
         .arg(room)
         .query::<()>(con)
-        .map_err(|e| Error::redis(op, e))?;
+        .map_err(|e| Error::redis(op, e));
+    if let Err(e) = added {
+        // The entry may have landed with its reply lost: the heartbeat settles the room like
+        // an uncertain pin (nothing to release; the entry goes).
+        if !e.outcome_known() && !owned {
+            local.mark_uncertain(room_id);
+        }
+        return Err(e);
+    }
     let out = try_pin(ctx, con, room);
     let definite = match &out {
         Ok(o) => !o.is_owned(),
@@ -270,6 +278,9 @@ pub(crate) fn unindex_reaped<M: redis::ToRedisArgs>(
     pipe.invoke_script(&inv);
 }
 
+/// Per-command replies of a pipeline (`conn::exec`).
+pub(crate) type Replies = Vec<redis::RedisResult<redis::Value>>;
+
 /// What the heartbeat found for one of its pins.
 #[derive(Debug)]
 pub(crate) enum Refreshed {
@@ -297,12 +308,16 @@ pub(crate) enum Refreshed {
 /// second round trip, as does every room with `restore` (after Redis lost its data: the rooms
 /// are also re-added to this instance's room index, and rooms whose metadata is gone are pinned
 /// again).
+///
+/// `ahead` (may be empty): commands of the caller sent first in the same round trip (not with
+/// `restore`); their replies are returned beside the outcomes.
 pub(crate) fn refresh_pins(
     ctx: &Ctx,
     con: &mut Connection,
     rooms: &[String],
     restore: bool,
-) -> Result<Vec<(String, Refreshed)>> {
+    ahead: &Pipeline,
+) -> Result<(Replies, Vec<(String, Refreshed)>)> {
     let op = "refresh pins";
     let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let wires: Vec<(String, String)> = rooms
@@ -310,18 +325,20 @@ pub(crate) fn refresh_pins(
         .filter_map(|r| encode_id(IdKind::Room, r).ok().map(|w| (r.clone(), w)))
         .collect();
     if restore {
-        return refresh_pins_scripted(ctx, con, wires, true);
+        return Ok((Vec::new(), refresh_pins_scripted(ctx, con, wires, true)?));
     }
-    let mut pipe = redis::pipe();
+    let mut pipe = ahead.clone();
     for (_, w) in &wires {
         let owner = ctx.keys.room_owner(w);
         pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT");
         pipe.get(&owner);
     }
-    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let rest = replies.split_off(ahead.len().min(replies.len()));
+    let ahead_replies = replies;
     let mut out = Vec::with_capacity(wires.len());
     let mut lapsed = Vec::new();
-    let mut replies = replies.into_iter();
+    let mut replies = rest.into_iter();
     for (room, wire) in wires {
         let (Some(extended), Some(owner)) = (replies.next(), replies.next()) else {
             return Err(Error::bad_data(op, "fewer replies than commands"));
@@ -346,7 +363,7 @@ pub(crate) fn refresh_pins(
     if !lapsed.is_empty() {
         out.extend(refresh_pins_scripted(ctx, con, lapsed, false)?);
     }
-    Ok(out)
+    Ok((ahead_replies, out))
 }
 
 /// `pin_refresh.lua` for each of `wires` (caller's id, wire form), in one pipelined round trip.

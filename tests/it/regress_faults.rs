@@ -988,3 +988,33 @@ fn a_node_puts_back_its_stripped_entries_and_drops_dangling_ones() {
         assert_eq!(a.room_owner(r).unwrap().as_deref(), Some("a"));
     }
 }
+
+// Protects: invariant 4 after a pin whose first step's reply is lost (found by the chaos run
+// with churn): the room-index `SADD` ran, its reply never came, so the pin script was never
+// sent. The call fails; the entry names a room nobody pinned.
+// Protection: the room is marked uncertain like a pin whose script reply was lost, and the next
+// tick settles it (nothing to release; the entry goes). The tick's walk over its own index
+// would find it too, later.
+#[test]
+fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
+    let s = Server::start();
+    let ks = ks(RT);
+    let proxy = s.proxy();
+    let a = Node::start(config_for(&proxy.url(), RT, "sadd", Timings::fast())).unwrap();
+    a.pin_room("kept").unwrap();
+    let index = ks.instance_rooms("sadd");
+    proxy.lose_reply_of(format!("SADD\r\n${}\r\n{index}", index.len()).as_bytes());
+    let out = a.pin_room("never");
+    assert!(out.is_err(), "the index write's reply was lost: {out:?}");
+    assert!(
+        !proxy.reply_loss_pending(),
+        "the index write was never sent"
+    );
+    wait_for_exact_indexes(&s, &ks);
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(members, ["kept"]);
+    assert_eq!(a.room_owner("never").unwrap(), None);
+}
