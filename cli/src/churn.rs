@@ -76,6 +76,9 @@ struct Counts {
     takeovers: u64,
     upserts: u64,
     replaced: u64,
+    /// Replaced peers that another process had upserted: the guest reconnected through
+    /// this instance after being hosted by another one (peer ids carry the process's tag).
+    replaced_elsewhere: u64,
     removes: u64,
     removes_noop: u64,
     closes: u64,
@@ -168,6 +171,9 @@ impl Churn<'_> {
                 let peers = self.held.entry(room.to_owned()).or_default();
                 if let Some(old) = &u.replaced {
                     self.c.replaced += 1;
+                    if !old.contains(&format!("-c{}", self.tag)) {
+                        self.c.replaced_elsewhere += 1;
+                    }
                     peers.retain(|(p, _)| p != old);
                 }
                 peers.push((peer, u.generation));
@@ -270,7 +276,7 @@ fn report(node: &Node, c: &Counts, took: Duration, done: bool, json: bool) {
     let secs = took.as_secs_f64();
     if done {
         eprintln!(
-            "churn: {} ops in {secs:.1}s ({:.1}/s): pins={} held_elsewhere={} takeovers={} upserts={} replaced={} removes={} (no-op {}) closes={} errors={} (not_owner={} timeout_or_connection={} other={})",
+            "churn: {} ops in {secs:.1}s ({:.1}/s): pins={} held_elsewhere={} takeovers={} upserts={} replaced={} (elsewhere {}) removes={} (no-op {}) closes={} errors={} (not_owner={} timeout_or_connection={} other={})",
             c.ops(),
             c.ops() as f64 / secs.max(0.001),
             c.pins,
@@ -278,6 +284,7 @@ fn report(node: &Node, c: &Counts, took: Duration, done: bool, json: bool) {
             c.takeovers,
             c.upserts,
             c.replaced,
+            c.replaced_elsewhere,
             c.removes,
             c.removes_noop,
             c.closes,
@@ -301,6 +308,7 @@ fn report(node: &Node, c: &Counts, took: Duration, done: bool, json: bool) {
         "takeovers": c.takeovers,
         "upserts": c.upserts,
         "replaced": c.replaced,
+        "replaced_elsewhere": c.replaced_elsewhere,
         "removes": c.removes,
         "removes_noop": c.removes_noop,
         "closes": c.closes,
