@@ -13,6 +13,7 @@ macro_rules! out {
     }};
 }
 
+mod churn;
 mod demo;
 mod fsck;
 mod node;
@@ -38,7 +39,7 @@ struct Cli {
 enum Command {
     /// Run one SFU instance (heartbeat, lease, reaper) until SIGINT/SIGTERM, printing its events
     /// on stdout.
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
     /// Show the fleet of one prefix as Redis sees it: leader, epoch, instances.
     ///
     /// Each instance is alive (heartbeating), late (heartbeat key expired, last heartbeat
@@ -291,7 +292,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {
-        Command::Node(args) => node::run(args),
+        Command::Node(args) => node::run(*args),
         Command::Status(args) => status::run(args),
         Command::Fsck(args) => fsck::run(args),
         Command::Demo(args) => demo::run(args),

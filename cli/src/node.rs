@@ -11,6 +11,7 @@ use crossbeam_channel::select;
 use sfu_redis::keys::{encode_id, IdKind};
 use sfu_redis::{redact_url, Event, Node, PinOutcome, Timings};
 
+use crate::churn::{self, ChurnPlan};
 use crate::{
     event_fields, parse_factor, scaled, signal_channel, signalled, with_place, Failure, RedisArgs,
 };
@@ -54,6 +55,17 @@ pub(crate) struct NodeArgs {
     /// them once the instance is seen dead, or a restart with the same id clears them.
     #[arg(long)]
     leave_on_exit: bool,
+    /// For the chaos test only (hidden, not a public contract): after `ready`, keep pinning,
+    /// closing, upserting (guest reconnects with new peer ids) and removing over this pool of
+    /// rooms shared by the fleet (`churn.rs`); counts as `churn_summary` JSON lines.
+    #[arg(long, hide = true, value_delimiter = ',', value_name = "R1,R2,...")]
+    churn_rooms: Vec<String>,
+    /// For the chaos test only (hidden): stop churning after this many ms (0: no churn).
+    #[arg(long, hide = true, default_value_t = 0, value_name = "MS")]
+    churn_for_ms: u64,
+    /// For the chaos test only (hidden): the churn's random seed [default: random].
+    #[arg(long, hide = true, value_name = "N")]
+    churn_seed: Option<u64>,
 }
 
 /// Timing overrides. Without `--heartbeat-interval-ms`/`--heartbeat-ttl-ms` the defaults are
@@ -238,6 +250,7 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     }
     let config = builder.build().map_err(|e| Failure::config(&e))?;
     let plan = plan(&args.rooms, args.peers_per_room)?;
+    let churn = ChurnPlan::new(&args.churn_rooms, args.churn_for_ms, args.churn_seed)?;
     // Installed first, so a signal during start-up still ends in a graceful shutdown.
     let signal = signal_channel()?;
     let mut printer = Printer {
@@ -284,16 +297,23 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     if !signalled(&signal) {
         node.ready();
     }
-    loop {
-        select! {
-            recv(events) -> event => match event {
-                Ok(event) => printer.print(node.instance_id(), &event),
-                Err(_) => break,
-            },
-            // Disconnected when SIGINT/SIGTERM arrives.
-            recv(signal) -> _ => break,
+    std::thread::scope(|scope| {
+        let (node, churn, signal2) = (&node, &churn, signal.clone());
+        let json = args.json;
+        let _ = std::thread::Builder::new()
+            .name("churn".into())
+            .spawn_scoped(scope, move || churn::run(node, churn, json, &signal2));
+        loop {
+            select! {
+                recv(events) -> event => match event {
+                    Ok(event) => printer.print(node.instance_id(), &event),
+                    Err(_) => break,
+                },
+                // Disconnected when SIGINT/SIGTERM arrives (the churn thread sees it too).
+                recv(signal) -> _ => break,
+            }
         }
-    }
+    });
     let shut = if args.leave_on_exit {
         log::info!("signal received; leaving (closing the rooms, dropping the registration, releasing the lease)");
         node.leave().map_err(|e| {

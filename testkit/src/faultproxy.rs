@@ -1,6 +1,7 @@
 //! A small fault-injecting TCP proxy for tests and benchmarks: it sits between a node and
 //! Redis and can delay traffic, drop it (a blackhole: connections stay open, bytes vanish), in
-//! one direction or both, refuse new connections, or reset every open connection.
+//! one direction or both, refuse new connections, reset every open connection, or lose single
+//! replies (the request runs, its answer never comes, the connection is closed).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -16,7 +17,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ struct Faults {
     hold_request_of: Option<Vec<u8>>,
     /// A request is held (until [`FaultProxy::heal`]).
     holding: bool,
+    /// Armed by [`FaultProxy::lose_next_reply`]: how many of the next requests (whatever
+    /// they hold, on whichever connection) lose their reply.
+    lose_next: u32,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +61,8 @@ struct State {
     faults: Mutex<Faults>,
     conns: Mutex<Vec<TcpStream>>,
     stop: AtomicBool,
+    /// Replies lost so far (connections closed instead of forwarding a reply).
+    replies_lost: AtomicU64,
 }
 
 /// A running proxy; stops (and closes every connection) on `Drop`.
@@ -154,6 +160,24 @@ impl FaultProxy {
         self.state.faults.lock().lose_reply_of = Some(marker.to_vec());
     }
 
+    /// Loses the reply of the next request that goes through the proxy, on whichever
+    /// connection, whatever it holds: the request reaches the server and runs, then its
+    /// connection is closed (both sides) when the reply comes back, instead of forwarding
+    /// it. The client sees a reset connection (an unknown outcome) although the write
+    /// happened. Each call arms one more loss; they fire on the next requests (one per
+    /// request chunk, a pipeline being one chunk). [`FaultProxy::heal`] disarms what has not
+    /// fired. The chaos test calls it at random moments on random nodes' proxies ("random
+    /// single-reply loss"); [`FaultProxy::replies_lost`] counts what fired.
+    pub fn lose_next_reply(&self) {
+        self.state.faults.lock().lose_next += 1;
+    }
+
+    /// Replies lost so far ([`FaultProxy::lose_reply_of`], [`FaultProxy::lose_next_reply`]):
+    /// connections closed when the reply of a marked request came back.
+    pub fn replies_lost(&self) -> u64 {
+        self.state.replies_lost.load(Ordering::Relaxed)
+    }
+
     /// True while a [`FaultProxy::lose_reply_of`] has not fired yet (no request held its
     /// marker).
     pub fn reply_loss_pending(&self) -> bool {
@@ -219,9 +243,18 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, st: &Arc<State>) {
 }
 
 /// Sets `cut` when `chunk` holds the armed marker of [`FaultProxy::lose_reply_of`] (and
-/// disarms it: it fires once).
+/// disarms it: it fires once), or when a [`FaultProxy::lose_next_reply`] is pending (one
+/// fewer then). A connection already cut takes no second loss.
 fn arm_cut(st: &State, chunk: &[u8], cut: &AtomicBool) {
+    if cut.load(Ordering::SeqCst) {
+        return;
+    }
     let mut f = st.faults.lock();
+    if f.lose_next > 0 {
+        f.lose_next -= 1;
+        cut.store(true, Ordering::SeqCst);
+        return;
+    }
     let hit = f
         .lose_reply_of
         .as_ref()
@@ -319,6 +352,7 @@ fn pump(
                     arm_cut(&st, &buf[..n], &cut);
                 } else if cut.load(Ordering::SeqCst) {
                     // The reply of the marked request: lost, with its connection.
+                    st.replies_lost.fetch_add(1, Ordering::Relaxed);
                     let _ = from.shutdown(Shutdown::Both);
                     if let Some(o) = &other {
                         let _ = o.shutdown(Shutdown::Both);

@@ -3,15 +3,27 @@
 //! default 90 s) a seeded schedule injects random faults (`SFU_CHAOS_SEED` replays the same
 //! random draws; choices that depend on timing, such as which node leads, may still differ):
 //!
-//! - `kill -9` of a node (the slot is refilled a moment later by a fresh process with a NEW
-//!   instance id and new rooms, so "every dead instance is reaped" can be checked by id);
+//! - `kill -9` of a node (the slot is refilled a moment later by a fresh process with new
+//!   fixed rooms; mostly with a NEW instance id, so "every dead instance is reaped" can be
+//!   checked by id, sometimes (`REUSE_PCT`) with the killed id again: a restarted process with
+//!   a stable id, which waits for the old heartbeat key to expire and clears the old life);
 //! - SIGSTOP/SIGCONT: short pauses (well inside the reap window: the node must lose nothing),
 //!   medium ones (around the two-phase window: either outcome is legal) and long ones (past the
 //!   reap window: the node becomes a zombie, must report `reaped_self`, register again and never
 //!   bring its old rooms back);
 //! - proxy blackholes of one node's traffic (requests, replies or both), short, medium or long;
 //! - exactly one Redis restart without persistence, at a random moment: every running node must
-//!   restore its heartbeat, pins, indexes and peer records within a couple of ticks.
+//!   restore its heartbeat, pins, indexes and peer records within a couple of ticks;
+//! - random single-reply losses (`FaultProxy::lose_next_reply`, several per second across the
+//!   fleet, on running nodes): the next request of that node runs, its reply is lost with the
+//!   connection. Not counted as faults (they disrupt no slot).
+//!
+//! Besides its fixed rooms (`<id>-v<life>-r<k>`, pinned with their peers at start), every node
+//! churns for the whole fault period over a pool of `POOL` rooms shared by the fleet (`pool-NN`,
+//! the node's hidden `--churn-*` flags, `cli/src/churn.rs`): pins (taking rooms over from dead
+//! or paused owners), guest reconnects with new peer ids (guests are shared per room, so a
+//! guest reconnects through whichever instance holds the room now), removes and closes. Its
+//! cumulative counts arrive as `churn_summary` lines (no library event).
 //!
 //! At most two of the five slots are disrupted at once, and a node gets a cool-down after each
 //! fault (so two faults never merge into one longer outage). The current leader is targeted on
@@ -22,11 +34,12 @@
 //!
 //! 1. every live node owns every room it did not report lost: pin and metadata name it, peer
 //!    set, guest map and peer records complete, its two indexes hold exactly that (the index
-//!    part is the audit's one consistency scan, `sfu_redis::audit::scan`). Nothing here
-//!    takes a room over or closes one, so the only legal loss is a zombie's (`reaped_self`,
-//!    then `room_lost` for each of its rooms); a `room_lost` outside such a report is a live
-//!    instance's room lost. A room reported lost has no key left anywhere; a node whose faults
-//!    were all short lost nothing and was never reaped; a node that was reaped noticed it;
+//!    part is the audit's one consistency scan, `sfu_redis::audit::scan`). Nobody takes a
+//!    fixed room over or closes one, so the only legal loss of one is a zombie's (`reaped_self`,
+//!    then `room_lost` for each of its rooms); a `room_lost` of a fixed room outside such a
+//!    report is a live instance's room lost (pool rooms may be lost: they move). A room
+//!    reported lost has no key left anywhere; a node whose faults were all short lost no fixed
+//!    room and was never reaped; a node that was reaped noticed it;
 //! 2. the audit (`sfu_redis::audit::audit`, two scans) is clean: no orphans, no stale indexes;
 //! 3. leadership: `leader_acquired` epochs never repeat and strictly increase in arrival order
 //!    (an event printed late by a node paused right after its acquire is the one exception);
@@ -36,12 +49,23 @@
 //!    epoch counter never goes backwards (across the Redis restart too), and `fleet_status`
 //!    reports no problem;
 //! 4. every killed instance id appears nowhere (no key, member, field or value) and is not in
-//!    the heartbeat sorted set;
+//!    the heartbeat sorted set; for a killed life whose id a later, live life reuses: none of
+//!    the old life's fixed rooms appears anywhere (the new life's are checked by 1);
 //! 5. every live node is registered and alive in `fleet_status`, nothing else is registered,
-//!    and a live leader holds the lease.
+//!    and a live leader holds the lease;
+//! 6. invariant 4 exactly, for every live instance, from the dump (`index_problems`): every
+//!    member of its room index is a room whose pin and metadata name it, every member of its
+//!    peer index has a record naming it, every room whose pin or metadata names it and every
+//!    record naming it is indexed. The audit (checks 1 and 2) finds the same four directions
+//!    (`dangling_room_index`, `dangling_peer_index`, `unindexed_room`, `unindexed_peer`,
+//!    judging a room by its pin, else its metadata, and a pin and metadata naming two
+//!    instances as `malformed_value`); this check is independent of it and names the instance;
+//! 7. the workload ran: at least 5 churn calls per node-second, every kind of churn call
+//!    happened and replies were really lost.
 //!
-//! It prints one summary line (`chaos: seed=... faults=... reaps=... violations=...`) and
-//! fails if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir
+//! It prints one summary line (`chaos: seed=... faults=... reaps=... churn_ops=...
+//! churn_ops_per_s=... churn_errors=... lost_replies=... violations=...`; ops per second over
+//! the churn window, i.e. the fault period) and fails if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir
 //! when it fails.
 
 use crate::support;
@@ -57,7 +81,7 @@ use std::time::{Duration, Instant};
 use redis::Connection;
 use serde_json::{json, Value};
 use sfu_redis::audit::{self, audit, AuditOptions, Problem};
-use sfu_redis::keys::{KeySpace, ParsedKey};
+use sfu_redis::keys::{split_peer_member, KeySpace, ParsedKey};
 use sfu_redis::status::fleet_status;
 use sfu_redis::{Config, Timings};
 use support::procs::{NodeProc, FAST};
@@ -82,6 +106,13 @@ const COOL_DOWN: Duration = Duration::from_secs(3);
 const SLACK: Duration = Duration::from_millis(300);
 /// How long a fresh process may take to print `ready`.
 const READY_WITHIN: Duration = Duration::from_secs(30);
+/// Rooms of the churn pool shared by every node (`pool-01` ...), disjoint from the nodes'
+/// fixed rooms (`<id>-v<life>-r<k>`).
+const POOL: usize = 16;
+/// Gap between two random single-reply losses across the fleet, ms (about 3.3 per second).
+const LOSS_GAP: (u64, u64) = (100, 500);
+/// Chance (percent) that the refill after a kill -9 reuses the killed instance id.
+const REUSE_PCT: u32 = 40;
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
@@ -148,6 +179,14 @@ struct Life {
     /// Arrival times of its `reaped_self` events.
     reaped_self: Vec<Instant>,
     log: PathBuf,
+    /// Which life of its instance id this is (1 = the first; more when a refill reused it).
+    incarnation: u32,
+    /// Pool rooms it reported lost (legal: pool rooms move between instances).
+    pool_lost: u32,
+    /// Its last `churn_summary` line (cumulative counts).
+    churn: Option<Value>,
+    /// Replies its proxy lost so far (kept when the proxy is dropped).
+    lost_replies: u64,
 }
 
 impl Life {
@@ -199,6 +238,8 @@ impl Life {
 #[derive(Debug, Clone)]
 struct Ev {
     at: Instant,
+    /// The process (life) that printed it.
+    life: usize,
     id: String,
     v: Value,
 }
@@ -261,23 +302,108 @@ fn owned_problems(
         p.extend(room_problems(ks, dump, life, r));
         want_records.extend((1..=life.peers).map(|k| ks.peer(r, &format!("{r}-p{k}"))));
     }
+    // Outside the churn pool (whose records come and go).
     let named: BTreeSet<String> = dump
         .iter()
         .filter(|(k, v)| {
-            matches!(ks.parse(k), Some(ParsedKey::Peer(..)))
+            matches!(ks.parse(k), Some(ParsedKey::Peer(r, _)) if !is_pool(&r))
                 && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(id))
         })
         .map(|(k, _)| k.clone())
         .collect();
     if named != want_records {
         p.push(format!(
-            "{id}: the records naming it are {named:?}, expected {want_records:?}"
+            "{id}: the records naming it outside the pool are {named:?}, expected {want_records:?}"
         ));
     }
     for pr in scan.iter().filter(|pr| at_life_key(ks, &pr.key, id, &kept)) {
         p.push(format!("{id}: {} at {}: {}", pr.kind, pr.key, pr.detail));
     }
     p
+}
+
+/// Invariant 4, exactly, for live instance `id`, from the dump alone (besides the audit):
+/// every member of its room index is a room whose pin AND metadata name it; every member
+/// `r/p` of its peer index has a record naming it; every room whose pin or metadata names it
+/// is in its room index; every peer record naming it is in its peer index. (The audit's
+/// `dangling_room_index` / `unindexed_room` judge a room by its pin, else its metadata, and
+/// report a pin and metadata that disagree as `malformed_value`; here both must name it.)
+/// Ids here are plain: wire form = id.
+fn index_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<String> {
+    let set = |k: &str| match dump.get(k) {
+        Some(Val::Set(v)) => v.clone(),
+        _ => BTreeSet::new(),
+    };
+    let room_index = set(&ks.instance_rooms(id));
+    let peer_index = set(&ks.instance_peers(id));
+    let mut p = Vec::new();
+    let mut owned = BTreeSet::new();
+    let mut named = BTreeSet::new();
+    for (k, v) in dump {
+        match (ks.parse(k), v) {
+            (Some(ParsedKey::RoomOwner(r)), Val::Str(o)) if o == id => {
+                owned.insert(r);
+            }
+            (Some(ParsedKey::RoomMeta(r)), Val::Hash(h))
+                if h.get("owner").map(String::as_str) == Some(id) =>
+            {
+                owned.insert(r);
+            }
+            (Some(ParsedKey::Peer(r, peer)), Val::Hash(h))
+                if h.get("instance").map(String::as_str) == Some(id) =>
+            {
+                named.insert(format!("{r}/{peer}"));
+            }
+            _ => {}
+        }
+    }
+    for r in &room_index {
+        let rk = ks.room(r);
+        let pin = match dump.get(&rk.owner) {
+            Some(Val::Str(v)) => Some(v.as_str()),
+            _ => None,
+        };
+        let meta = match dump.get(&rk.meta) {
+            Some(Val::Hash(h)) => h.get("owner").map(String::as_str),
+            _ => None,
+        };
+        if pin != Some(id) || meta != Some(id) {
+            p.push(format!(
+                "invariant 4: {id}'s room index holds {r}, whose pin is {pin:?} and metadata owner {meta:?}"
+            ));
+        }
+    }
+    for m in &peer_index {
+        if !named.contains(m) {
+            let rec = split_peer_member(m)
+                .and_then(|(r, peer)| dump.get(&ks.peer(r, peer)))
+                .map(|v| format!("{v:?}"));
+            p.push(format!(
+                "invariant 4: {id}'s peer index holds {m}, whose record is {}",
+                rec.unwrap_or_else(|| "missing".into())
+            ));
+        }
+    }
+    for r in owned.difference(&room_index) {
+        p.push(format!(
+            "invariant 4: room {r} (pin or metadata names {id}) is not in {id}'s room index"
+        ));
+    }
+    for m in named.difference(&peer_index) {
+        p.push(format!(
+            "invariant 4: peer record {m} names {id} but is not in {id}'s peer index"
+        ));
+    }
+    p
+}
+
+/// A room of the churn pool.
+fn is_pool(room: &str) -> bool {
+    room.starts_with("pool-")
+}
+
+fn pool() -> Vec<String> {
+    (1..=POOL).map(|k| format!("pool-{k:02}")).collect()
 }
 
 /// Its heartbeat key exists and it is in the sorted set with a score above 0.
@@ -380,6 +506,15 @@ struct Chaos {
     status_errors: u32,
     violations: Vec<(Option<usize>, String)>,
     notes: Vec<String>,
+    /// When the nodes stop churning (set when the fleet starts; refills churn until then).
+    churn_from: Instant,
+    churn_end: Option<Instant>,
+    /// The id a slot's next refill reuses (set by some kills).
+    reuse_id: [Option<String>; SLOTS],
+    /// Lives so far per instance id.
+    incarnations: HashMap<String, u32>,
+    reuses: u32,
+    reply_losses_armed: u32,
 }
 
 impl Drop for Chaos {
@@ -463,6 +598,12 @@ impl Chaos {
             status_errors: 0,
             violations: Vec::new(),
             notes: Vec::new(),
+            churn_from: now,
+            churn_end: None,
+            reuse_id: Default::default(),
+            incarnations: HashMap::new(),
+            reuses: 0,
+            reply_losses_armed: 0,
         }
     }
 
@@ -527,20 +668,47 @@ impl Chaos {
     // ---- processes ----------------------------------------------------------------------
 
     fn spawn(&mut self, slot: usize) -> usize {
-        self.next_n += 1;
-        let id = format!("s{slot}-{:04}", self.next_n);
+        let id = match self.reuse_id[slot].take() {
+            Some(id) => {
+                self.reuses += 1;
+                id
+            }
+            None => {
+                self.next_n += 1;
+                format!("s{slot}-{:04}", self.next_n)
+            }
+        };
+        let incarnation = {
+            let n = self.incarnations.entry(id.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
         let nrooms = self.rng.usize(3..=5);
         let peers = self.rng.u32(2..=4);
-        let rooms: Vec<String> = (1..=nrooms).map(|k| format!("{id}-r{k}")).collect();
+        // Distinct per life (no room name is a substring of another life's).
+        let rooms: Vec<String> = (1..=nrooms)
+            .map(|k| format!("{id}-v{incarnation}-r{k}"))
+            .collect();
         let proxy = self.s.proxy();
-        let log = self.dir.join(format!("{id}.log"));
+        let log = self.dir.join(format!("{id}-v{incarnation}.log"));
         let stderr = File::create(&log).expect("create node log");
-        let mut child = Command::new(support::procs::cli_bin())
-            .args(["node", "--json", "--stage", STAGE, "--instance-id", &id])
+        let mut cmd = Command::new(support::procs::cli_bin());
+        cmd.args(["node", "--json", "--stage", STAGE, "--instance-id", &id])
             .args(["--redis-url", &proxy.url()])
             .args(["--peers-per-room", &peers.to_string()])
             .args(["--rooms", &rooms.join(",")])
-            .args(FAST)
+            .args(FAST);
+        // Churn over the shared pool until the end of the fault period (a refill spawned
+        // mid-period churns for the time left).
+        let churn_ms = self.churn_end.map_or(0, |end| {
+            end.saturating_duration_since(Instant::now()).as_millis() as u64
+        });
+        if churn_ms >= 500 {
+            cmd.args(["--churn-rooms", &pool().join(",")])
+                .args(["--churn-for-ms", &churn_ms.to_string()])
+                .args(["--churn-seed", &self.rng.u64(..).to_string()]);
+        }
+        let mut child = cmd
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -550,6 +718,7 @@ impl Chaos {
         let stdout = child.stdout.take().expect("stdout");
         let tx = self.tx.clone();
         let name = id.clone();
+        let life = self.lives.len();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let at = Instant::now();
@@ -558,6 +727,7 @@ impl Chaos {
                 if tx
                     .send(Ev {
                         at,
+                        life,
                         id: name.clone(),
                         v,
                     })
@@ -589,12 +759,26 @@ impl Chaos {
             lost: BTreeSet::new(),
             reaped_self: Vec::new(),
             log,
+            incarnation,
+            pool_lost: 0,
+            churn: None,
+            lost_replies: 0,
         });
         self.by_id.insert(id.clone(), li);
         self.slot_life[slot] = Some(li);
         self.respawn_at[slot] = None;
         self.say(&format!(
-            "spawn {id} (slot {slot}, {nrooms} rooms x {peers} peers)"
+            "spawn {id}{} (slot {slot}, {nrooms} rooms x {peers} peers{})",
+            if incarnation > 1 {
+                format!(" (life {incarnation} of this id)")
+            } else {
+                String::new()
+            },
+            if churn_ms >= 500 {
+                format!(", churning {churn_ms} ms")
+            } else {
+                String::new()
+            }
         ));
         li
     }
@@ -609,7 +793,9 @@ impl Chaos {
         }
         l.killed_at = Some(now);
         l.phase = Phase::Dead;
-        l.proxy = None;
+        if let Some(p) = l.proxy.take() {
+            l.lost_replies = p.replies_lost();
+        }
         let slot = l.slot;
         if self.leader_now.as_deref() == Some(l.id.as_str()) {
             self.leader_now = None;
@@ -631,8 +817,14 @@ impl Chaos {
         let id = l.id.clone();
         let leader = self.leader_now.as_deref() == Some(id.as_str());
         let respawn = ms(self.rng.u64(500..=3_000));
+        let slot = self.lives[li].slot;
         self.mark_dead(li, Instant::now(), respawn);
         self.kills += 1;
+        // The refill of this slot reuses the id now and then (a restarted process with a
+        // stable id: it waits for the old heartbeat key to expire, then clears the old life).
+        if self.slot_life[slot].is_none() && self.rng.u32(0..100) < REUSE_PCT {
+            self.reuse_id[slot] = Some(id.clone());
+        }
         self.say(&format!(
             "kill -9 {id}{}{was}",
             if leader { " (leader)" } else { "" }
@@ -719,10 +911,7 @@ impl Chaos {
     }
 
     fn on_event(&mut self, e: Ev) {
-        let Some(&li) = self.by_id.get(&e.id) else {
-            self.violation(None, format!("event from an unknown process: {}", e.v));
-            return;
-        };
+        let li = e.life;
         if e.v["instance"] != e.id.as_str() {
             self.violation(
                 Some(li),
@@ -770,10 +959,23 @@ impl Chaos {
                 ));
             }
             "candidates" => {}
+            "churn_summary" => {
+                if e.v["done"] == true {
+                    self.say(&format!(
+                        "{id} stopped churning: {} ops, {} errors",
+                        e.v["ops"], e.v["errors"]
+                    ));
+                }
+                self.lives[li].churn = Some(e.v.clone());
+                return;
+            }
             "room_lost" => {
                 let room = e.v["room"].as_str().unwrap_or_default().to_owned();
                 let l = &mut self.lives[li];
-                if !l.rooms.contains(&room) {
+                if is_pool(&room) {
+                    // Pool rooms move: taken over while this node was paused or cut off.
+                    l.pool_lost += 1;
+                } else if !l.rooms.contains(&room) {
                     self.violation(Some(li), format!("{id}: lost a room it never had: {}", e.v));
                 } else if l.lost.insert(room.clone()) {
                     // Not part of a reaped_self report (that one lists the room first). Here
@@ -791,15 +993,19 @@ impl Chaos {
             "reaped_self" => {
                 let l = &mut self.lives[li];
                 let held: BTreeSet<String> = l.kept_rooms().cloned().collect();
-                let reported: BTreeSet<String> = e.v["room_ids"]
+                let all: BTreeSet<String> = e.v["room_ids"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .filter_map(|r| r.as_str().map(str::to_owned))
                     .collect();
+                // Its fixed rooms must all be reported; pool rooms it held then may be too.
+                let (pool_rooms, reported): (BTreeSet<String>, BTreeSet<String>) =
+                    all.iter().cloned().partition(|r| is_pool(r));
                 l.lost.extend(reported.iter().cloned());
+                l.pool_lost += pool_rooms.len() as u32;
                 l.reaped_self.push(e.at);
-                if reported != held || e.v["rooms"] != reported.len() {
+                if reported != held || e.v["rooms"] != all.len() {
                     self.violation(
                         Some(li),
                         format!("{id}: reaped_self reports {}, but it held {held:?}", e.v),
@@ -1055,9 +1261,45 @@ impl Chaos {
         self.begin_fault(li, kind, d);
     }
 
+    /// Arms one random single-reply loss on a random running node's proxy
+    /// (`FaultProxy::lose_next_reply`: its next request runs, the reply is lost with the
+    /// connection). Not counted as a fault: it does not disrupt a slot.
+    fn lose_a_reply(&mut self) {
+        let running: Vec<usize> = self
+            .current()
+            .into_iter()
+            .filter(|li| self.lives[*li].phase == Phase::Running)
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let li = running[self.rng.usize(0..running.len())];
+        if let Some(p) = &self.lives[li].proxy {
+            p.lose_next_reply();
+            self.reply_losses_armed += 1;
+        }
+    }
+
+    /// Replies lost by every proxy so far.
+    fn lost_replies(&self) -> u64 {
+        self.lives
+            .iter()
+            .map(|l| {
+                l.proxy
+                    .as_ref()
+                    .map_or(l.lost_replies, FaultProxy::replies_lost)
+            })
+            .sum()
+    }
+
     // ---- phases -------------------------------------------------------------------------
 
     fn start_fleet(&mut self) {
+        // The churn window is the fault period: it starts with the fleet (churning begins at
+        // each node's `ready`) and the fault period ends with it.
+        let now = Instant::now();
+        self.churn_from = now;
+        self.churn_end = Some(now + Duration::from_secs(self.secs));
         for slot in 0..SLOTS {
             self.spawn(slot);
         }
@@ -1081,14 +1323,22 @@ impl Chaos {
     }
 
     fn fault_period(&mut self) {
-        let period = Duration::from_secs(self.secs);
         let t0 = Instant::now();
-        let end = t0 + period;
+        let end = self
+            .churn_end
+            .expect("set by start_fleet")
+            .max(t0 + ms(1_000));
+        let period = end - t0;
         let restart_at = t0 + period.mul_f64(0.25 + 0.5 * self.rng.f64());
         let mut next = t0 + ms(500);
+        let mut next_loss = t0 + ms(self.rng.u64(LOSS_GAP.0..=LOSS_GAP.1));
         while Instant::now() < end {
             self.step();
             let now = Instant::now();
+            if now >= next_loss {
+                next_loss = now + ms(self.rng.u64(LOSS_GAP.0..=LOSS_GAP.1));
+                self.lose_a_reply();
+            }
             let spawning = self
                 .current()
                 .iter()
@@ -1179,13 +1429,46 @@ impl Chaos {
         live == registered
             && st.instances.iter().all(|i| i.alive)
             && st.leader_alive
-            && self.lives.iter().all(|l| {
+            && self.lives.iter().enumerate().all(|(li, l)| {
                 if l.live() {
                     owned_problems(&self.ks, &dump, &scan, l).is_empty()
+                        && index_problems(&self.ks, &dump, &l.id).is_empty()
                 } else {
-                    references(&dump, std::slice::from_ref(&l.id)).is_empty()
+                    self.dead_leftovers(&dump, li).is_empty()
                 }
             })
+    }
+
+    /// What dead life `li` left behind: every reference to its id (check 4), or, when a
+    /// later life of the same id lives on, every reference to this life's fixed rooms.
+    fn dead_leftovers(&self, dump: &BTreeMap<String, Val>, li: usize) -> Vec<String> {
+        let l = &self.lives[li];
+        let newest = self.by_id[&l.id];
+        if newest != li && self.lives[newest].live() {
+            references(dump, &l.rooms)
+        } else {
+            references(dump, std::slice::from_ref(&l.id))
+        }
+    }
+
+    /// The `instance_reaped` events that reaped life `li`: those naming its id that arrived
+    /// while it was the newest life of the id, from its `ready` on (a reap of the id before
+    /// the new life is ready is the previous life's).
+    fn reaps_of(&self, li: usize) -> Vec<Instant> {
+        let l = &self.lives[li];
+        let from = l.ready_at.unwrap_or(l.spawned);
+        let until = self
+            .lives
+            .iter()
+            .skip(li + 1)
+            .find(|n| n.id == l.id)
+            .map(|n| n.ready_at.unwrap_or(n.spawned));
+        self.events
+            .iter()
+            .filter(|e| e.is("instance_reaped") && e.v["dead"] == l.id.as_str())
+            .map(|e| e.at)
+            .filter(|at| *at >= from && until.map_or(true, |u| *at < u))
+            .collect()
     }
 
     // ---- the checker --------------------------------------------------------------------
@@ -1202,25 +1485,19 @@ impl Chaos {
             - self.t.command_timeout
             - self.t.heartbeat_interval
             - ms(500);
-        let reaped: Vec<(Instant, String)> = self
-            .events
-            .iter()
-            .filter(|e| e.is("instance_reaped"))
-            .map(|e| (e.at, e.v["dead"].as_str().unwrap_or_default().to_owned()))
-            .collect();
         let mut found = Vec::new();
         let mut long_unreaped = Vec::new();
         for (li, l) in self.lives.iter().enumerate() {
             let id = &l.id;
-            let reaps_of: Vec<Instant> = reaped
-                .iter()
-                .filter(|(_, d)| d == id)
-                .map(|(at, _)| *at)
-                .collect();
+            let reaps_of = self.reaps_of(li);
             if l.live() {
                 // (1) everything it did not report lost is there, whole.
                 for p in owned_problems(&self.ks, &dump, &scan, l) {
                     found.push((li, format!("live node lost data: {p}")));
+                }
+                // (6) invariant 4, exactly, over its fixed and pool rooms alike.
+                for p in index_problems(&self.ks, &dump, id) {
+                    found.push((li, p));
                 }
                 let lost: Vec<String> = l.lost.iter().cloned().collect();
                 let back = references(&dump, &lost);
@@ -1281,10 +1558,17 @@ impl Chaos {
                     }
                 }
             } else {
-                // (4) a dead instance leaves nothing behind.
-                let left = references(&dump, std::slice::from_ref(id));
+                // (4) a dead instance leaves nothing behind (a dead life whose id lives on
+                // in a later life: nothing of its fixed rooms).
+                let left = self.dead_leftovers(&dump, li);
                 if !left.is_empty() {
-                    found.push((li, format!("dead instance {id} not reaped: {left:#?}")));
+                    found.push((
+                        li,
+                        format!(
+                            "dead instance {id} (life {}) not reaped: {left:#?}",
+                            l.incarnation
+                        ),
+                    ));
                 }
             }
         }
@@ -1367,7 +1651,7 @@ impl Chaos {
         let mut seen: BTreeMap<u64, String> = BTreeMap::new();
         let mut max_so_far: Option<(u64, Instant)> = None;
         for e in &evs {
-            let li = self.by_id[&e.id];
+            let li = e.life;
             if e.is("leader_acquired") {
                 let Some(epoch) = e.v["epoch"].as_u64() else {
                     found.push((
@@ -1496,6 +1780,50 @@ impl Chaos {
         (n, min_gap)
     }
 
+    /// One churn count (`churn_summary` field `name`) summed over every life (a killed life
+    /// counts up to its last progress line).
+    fn churn_total(&self, name: &str) -> u64 {
+        self.lives
+            .iter()
+            .filter_map(|l| l.churn.as_ref())
+            .map(|v| v[name].as_u64().unwrap_or(0))
+            .sum()
+    }
+
+    /// The workload really ran and the reply losses really fired (a churn that silently
+    /// did nothing would make the invariant-4 check vacuous).
+    fn check_workload(&mut self) {
+        let ops = self.churn_total("ops");
+        let want = self.secs * SLOTS as u64 * 5;
+        if ops < want {
+            self.violation(
+                None,
+                format!(
+                    "the churn made {ops} calls in {} s; expected at least {want}",
+                    self.secs
+                ),
+            );
+        }
+        // Takeovers (and so guests reconnecting through another instance) need a node
+        // paused or killed while it held pool rooms: certain only over a longer period.
+        for (name, min_secs) in [
+            ("upserts", 20),
+            ("replaced", 20),
+            ("removes", 20),
+            ("closes", 20),
+            ("pins", 20),
+            ("takeovers", 60),
+            ("replaced_elsewhere", 60),
+        ] {
+            if self.secs >= min_secs && self.churn_total(name) == 0 {
+                self.violation(None, format!("the churn made no {name}"));
+            }
+        }
+        if self.secs >= 20 && self.lost_replies() == 0 {
+            self.violation(None, "no reply was lost during the fault period".into());
+        }
+    }
+
     fn summary(&self, took: Duration) -> String {
         let reaps = self
             .events
@@ -1518,8 +1846,12 @@ impl Chaos {
             .map(|(_, d)| d.as_millis())
             .max()
             .map_or("-".into(), |m| format!("{m}ms"));
+        let ops = self.churn_total("ops");
+        let churn_secs = self.churn_end.map_or(0.0, |e| {
+            e.saturating_duration_since(self.churn_from).as_secs_f64()
+        });
         format!(
-            "chaos: seed={} secs={} faults={} (kill9={} stop={} blackhole={} restart={}) reaps={} zombies={} lives={} leader_terms={} restore_max={} violations={} took={:.0}s",
+            "chaos: seed={} secs={} faults={} (kill9={} stop={} blackhole={} restart={}) reaps={} zombies={} lives={} reused_ids={} leader_terms={} restore_max={} churn_ops={} churn_ops_per_s={:.1} churn_errors={} (upserts={} replaced={} replaced_elsewhere={} removes={} pins={} takeovers={} closes={}) lost_replies={} violations={} took={:.0}s",
             self.seed,
             self.secs,
             self.faults(),
@@ -1530,8 +1862,20 @@ impl Chaos {
             reaps,
             zombies,
             self.lives.len(),
+            self.reuses,
             terms,
             restore,
+            ops,
+            ops as f64 / churn_secs.max(0.001),
+            self.churn_total("errors"),
+            self.churn_total("upserts"),
+            self.churn_total("replaced"),
+            self.churn_total("replaced_elsewhere"),
+            self.churn_total("removes"),
+            self.churn_total("pins"),
+            self.churn_total("takeovers"),
+            self.churn_total("closes"),
+            self.lost_replies(),
             self.violations.len(),
             took.as_secs_f64()
         )
@@ -1573,6 +1917,7 @@ fn chaos_kill_pause_partition_restart_then_check() {
     c.fault_period();
     c.quiesce();
     c.check();
+    c.check_workload();
     let summary = c.summary(began.elapsed());
     let mut involved = BTreeSet::new();
     for (li, msg) in &c.violations {

@@ -427,3 +427,61 @@ fn redis_restart_without_data_restores_peer_records() {
     let problems = s.index_problems(&ks);
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+// The fault proxy's random single-reply loss (`FaultProxy::lose_next_reply`, used by the chaos
+// test): the armed request reaches the server and runs, its reply is not forwarded and the
+// connection is closed, so the client gets an error although the write happened. Other
+// connections and later connections work. Fails if the proxy forwarded the reply (the SET
+// would succeed), dropped the request instead of the reply (the key would be missing), or
+// left the connection open (the client would time out after 2 s instead of failing at once).
+#[test]
+fn the_fault_proxy_loses_one_reply_after_the_request_ran() {
+    let s = Server::start();
+    let proxy = s.proxy();
+    let open = || {
+        let con = redis::Client::open(proxy.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        con
+    };
+    let mut a = open();
+    let mut b = open();
+    redis::cmd("SET")
+        .arg("before")
+        .arg("1")
+        .exec(&mut a)
+        .unwrap();
+    proxy.lose_next_reply();
+    let sent = std::time::Instant::now();
+    let lost = redis::cmd("SET").arg("lost").arg("2").exec(&mut a);
+    assert!(lost.is_err(), "the reply was forwarded");
+    assert!(
+        sent.elapsed() < Duration::from_millis(1_500),
+        "the connection was not closed (timed out instead)"
+    );
+    assert!(exists(&s, "lost"), "the request did not run");
+    assert_eq!(proxy.replies_lost(), 1);
+    // One loss per call: the other connection and a new one work.
+    redis::cmd("SET")
+        .arg("after")
+        .arg("3")
+        .exec(&mut b)
+        .unwrap();
+    let mut c = open();
+    let v: String = redis::cmd("GET").arg("lost").query(&mut c).unwrap();
+    assert_eq!(v, "2");
+    assert_eq!(proxy.replies_lost(), 1);
+    // Two armed losses take two requests (on two connections here); heal disarms the rest.
+    proxy.lose_next_reply();
+    proxy.lose_next_reply();
+    proxy.lose_next_reply();
+    assert!(redis::cmd("INCR").arg("n").exec(&mut b).is_err());
+    assert!(redis::cmd("INCR").arg("n").exec(&mut c).is_err());
+    proxy.heal();
+    let mut d = open();
+    let n: i64 = redis::cmd("GET").arg("n").query(&mut d).unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(proxy.replies_lost(), 3);
+}
