@@ -200,15 +200,16 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
 const REASSERT_STRIPES: usize = 8;
 
 /// Puts the rooms and peers this node holds in lock stripes `stripes` back into its two indexes
-/// (`SADD`: a member already there is left as it is), holding those stripes' locks (taken in
-/// increasing order; a host call takes one) for the round trip, so no pin, close, upsert or
-/// remove of those rooms runs meanwhile: nothing closed or removed is added back, and nothing
-/// is added before its record (a held room's pin and a held peer's record exist, or the next
-/// tick reports them lost). What it repairs: an entry of this node removed by a clean-up that
-/// raced with a new write of the same room or peer (another node's reaper unindexing records
-/// of this instance it deleted in a room this instance pinned again, or this node's clean-up
-/// of its own earlier life), which would otherwise leave a room or record no index reaches:
-/// an orphan once this instance dies (invariant 4, issue 11).
+/// (`SADD`: a member already there is left as it is). What it repairs: an entry of this node
+/// removed by a clean-up that raced with a new write of the same room or peer (another node's
+/// reaper unindexing records of this instance it deleted in a room this instance pinned again,
+/// or this node's clean-up of its own earlier life), which would otherwise leave a room or
+/// record no index reaches: an orphan once this instance dies (invariant 4, issue 11). Nothing
+/// is added before its record: a held room's pin and a held peer's record exist (or the next
+/// tick reports them lost). No lock is held across the round trip (a hung connection must not
+/// hold host calls up): a room or peer the host closed or removed meanwhile (its `SREM` may
+/// have gone before this `SADD`) is handed to the next tick's settlements, which remove its
+/// entry under the room lock once its record is known gone.
 ///
 /// With `walk`, it also reads the next page of each of this instance's own indexes (`SSCAN`,
 /// [`WALK_PAGE`] members) and hands every member this node does not hold to the settlements
@@ -219,12 +220,17 @@ const REASSERT_STRIPES: usize = 8;
 /// (a guest's superseded peer, a moved record): every entry is looked at once per walk of the
 /// index. Members the node holds cost nothing more.
 ///
+/// Bad data (a member that is not UTF-8 or not `<room>/<peer>`, an index key of the wrong
+/// type) is logged and skipped: it never fails the tick (fsck reports it).
+///
 /// The tick sends these commands ahead of its pin refresh, in the same round trip
 /// ([`Reassert::send_with_refresh`]); a registration sends them alone ([`reassert_held`]).
 struct Reassert<'a> {
     sh: &'a Shared,
-    _locks: Vec<parking_lot::MutexGuard<'a, ()>>,
     pipe: redis::Pipeline,
+    /// What was re-asserted: rooms, and `(room, peer)` (callers' ids).
+    rooms: Vec<String>,
+    peers: Vec<(String, String)>,
     sadds: usize,
     walk: bool,
 }
@@ -232,27 +238,30 @@ struct Reassert<'a> {
 const REASSERT_OP: &str = "re-assert held index entries";
 
 impl<'a> Reassert<'a> {
-    /// Takes the stripes' locks and builds the commands.
+    /// Builds the commands from what the node holds now.
     fn new(sh: &'a Shared, stripes: std::ops::Range<usize>, walk: bool) -> Reassert<'a> {
-        let locks: Vec<_> = stripes.clone().map(|i| sh.local.lock_stripe(i)).collect();
         let held = sh.local.held_in_stripes(&stripes);
-        let mut rooms = Vec::with_capacity(held.len());
+        let mut wire_rooms = Vec::with_capacity(held.len());
         let mut members = Vec::new();
-        for (room, peers) in &held {
-            let Ok(r) = encode_id(IdKind::Room, room) else {
+        let mut rooms = Vec::with_capacity(held.len());
+        let mut peers = Vec::new();
+        for (room, held_peers) in held {
+            let Ok(r) = encode_id(IdKind::Room, &room) else {
                 continue;
             };
-            for p in peers {
-                if let Ok(p) = encode_id(IdKind::Peer, p) {
-                    members.push(crate::keys::peer_member(&r, &p));
+            for p in held_peers {
+                if let Ok(w) = encode_id(IdKind::Peer, &p) {
+                    members.push(crate::keys::peer_member(&r, &w));
+                    peers.push((room.clone(), p));
                 }
             }
-            rooms.push(r);
+            wire_rooms.push(r);
+            rooms.push(room);
         }
         let mut pipe = redis::pipe();
         let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
         let peer_index = sh.ctx.keys.instance_peers(&sh.ctx.me);
-        for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        for chunk in wire_rooms.chunks(conn::MEMBERS_PER_COMMAND) {
             pipe.sadd(&room_index, chunk);
         }
         for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
@@ -271,15 +280,16 @@ impl<'a> Reassert<'a> {
         }
         Reassert {
             sh,
-            _locks: locks,
             pipe,
+            rooms,
+            peers,
             sadds,
             walk,
         }
     }
 
-    /// Sends the commands ahead of the pin refresh of `rooms` (one round trip), releases the
-    /// locks, handles the replies, and returns the refresh's outcomes.
+    /// Sends the commands ahead of the pin refresh of `rooms` (one round trip), handles their
+    /// replies, and returns the refresh's outcomes.
     fn send_with_refresh(
         self,
         link: &mut Link,
@@ -289,57 +299,95 @@ impl<'a> Reassert<'a> {
         let (ahead, results) = link.run(&sh.redis, |c| {
             rooms::refresh_pins(&sh.ctx, c, rooms, false, &self.pipe)
         })?;
-        self.handle(ahead)?;
+        self.handle(ahead);
         Ok(results)
     }
 
-    /// Handles the replies of the commands (the locks are released first).
-    fn handle(self, replies: Vec<redis::RedisResult<redis::Value>>) -> Result<()> {
-        let Reassert {
-            sh,
-            _locks,
-            sadds,
-            walk,
-            ..
-        } = self;
-        drop(_locks);
+    /// Handles the replies of the commands (never fails: see [`Reassert`]).
+    fn handle(self, replies: Vec<redis::RedisResult<redis::Value>>) {
+        let sh = self.sh;
+        // Closed or removed while the round trip was under way: the SADD may have landed
+        // after their SREM; the settlements look again under the room lock.
+        for room in &self.rooms {
+            if !sh.local.has_room(room) {
+                sh.local.mark_uncertain(room);
+            }
+        }
+        for (room, peer) in &self.peers {
+            if sh.local.peer_generation(room, peer).is_none() {
+                sh.local.mark_unindex(room, [peer.clone()]);
+            }
+        }
         let mut replies = replies.into_iter();
         let mut added = 0;
-        for reply in replies.by_ref().take(sadds) {
-            added += conn::decode::<i64>(REASSERT_OP, reply)?;
+        for reply in replies.by_ref().take(self.sadds) {
+            match conn::decode::<i64>(REASSERT_OP, reply) {
+                Ok(n) => added += n,
+                Err(e) => log::warn!("{e}"),
+            }
         }
         if added > 0 {
             log::warn!(
                 "put {added} missing entries back into this instance's indexes (rooms and peers it holds; a clean-up had removed them)"
             );
         }
-        if !walk {
-            return Ok(());
-        }
-        let (Some(rooms), Some(peers)) = (replies.next(), replies.next()) else {
-            return Err(Error::bad_data(REASSERT_OP, "fewer replies than commands"));
-        };
-        let (room_next, rooms) = conn::decode::<(u64, Vec<String>)>(REASSERT_OP, rooms)?;
-        let (peer_next, peers) = conn::decode::<(u64, Vec<String>)>(REASSERT_OP, peers)?;
-        *sh.local.index_walk.lock() = (room_next, peer_next);
-        for w in rooms {
-            if let Ok(room) = decode_id(&w) {
-                if !sh.local.has_room(&room) {
-                    sh.local.mark_uncertain(&room);
+        if self.walk {
+            let rooms = walk_page(&mut replies, "room index");
+            let peers = walk_page(&mut replies, "peer index");
+            *sh.local.index_walk.lock() = (rooms.0, peers.0);
+            for w in rooms.1 {
+                if let Ok(room) = decode_id(&w) {
+                    if !sh.local.has_room(&room) {
+                        sh.local.mark_uncertain(&room);
+                    }
+                }
+            }
+            for m in peers.1 {
+                let Some((r, p)) = crate::keys::split_peer_member(&m) else {
+                    log::warn!("this instance's peer index holds {m:?}, not <room>/<peer>; skipped (see fsck)");
+                    continue;
+                };
+                if let (Ok(room), Ok(peer)) = (decode_id(r), decode_id(p)) {
+                    if sh.local.peer_generation(&room, &peer).is_none() {
+                        sh.local.mark_unindex(&room, [peer]);
+                    }
                 }
             }
         }
-        for m in peers {
-            let Some((r, p)) = crate::keys::split_peer_member(&m) else {
-                continue;
-            };
-            if let (Ok(room), Ok(peer)) = (decode_id(r), decode_id(p)) {
-                if sh.local.peer_generation(&room, &peer).is_none() {
-                    sh.local.mark_unindex(&room, [peer]);
-                }
-            }
+    }
+}
+
+/// One `SSCAN` reply of the walk: the next cursor and the members that are text. A failed
+/// reply (an index key of the wrong type) or a malformed one restarts that walk at 0; members
+/// that are not UTF-8 were not written by this crate and are skipped (logged; fsck reports).
+fn walk_page(
+    replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
+    what: &str,
+) -> (u64, Vec<String>) {
+    let Some(reply) = replies.next() else {
+        return (0, Vec::new());
+    };
+    match conn::decode::<(u64, Vec<Vec<u8>>)>(REASSERT_OP, reply) {
+        Ok((next, raw)) => {
+            let members = raw
+                .into_iter()
+                .filter_map(|m| match String::from_utf8(m) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        log::warn!(
+                            "this instance's {what} holds a non-UTF-8 member {:?}; skipped (see fsck)",
+                            String::from_utf8_lossy(e.as_bytes())
+                        );
+                        None
+                    }
+                })
+                .collect();
+            (next, members)
         }
-        Ok(())
+        Err(e) => {
+            log::warn!("walk of this instance's {what}: {e}");
+            (0, Vec::new())
+        }
     }
 }
 
@@ -352,7 +400,8 @@ fn reassert_held(sh: &Shared, link: &mut Link) -> Result<()> {
     let replies = link.run(&sh.redis, |c| {
         conn::exec(c, &mut r.pipe.clone()).map_err(|e| Error::redis(REASSERT_OP, e))
     })?;
-    r.handle(replies)
+    r.handle(replies);
+    Ok(())
 }
 
 /// Members of each own index one tick looks at (see `reassert_held`).
@@ -439,7 +488,50 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         }
     }
     settle_uncertain_upserts(sh, link)?;
+    settle_suspects(sh, link)?;
     unindex_gone_records(sh, link)
+}
+
+/// Held peers an upsert with a lost reply may have superseded (same guest, see `Local`'s
+/// `suspects`): under the room's lock, a peer the node still holds whose record no longer names
+/// this instance (deleted by that upsert, which did land) is forgotten and its index entry
+/// goes with the unindex step below (its record is gone first). Otherwise the node would keep
+/// a peer whose record is gone, and keep putting its entry back (invariant 4).
+fn settle_suspects(sh: &Shared, link: &mut Link) -> Result<()> {
+    let mut suspects = sh.local.take_suspects().into_iter();
+    while let Some((room, peer)) = suspects.next() {
+        let Some((r, p)) = wire_room_peer(&room, &peer) else {
+            continue;
+        };
+        let _guard = sh.local.lock_room(&room);
+        if sh.local.peer_generation(&room, &peer).is_none() {
+            continue;
+        }
+        let out = link.run(&sh.redis, |c| {
+            redis::cmd("HGET")
+                .arg(sh.ctx.keys.peer(&r, &p))
+                .arg("instance")
+                .query::<Option<String>>(c)
+                .map_err(|e| Error::redis("check a possibly superseded peer", e))
+        });
+        match out {
+            Ok(Some(i)) if i == sh.ctx.me => {}
+            Ok(_) => {
+                log::info!("peer {peer:?} of room {room:?}: superseded by an upsert whose reply was lost; forgotten");
+                sh.local.remove_peer(&room, &peer);
+                sh.local.mark_unindex(&room, [peer]);
+            }
+            Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
+            Err(e) => {
+                sh.local.mark_suspect(&room, &peer);
+                for (room, peer) in suspects {
+                    sh.local.mark_suspect(&room, &peer);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The wire forms of a room and peer id the node stored (always valid; `None` skips it).
@@ -612,9 +704,14 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
             ),
         ));
     }
-    let cleaned = link.run(&sh.redis, |c| {
-        reaper::clean_own_leftovers(&sh.ctx, &sh.counters, c, t0)
-    })?;
+    let cleaned = link
+        .run(&sh.redis, |c| {
+            reaper::clean_own_leftovers(&sh.ctx, &sh.counters, &sh.local, c, t0)
+        })
+        .inspect_err(|_| {
+            // A removal may still land late, after a host call wrote the entry again.
+            sh.local.reassert_everything();
+        })?;
     if cleaned.rooms + cleaned.peers > 0 {
         log::warn!(
             "removed {} rooms and {} peer records left by an earlier life of instance {}",

@@ -320,6 +320,7 @@ impl Node {
             // reply named (invariant 4).
             Err(e) if !e.outcome_known() => {
                 self.local.mark_uncertain(&room.raw);
+                self.local.reassert_everything();
                 self.local.mark_unindex(&room.raw, peers);
             }
             Err(e) if held && e.kind() != crate::ErrorKind::NotOwner => {
@@ -390,6 +391,10 @@ impl Node {
                     // The index entry, and maybe the record, may have been written although
                     // the host is told the call failed: the heartbeat settles it.
                     self.local.mark_uncertain_upsert(&room.raw, &peer.raw);
+                    // If it landed, it superseded the guest's previous peer here.
+                    if let Some(g) = &guest {
+                        self.local.mark_guest_suspects(&room.raw, &peer.raw, &g.raw);
+                    }
                 }
                 return Err(e);
             }
@@ -435,6 +440,7 @@ impl Node {
                     self.local.remove_peer(&room.raw, &peer.raw);
                     self.local
                         .mark_uncertain_peer(&room.raw, &peer.raw, generation);
+                    self.local.reassert_everything();
                 }
                 if !e.outcome_known() {
                     // Its index entry goes once the record is known gone, whatever the re-sent

@@ -26,7 +26,7 @@ use crate::keys::{decode_id, split_peer_member};
 use crate::rooms::{unindex_reaped, Unindex, PEER_BATCH};
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
-use crate::state::{Counters, Ctx, Shared};
+use crate::state::{Counters, Ctx, Local, Shared};
 use crate::worker::{self, stopping, Periodic};
 
 pub use crate::config::REAP_BATCH;
@@ -181,13 +181,18 @@ pub(crate) struct Reap<'a> {
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].
     pub leading: &'a dyn Fn() -> bool,
+    /// `Some` when this node cleans up after its own earlier life (`dead` is this instance):
+    /// what its host holds now. Its own index entries are then removed right after each batch,
+    /// under the room locks of the entries, skipping every room and peer the host holds (a
+    /// host call may pin or upsert again while the clean-up runs: its entry must stay).
+    pub own: Option<&'a Local>,
 }
 
 impl Reap<'_> {
     /// The instance whose own index clean-ups must be skipped should it register again: the
     /// reaped one, unless this node cleans up after its own earlier life (it has registered
-    /// by then; what it pins again is put back in its indexes under the room locks, see
-    /// `heartbeat::reassert_held`).
+    /// by then; what its host holds is kept out of the clean-up under the room locks: see
+    /// [`Reap::own`]).
     fn guarded(&self) -> Option<&str> {
         (self.dead != self.ctx.me).then_some(self.dead)
     }
@@ -195,13 +200,20 @@ impl Reap<'_> {
     /// Adds the removal of `members` from `index` (one of `dead`'s indexes) to `pipe`: plain
     /// `SREM` for this node's own clean-up, else `reap_unindex.lua` (skipped once `dead`
     /// registered again: a new life's entries are never stripped).
-    fn unindex(&self, pipe: &mut redis::Pipeline, index: &str, members: &[String]) {
-        match self.guarded() {
-            Some(dead) => unindex_reaped(&self.ctx.keys, pipe, dead, index, members),
-            None => {
-                pipe.srem(index, members);
+    /// Returns how many commands it added (at most `MEMBERS_PER_COMMAND` members each: a
+    /// script's arguments are bounded by Lua's stack).
+    fn unindex(&self, pipe: &mut redis::Pipeline, index: &str, members: &[String]) -> usize {
+        let mut n = 0;
+        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
+            match self.guarded() {
+                Some(dead) => unindex_reaped(&self.ctx.keys, pipe, dead, index, chunk),
+                None => {
+                    pipe.srem(index, chunk);
+                }
             }
+            n += 1;
         }
+        n
     }
 }
 
@@ -210,6 +222,65 @@ impl Reap<'_> {
 struct Cleanup {
     pipe: redis::Pipeline,
     len: usize,
+    /// With [`Reap::own`]: this instance's own room-index and peer-index members owed, sent by
+    /// [`remove_own_entries`] instead of with the next batch.
+    own_rooms: Vec<String>,
+    own_peers: Vec<String>,
+}
+
+/// Sends `pipe` (other instances' entries owed, may be empty) and removes this instance's own
+/// `rooms` and `peers` (wire forms, `<room>/<peer>` members) from its indexes, except those its
+/// host holds now: the locks of every room involved are taken first (in increasing stripe
+/// order) and held until the round trip returns, so no host call pins or upserts one of them
+/// in between. Every reply is checked.
+fn remove_own_entries(
+    r: &Reap<'_>,
+    local: &Local,
+    con: &mut Connection,
+    mut pipe: redis::Pipeline,
+    rooms: Vec<String>,
+    peers: Vec<String>,
+) -> Result<()> {
+    let op = "clean own leftovers";
+    let room_id = |w: &str| decode_id(w).ok();
+    let peer_ids = |m: &str| {
+        let (r, p) = split_peer_member(m)?;
+        Some((decode_id(r).ok()?, decode_id(p).ok()?))
+    };
+    let mut stripes = std::collections::BTreeSet::new();
+    stripes.extend(
+        rooms
+            .iter()
+            .filter_map(|w| room_id(w))
+            .map(|id| Local::stripe_of(&id)),
+    );
+    stripes.extend(
+        peers
+            .iter()
+            .filter_map(|m| peer_ids(m))
+            .map(|(room, _)| Local::stripe_of(&room)),
+    );
+    let _locks: Vec<_> = stripes.iter().map(|i| local.lock_stripe(*i)).collect();
+    let rooms: Vec<String> = rooms
+        .into_iter()
+        .filter(|w| room_id(w).is_none_or(|id| !local.has_room(&id)))
+        .collect();
+    let peers: Vec<String> = peers
+        .into_iter()
+        .filter(|m| {
+            peer_ids(m).is_none_or(|(room, peer)| local.peer_generation(&room, &peer).is_none())
+        })
+        .collect();
+    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.srem(r.ctx.keys.instance_rooms(&r.ctx.me), chunk);
+    }
+    for chunk in peers.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.srem(r.ctx.keys.instance_peers(&r.ctx.me), chunk);
+    }
+    for reply in conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))? {
+        reply.map_err(|e| Error::redis(op, e))?;
+    }
+    Ok(())
 }
 
 fn reap_room_batches(
@@ -275,6 +346,14 @@ fn reap_room_batches(
             cleanup,
             &mut failed,
         );
+        if let Some(local) = r.own {
+            // Own clean-up: at once, under the room locks (see `Reap::own`).
+            let owed = std::mem::take(cleanup);
+            let sent = remove_own_entries(r, local, con, owed.pipe, owed.own_rooms, owed.own_peers);
+            if let Err(e) = sent {
+                failed.get_or_insert(e);
+            }
+        }
         if let Some(e) = failed {
             return Err(e);
         }
@@ -372,10 +451,13 @@ fn room_replies(
             }
         }
     }
-    cleanup.len += unindex.flush_reaped(&r.ctx.keys, &mut cleanup.pipe, r.guarded());
-    if !unindexed.is_empty() {
-        r.unindex(&mut cleanup.pipe, index, &unindexed);
-        cleanup.len += 1;
+    if r.own.is_some() {
+        cleanup.own_peers.extend(unindex.take(&r.ctx.me));
+        cleanup.own_rooms.extend(unindexed);
+        cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
+    } else {
+        cleanup.len += unindex.flush_reaped(&r.ctx.keys, &mut cleanup.pipe, r.guarded());
+        cleanup.len += r.unindex(&mut cleanup.pipe, index, &unindexed);
     }
     again
 }
@@ -395,10 +477,16 @@ pub(crate) fn reap_peers(
         }
         let members = index_page(con, op, &mut cursor)?;
         let unindexed = reap_peer_batch(r, con, members, counts)?;
-        if !unindexed.is_empty() {
+        if let Some(local) = r.own {
+            remove_own_entries(r, local, con, redis::pipe(), Vec::new(), unindexed)?;
+        } else {
             let mut pipe = redis::pipe();
             r.unindex(&mut pipe, &index, &unindexed);
-            conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+            // Every reply is checked: a failed clean-up must fail the reap (it is redone), not
+            // let it finish with the entries left behind.
+            for reply in conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))? {
+                reply.map_err(|e| Error::redis(op, e))?;
+            }
         }
         if cursor.done() {
             return Ok(());
@@ -491,6 +579,7 @@ pub(crate) fn reap_instance(
         dead,
         t0,
         leading,
+        own: None,
     };
     reap_rooms(&reap, con, &mut counts)?;
     reap_peers(&reap, con, &mut counts)?;
@@ -521,6 +610,7 @@ pub(crate) fn reap_instance(
 pub(crate) fn clean_own_leftovers(
     ctx: &Ctx,
     counters: &Counters,
+    local: &Local,
     con: &mut Connection,
     t0: i64,
 ) -> Result<ReapCounts> {
@@ -531,6 +621,7 @@ pub(crate) fn clean_own_leftovers(
         dead: &ctx.me,
         t0,
         leading: &|| true,
+        own: Some(local),
     };
     reap_rooms(&reap, con, &mut counts)?;
     reap_peers(&reap, con, &mut counts)?;
@@ -703,6 +794,7 @@ mod tests {
             dead: "dead",
             t0: i64::MAX / 2,
             leading: &leading,
+            own: None,
         };
         let out = reap_rooms(&reap, &mut con, &mut counts);
         assert!(matches!(out, Err(Error::NotLeader)), "{out:?}");

@@ -226,6 +226,11 @@ impl Unindex {
         }
     }
 
+    /// Takes out the members noted for `instance`'s index.
+    pub(crate) fn take(&mut self, instance: &str) -> Vec<String> {
+        self.by_instance.remove(instance).unwrap_or_default()
+    }
+
     /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not ignored) and forgets
     /// them; returns how many commands it added.
     pub(crate) fn flush(&mut self, keys: &KeySpace, pipe: &mut Pipeline) -> usize {

@@ -200,6 +200,11 @@ pub(crate) struct Local {
     /// heartbeat deletes such a record (if it names this instance and the node does not hold
     /// the peer), then its index entry.
     uncertain_upserts: Mutex<BTreeSet<(String, String)>>,
+    /// Held peers whose record an upsert with an unknown outcome may have deleted (they had the
+    /// guest of that upsert, which supersedes a guest's previous peer): the heartbeat reads
+    /// each record and forgets the peer (and unindexes it) if the record no longer names this
+    /// instance.
+    suspects: Mutex<BTreeSet<(String, String)>>,
     /// `(room, peer)` whose `<room>/<peer>` member of this instance's peer index may outlive
     /// its record: a close, remove or upsert deleted (or may have deleted, or never wrote) the
     /// record, and the reply that would have led to the clean-up was lost. The heartbeat
@@ -212,6 +217,10 @@ pub(crate) struct Local {
     /// `SSCAN` cursors (room index, peer index) of the tick's walk over this instance's own
     /// indexes.
     pub(crate) index_walk: Mutex<(u64, u64)>,
+    /// Set when a removal from this instance's own indexes ended without a known outcome (it
+    /// may still land, late, after the host wrote the same entry again): the next tick puts
+    /// back everything the node holds, not one eighth.
+    reassert_all: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Local {
@@ -222,10 +231,12 @@ impl Default for Local {
             uncertain: Mutex::default(),
             uncertain_peers: Mutex::default(),
             uncertain_upserts: Mutex::default(),
+            suspects: Mutex::default(),
             unindex: Mutex::default(),
             locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
             reassert_next: std::sync::atomic::AtomicUsize::new(0),
             index_walk: Mutex::new((0, 0)),
+            reassert_all: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -236,17 +247,17 @@ impl Local {
         self.locks[Self::stripe_of(room)].lock()
     }
 
+    /// The lock of stripe `i` (`0..ROOM_LOCKS`): every room of [`Local::stripe_of`] `i`. A
+    /// caller taking several takes them in increasing order (host calls take one at a time).
+    pub(crate) fn lock_stripe(&self, i: usize) -> MutexGuard<'_, ()> {
+        self.locks[i % ROOM_LOCKS].lock()
+    }
+
     /// The lock stripe of `room` (`0..ROOM_LOCKS`).
     pub(crate) fn stripe_of(room: &str) -> usize {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         room.hash(&mut h);
         (h.finish() as usize) % ROOM_LOCKS
-    }
-
-    /// The lock of stripe `i` (`0..ROOM_LOCKS`): every room of [`Local::stripe_of`] `i`. A
-    /// caller taking several takes them in increasing order (host calls take one at a time).
-    pub(crate) fn lock_stripe(&self, i: usize) -> MutexGuard<'_, ()> {
-        self.locks[i % ROOM_LOCKS].lock()
     }
 
     pub(crate) fn mark_uncertain(&self, room: &str) {
@@ -287,6 +298,37 @@ impl Local {
         std::mem::take(&mut *self.uncertain_upserts.lock())
             .into_iter()
             .collect()
+    }
+
+    /// Notes the held peers of `room` with guest `guest`, other than `peer` (see [`Local`]'s
+    /// `suspects`).
+    pub(crate) fn mark_guest_suspects(&self, room: &str, peer: &str, guest: &str) {
+        let found: Vec<String> = self
+            .peers
+            .lock()
+            .range((room.to_owned(), String::new())..)
+            .take_while(|((r, _), _)| r == room)
+            .filter(|((_, p), l)| p != peer && l.guest.as_deref() == Some(guest))
+            .map(|((_, p), _)| p.clone())
+            .collect();
+        let mut s = self.suspects.lock();
+        for p in found {
+            s.insert((room.to_owned(), p));
+        }
+    }
+
+    /// Takes the suspects to check.
+    pub(crate) fn take_suspects(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.suspects.lock())
+            .into_iter()
+            .collect()
+    }
+
+    /// Puts a suspect back (its check failed; the next tick tries again).
+    pub(crate) fn mark_suspect(&self, room: &str, peer: &str) {
+        self.suspects
+            .lock()
+            .insert((room.to_owned(), peer.to_owned()));
     }
 
     /// Notes index members that may outlive their records (see [`Local`]'s `unindex`).
@@ -389,7 +431,7 @@ impl Local {
     }
 
     /// The rooms this node holds whose lock stripe is in `stripes`, each with the peers it
-    /// holds there (the caller holds those stripes' locks).
+    /// holds there.
     pub(crate) fn held_in_stripes(
         &self,
         stripes: &std::ops::Range<usize>,
@@ -415,9 +457,22 @@ impl Local {
             .collect()
     }
 
+    /// Asks the next tick to put back everything the node holds (see `reassert_all`).
+    pub(crate) fn reassert_everything(&self) {
+        self.reassert_all
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The next `n` lock stripes whose holdings a tick puts back into the indexes (a rotating
-    /// window: every stripe once per `ROOM_LOCKS / n` calls).
+    /// window: every stripe once per `ROOM_LOCKS / n` calls), or all of them once after
+    /// [`Local::reassert_everything`].
     pub(crate) fn next_reassert_stripes(&self, n: usize) -> std::ops::Range<usize> {
+        if self
+            .reassert_all
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            return 0..ROOM_LOCKS;
+        }
         let n = n.clamp(1, ROOM_LOCKS);
         let start = self
             .reassert_next
@@ -432,6 +487,7 @@ impl Local {
         self.uncertain.lock().clear();
         self.uncertain_peers.lock().clear();
         self.uncertain_upserts.lock().clear();
+        self.suspects.lock().clear();
         self.unindex.lock().clear();
         std::mem::take(&mut *self.rooms.lock())
             .into_keys()

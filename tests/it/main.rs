@@ -22,6 +22,7 @@ mod prefix;
 mod reaper;
 mod regress_faults;
 mod regress_inputs;
+mod regress_ownidx;
 mod regress_races;
 mod regress_reaper;
 mod reliability;
