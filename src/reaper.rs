@@ -263,12 +263,14 @@ fn remove_own_entries(
     let _locks: Vec<_> = stripes.iter().map(|i| local.lock_stripe(*i)).collect();
     let rooms: Vec<String> = rooms
         .into_iter()
-        .filter(|w| room_id(w).is_none_or(|id| !local.has_room(&id)))
+        .filter(|w| room_id(w).map_or(true, |id| !local.has_room(&id)))
         .collect();
     let peers: Vec<String> = peers
         .into_iter()
         .filter(|m| {
-            peer_ids(m).is_none_or(|(room, peer)| local.peer_generation(&room, &peer).is_none())
+            peer_ids(m).map_or(true, |(room, peer)| {
+                local.peer_generation(&room, &peer).is_none()
+            })
         })
         .collect();
     for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
