@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
+use crate::endpoint::{self, Endpoint};
 use crate::error::{Error, Result};
 use crate::keys::{encode_id, IdKind, KeySpace};
+use crate::sentinel::SentinelAuth;
+pub use crate::tls::TlsOptions;
 
 /// The timings of heartbeats, pins, the lease and the reaper.
 ///
@@ -180,6 +183,8 @@ impl Timings {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     redis_url: Option<String>,
+    tls: TlsOptions,
+    sentinel: SentinelAuth,
     /// Namespace, stage and branch as given (trimmed), before escaping: [`Config::to_builder`]
     /// needs them, since escaping an escaped segment again would give another prefix.
     segments: [String; 3],
@@ -193,6 +198,8 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("tls", &self.tls)
+            .field("sentinel", &self.sentinel)
             .field("prefix", &self.keys.prefix())
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
@@ -231,6 +238,9 @@ impl Config {
         let [namespace, stage, branch] = self.segments.clone();
         ConfigBuilder {
             redis_url: self.redis_url.clone(),
+            tls: self.tls.clone(),
+            sentinel: self.sentinel.clone(),
+            tls_insecure_env: None,
             namespace,
             stage,
             branch,
@@ -244,6 +254,22 @@ impl Config {
     /// through [`redact_url`].
     pub fn redis_url(&self) -> Option<&str> {
         self.redis_url.as_deref()
+    }
+
+    /// The TLS settings (files and `insecure`); they apply to `rediss://` and
+    /// `rediss+sentinel://` URLs.
+    pub fn tls(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// The user the sentinels authenticate (sentinel URLs only); the sentinel password is
+    /// never shown.
+    pub fn sentinel_user(&self) -> Option<&str> {
+        self.sentinel.user.as_deref()
+    }
+
+    pub(crate) fn sentinel_auth(&self) -> &SentinelAuth {
+        &self.sentinel
     }
 
     /// [`Mode::Memory`] without a Redis URL, else [`Mode::Redis`].
@@ -282,6 +308,10 @@ impl Config {
 #[derive(Clone)]
 pub struct ConfigBuilder {
     redis_url: Option<String>,
+    tls: TlsOptions,
+    sentinel: SentinelAuth,
+    /// `SFU_TLS_INSECURE` as read by `from_env`, checked at build.
+    tls_insecure_env: Option<String>,
     namespace: String,
     stage: String,
     branch: String,
@@ -294,6 +324,8 @@ impl std::fmt::Debug for ConfigBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConfigBuilder")
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("tls", &self.tls)
+            .field("sentinel", &self.sentinel)
             .field("namespace", &self.namespace)
             .field("stage", &self.stage)
             .field("branch", &self.branch)
@@ -308,6 +340,9 @@ impl Default for ConfigBuilder {
     fn default() -> Self {
         ConfigBuilder {
             redis_url: None,
+            tls: TlsOptions::default(),
+            sentinel: SentinelAuth::default(),
+            tls_insecure_env: None,
             namespace: "sfu".into(),
             stage: "dev".into(),
             branch: "main".into(),
@@ -336,7 +371,66 @@ impl ConfigBuilder {
             b.branch = v;
         }
         b.instance_id = var("SFU_INSTANCE_ID");
+        b.tls.ca_file = var("SFU_TLS_CA_FILE").map(Into::into);
+        b.tls.cert_file = var("SFU_TLS_CERT_FILE").map(Into::into);
+        b.tls.key_file = var("SFU_TLS_KEY_FILE").map(Into::into);
+        b.tls_insecure_env = var("SFU_TLS_INSECURE");
+        b.sentinel.user = var("SFU_SENTINEL_USER");
+        b.sentinel.password = var("SFU_SENTINEL_PASSWORD");
         b
+    }
+
+    /// CA certificate file (PEM) the server's certificate must chain to (`rediss://` and
+    /// `rediss+sentinel://`; without one, the system's roots). Environment `SFU_TLS_CA_FILE`.
+    /// An empty path unsets it (as for the other TLS files).
+    pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca_file = non_empty(path.into());
+        self
+    }
+
+    /// Client certificate file (PEM) for mutual TLS; needs [`ConfigBuilder::tls_key_file`].
+    /// Environment `SFU_TLS_CERT_FILE`.
+    pub fn tls_cert_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.cert_file = non_empty(path.into());
+        self
+    }
+
+    /// Private key file (PEM: PKCS#8, PKCS#1 or SEC1) of the client certificate. Environment
+    /// `SFU_TLS_KEY_FILE`.
+    pub fn tls_key_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.key_file = non_empty(path.into());
+        self
+    }
+
+    /// Skip TLS certificate verification (default false). Every connect then logs a warning;
+    /// nothing else turns verification off (a URL's `#insecure` fragment is refused).
+    /// Environment `SFU_TLS_INSECURE=1`.
+    pub fn tls_insecure(mut self, insecure: bool) -> Self {
+        self.tls.insecure = insecure;
+        self.tls_insecure_env = None;
+        self
+    }
+
+    /// All TLS settings at once.
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self.tls_insecure_env = None;
+        self
+    }
+
+    /// The user the sentinels authenticate, when they need their own credentials (sentinel
+    /// URLs only; the URL's user info authenticates to the data nodes). Environment
+    /// `SFU_SENTINEL_USER`.
+    pub fn sentinel_user(mut self, user: &str) -> Self {
+        self.sentinel.user = Some(user.to_owned()).filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The sentinels' password (sentinel URLs only). Never printed. Environment
+    /// `SFU_SENTINEL_PASSWORD`.
+    pub fn sentinel_password(mut self, password: &str) -> Self {
+        self.sentinel.password = Some(password.to_owned()).filter(|p| !p.is_empty());
+        self
     }
 
     /// The Redis URL (`redis://[user:pass@]host:port[/db]`): a `&str`, `String` or `&String`, or
@@ -405,25 +499,20 @@ impl ConfigBuilder {
     /// [`Error::InvalidConfig`] naming the field: an unparsable Redis URL, an empty or
     /// oversized prefix segment, an invalid instance id, or timings that break
     /// [`Timings::validate`].
-    pub fn build(self) -> Result<Config> {
-        if let Some(url) = &self.redis_url {
-            if url.starts_with("rediss://") {
-                return Err(Error::config(
-                    "redis_url",
-                    "TLS (rediss://) is not supported by this build; use redis:// (for example through a TLS tunnel)",
-                ));
-            }
-            if let Err(e) = redis::Client::open(url.as_str()) {
-                return Err(Error::config(
-                    "redis_url",
-                    format!(
-                        "{} is not a usable Redis URL ({}); expected redis://[user:password@]host:port[/db]",
-                        redact_url(url),
-                        e.detail().unwrap_or("unparsable")
-                    ),
-                ));
-            }
+    pub fn build(mut self) -> Result<Config> {
+        if let Some(v) = self.tls_insecure_env.take() {
+            self.tls.insecure = match v.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" => false,
+                other => {
+                    return Err(Error::config(
+                        "tls_insecure",
+                        format!("SFU_TLS_INSECURE={other:?}: expected 1 or 0"),
+                    ))
+                }
+            };
         }
+        self.check_transport()?;
         let keys = KeySpace::new(&self.namespace, &self.stage, &self.branch)?;
         let instance_id = match self.instance_id {
             Some(id) => id,
@@ -443,6 +532,8 @@ impl ConfigBuilder {
         }
         Ok(Config {
             redis_url: self.redis_url,
+            tls: self.tls,
+            sentinel: self.sentinel,
             segments: [self.namespace, self.stage, self.branch].map(|s| s.trim().to_owned()),
             keys,
             instance_id,
@@ -450,6 +541,64 @@ impl ConfigBuilder {
             reap_batch: self.reap_batch,
         })
     }
+}
+
+impl ConfigBuilder {
+    /// The URL parses, and the TLS and sentinel settings fit it: TLS files only with a TLS
+    /// URL, readable and PEM; sentinel credentials only with a sentinel URL.
+    fn check_transport(&self) -> Result<()> {
+        let sentinel_field = if self.sentinel.password.is_some() {
+            Some("sentinel_password")
+        } else if self.sentinel.user.is_some() {
+            Some("sentinel_user")
+        } else {
+            None
+        };
+        let Some(url) = &self.redis_url else {
+            if let Some(f) = self.tls.first_set().or(sentinel_field) {
+                return Err(Error::config(
+                    f,
+                    "is set but there is no Redis URL (memory-only mode)",
+                ));
+            }
+            return Ok(());
+        };
+        let safe = redact_url(url);
+        let ep = endpoint::parse(url).map_err(|why| {
+            Error::config(
+                "redis_url",
+                format!("{safe} is not a usable Redis URL: {why}"),
+            )
+        })?;
+        if ep.tls() {
+            if cfg!(not(feature = "tls")) {
+                return Err(Error::config(
+                    "redis_url",
+                    format!(
+                        "{safe}: this build of sfu-redis has no TLS support (cargo feature `tls`)"
+                    ),
+                ));
+            }
+            self.tls.check()?;
+        } else if let Some(f) = self.tls.first_set() {
+            return Err(Error::config(
+                f,
+                format!("is set but {safe} is plaintext; TLS settings apply to rediss:// and rediss+sentinel:// URLs"),
+            ));
+        }
+        if let (Some(f), Endpoint::Direct { .. }) = (sentinel_field, &ep) {
+            return Err(Error::config(
+                f,
+                format!("is set but {safe} is not a sentinel URL (redis+sentinel://host1:port1,.../<master-name>)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `None` for an empty path (unset, as an empty environment variable is).
+fn non_empty(p: std::path::PathBuf) -> Option<std::path::PathBuf> {
+    (!p.as_os_str().is_empty()).then_some(p)
 }
 
 /// Default of [`ConfigBuilder::reap_batch`]: index members per reap batch, tuned with
@@ -473,7 +622,7 @@ pub fn default_instance_id() -> String {
 }
 
 /// The URL schemes redis-rs accepts; only these are echoed in a placeholder.
-const KNOWN_SCHEMES: [&str; 7] = [
+const KNOWN_SCHEMES: [&str; 11] = [
     "redis",
     "rediss",
     "valkey",
@@ -481,6 +630,10 @@ const KNOWN_SCHEMES: [&str; 7] = [
     "redis+unix",
     "valkey+unix",
     "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "valkey+sentinel",
+    "valkeys+sentinel",
 ];
 
 /// `url` with every password replaced by `***`, for logs and messages
@@ -493,7 +646,8 @@ const KNOWN_SCHEMES: [&str; 7] = [
 ///   is hidden whole (`***@`), as some clients read it as a password;
 /// - the value of every query parameter whose percent-decoded name is `pass` or `password`, in
 ///   any case (`redis+unix:///tmp/r.sock?p%61ss=***`; redis-rs reads `pass` on Unix sockets);
-/// - a fragment other than `#insecure` (a password holding an unencoded `#` ends up there).
+/// - a fragment other than `#insecure` (a password holding an unencoded `#` ends up there);
+/// - in a sentinel URL (`redis+sentinel://u:p@h1,h2/m`), the password of its one user info.
 ///
 /// A URL that does not parse, has a scheme redis-rs does not know, has no `//` authority, or
 /// holds an `@` outside its user info
@@ -505,6 +659,15 @@ pub fn redact_url(url: &str) -> String {
         Some(s) if KNOWN_SCHEMES.contains(&s) => format!("<{s}:// URL not shown: {why}>"),
         _ => format!("<Redis URL not shown: {why}>"),
     };
+    if endpoint::is_sentinel_url(url) {
+        let scheme = url
+            .trim()
+            .split_once("://")
+            .map(|(s, _)| s.to_ascii_lowercase());
+        return endpoint::redact_sentinel(url).unwrap_or_else(|| {
+            placeholder(scheme.as_deref(), "it does not parse as a sentinel URL")
+        });
+    }
     let mut u = match url::Url::parse(url) {
         Ok(u) => u,
         Err(_) => {

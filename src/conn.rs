@@ -5,31 +5,37 @@
 //! replies, reading the server clock, one thread's connection (`Link`), the host threads'
 //! pool (`Pool`), and the capped, jittered backoff of the workers' retries (`Backoff`).
 //!
-//! Where the production topologies plug in (docs/DESIGN.md "Deployment topologies"), so that
-//! each changes only this module and the configuration:
-//! - **TLS** (`rediss://`, verification on by default, client certificates for mutual TLS): in
-//!   the client construction of the connector, [`Redis::new`] (today `redis::Client::open`),
-//!   which would build a TLS client from the URL plus the configured certificates; the
-//!   `redis` crate's TLS feature is enabled there and nowhere else.
-//! - **Sentinel** (`redis+sentinel://h1,h2,h3/<master>`): master discovery when a connection is
-//!   made ([`Redis::connect`] asks the sentinels for the current primary), and again when a
-//!   reply says the server is no master (`READONLY`, `MASTERDOWN`): `keep_connection` already
-//!   drops such a connection and `Pool::run` already retries that refused call once on a new
-//!   one, which is where the rediscovery runs.
-//! - **Cluster** (`redis+cluster://h1,h2,...`): a `ClusterConnection` variant next to the
-//!   single-node connection, behind the same `Link::run` / `Pool::run`, `call` and `exec`
+//! The production topologies (docs/DESIGN.md "Deployment topologies"):
+//! - **TLS** (`rediss://`, `rediss+sentinel://`): every connection is dialled by one
+//!   `Dialer` (TLS with verification on, the CA file or the system roots, client certificates
+//!   for mutual TLS; the crate's TLS module says which crypto provider and why).
+//! - **Sentinel** (`redis+sentinel://h1,h2,h3/<master>`): every new connection asks the
+//!   sentinels for the current master and checks its `ROLE` (the crate's sentinel module); a
+//!   reply that says the server is no master (`READONLY`, `MASTERDOWN`, `LOADING`) drops the
+//!   connection (`keep_connection`) and `Pool::run` retries that refused call once on a new
+//!   one, so the next connection finds the new master. [`Redis::master_switches`] counts the
+//!   times a new connection reached another master: the heartbeat then restores what the node
+//!   holds (writes the last moment before a failover can be lost: replication is
+//!   asynchronous).
+//! - **Cluster** (`redis+cluster://h1,h2,...`, next): a `ClusterConnection` variant next to
+//!   the single-node connection, behind the same `Link::run` / `Pool::run`, `call` and `exec`
 //!   functions: `exec` splits a pipeline per node (every script already touches one slot) and
 //!   reassembles the replies in order; redirections and retries stay inside the command
 //!   timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::{Connection, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
 
-use crate::config::redact_url;
+use crate::config::{redact_url, Config};
+use crate::dial::Dialer;
+use crate::endpoint::{self, Endpoint};
 use crate::error::{Error, Result};
 use crate::scripts::SCRIPTS;
+use crate::sentinel::{parse_role, Role, SentinelAuth, Sentinels};
+use crate::tls::TlsOptions;
 
 /// Most members one `SADD` or `SREM` carries; longer lists are split into several commands
 /// (of one pipeline), so no single command holds the server for long.
@@ -38,6 +44,12 @@ pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
 /// Where Redis is and how long any call may take: the connector every connection of the
 /// library comes from (node threads, host calls, `status`, `fsck`), and the one the CLI's
 /// demo and the benchmarks use.
+///
+/// It speaks every URL form of [`crate::config::ConfigBuilder::redis_url`]: one server in
+/// plaintext or over TLS, or the master a set of sentinels names (discovered on every new
+/// connection, `ROLE`-checked; the crate's `sentinel` discovery). A new connection to a
+/// standalone server is `ROLE`-checked too: a replica is refused at connect (its writes would
+/// fail with `READONLY`).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -50,72 +62,265 @@ pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
 /// ```
 #[derive(Debug)]
 pub struct Redis {
-    client: redis::Client,
-    timeout: Duration,
+    target: Target,
+    dialer: Dialer,
     /// The URL with its password redacted, for messages.
     safe_url: String,
+    transport: &'static str,
+    route: Mutex<Route>,
+    /// How many times a new connection reached another master than the one before (a
+    /// failover through the sentinels).
+    switches: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Target {
+    Direct(redis::Client),
+    Sentinel(Sentinels),
+}
+
+/// Where the last connection went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Route {
+    /// The master's `host:port` (sentinel URLs), `None` for a standalone URL.
+    pub master: Option<String>,
+    /// The sentinel that named it (`host:port`); `None` if the last known master was used
+    /// because no sentinel answered, or for a standalone URL.
+    pub via: Option<String>,
+    /// Replicas connected to the server, from its `ROLE` reply at that connect (0 when
+    /// unknown: `ROLE` refused by the ACL).
+    pub replicas: usize,
 }
 
 impl Redis {
-    /// A connector for `url` whose connect, read and write each time out after `timeout`.
+    /// A connector for `url` whose connect, TLS handshake, read and write each time out after
+    /// `timeout`. TLS (`rediss://`) verifies the server against the system's roots; use
+    /// [`Redis::from_config`] for a CA file, client certificates or sentinel credentials.
     /// Nothing is sent yet.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] (`redis_url`) when the URL cannot be used (the message shows
     /// the URL without its password); [`Error::InvalidArgument`] for a zero `timeout`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self> {
+        Self::build(
+            url,
+            &TlsOptions::default(),
+            &SentinelAuth::default(),
+            timeout,
+        )
+    }
+
+    /// The connector of `config`: its URL, TLS files, sentinel credentials and command
+    /// timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] in memory-only mode (no Redis URL), or when a TLS file cannot
+    /// be read; as [`Redis::new`] otherwise.
+    pub fn from_config(config: &Config) -> Result<Self> {
+        let url = config.redis_url().ok_or_else(|| {
+            Error::config(
+                "redis_url",
+                "no Redis URL (memory-only mode); set REDIS_URL",
+            )
+        })?;
+        Self::build(
+            url,
+            config.tls(),
+            config.sentinel_auth(),
+            config.timings().command_timeout,
+        )
+    }
+
+    fn build(url: &str, tls: &TlsOptions, auth: &SentinelAuth, timeout: Duration) -> Result<Self> {
         if timeout.is_zero() {
             return Err(Error::InvalidArgument {
                 what: "command timeout",
                 reason: "must be longer than 0 ms".to_owned(),
             });
         }
-        let client = redis::Client::open(url).map_err(|e| {
+        let safe_url = redact_url(url);
+        let endpoint = endpoint::parse(url).map_err(|why| {
             Error::config(
                 "redis_url",
-                format!(
-                    "{} is not a usable Redis URL: {}",
-                    redact_url(url),
-                    e.category()
-                ),
+                format!("{safe_url} is not a usable Redis URL: {why}"),
             )
         })?;
+        let dialer = Dialer::new(endpoint.tls(), tls, timeout)?;
+        let transport = endpoint.transport();
+        let target = match endpoint {
+            Endpoint::Direct { info, .. } => {
+                Target::Direct(dialer.client(dialer.adapt(info)).map_err(|e| {
+                    Error::config(
+                        "redis_url",
+                        format!("{safe_url} is not a usable Redis URL: {}", e.category()),
+                    )
+                })?)
+            }
+            Endpoint::Sentinel(ep) => Target::Sentinel(Sentinels::new(ep, auth)),
+        };
         Ok(Redis {
-            client,
-            timeout,
-            safe_url: redact_url(url),
+            target,
+            dialer,
+            safe_url,
+            transport,
+            route: Mutex::new(Route::default()),
+            switches: AtomicU64::new(0),
         })
     }
 
-    /// A new connection with connect/read/write timeouts and every script preloaded.
+    /// A new connection with connect/read/write timeouts and every script preloaded. Through
+    /// sentinels, the master is discovered first (see the crate's sentinel discovery).
     ///
     /// # Errors
     /// [`Error::Redis`] when Redis cannot be reached in time or refuses (authentication,
-    /// ACL); the message names the URL without its password.
+    /// ACL, TLS verification), when a standalone server is a replica, or when no sentinel
+    /// names a reachable master (the message lists what each sentinel answered); the message
+    /// names the URL without its password.
     pub fn connect(&self) -> Result<Connection> {
         let wrap = |e: redis::RedisError| {
             Error::redis(format!("connect to Redis at {}", self.safe_url), e)
         };
-        let mut con = self
-            .client
-            .get_connection_with_timeout(self.timeout)
-            .map_err(wrap)?;
-        con.set_read_timeout(Some(self.timeout)).map_err(wrap)?;
-        con.set_write_timeout(Some(self.timeout)).map_err(wrap)?;
-        preload(&mut con).map_err(wrap)?;
+        let (mut con, route) = match &self.target {
+            Target::Direct(client) => {
+                let con = self.dialer.open(client).map_err(|e| {
+                    if e.is_timeout() && self.dialer.is_tls() {
+                        // A plaintext server never answers a TLS hello: say so.
+                        Error::redis(
+                            format!(
+                                "connect to Redis at {} (the TLS handshake got no answer: is this a plaintext port? use redis:// for it)",
+                                self.safe_url
+                            ),
+                            e,
+                        )
+                    } else if !self.dialer.is_tls()
+                        && e.is_connection_dropped()
+                        && !e.is_connection_refusal()
+                    {
+                        // A TLS port drops a plaintext hello at once.
+                        Error::redis(
+                            format!(
+                                "connect to Redis at {} (the server closed the connection at once: is this a TLS port? use rediss:// for it)",
+                                self.safe_url
+                            ),
+                            e,
+                        )
+                    } else {
+                        wrap(e)
+                    }
+                })?;
+                (con, None)
+            }
+            Target::Sentinel(s) => {
+                let found = s.connect(&self.dialer)?;
+                let route = Route {
+                    master: Some(found.master),
+                    via: found.via,
+                    replicas: found.replicas,
+                };
+                (found.con, Some(route))
+            }
+        };
+        let role = preload(&mut con, route.is_none()).map_err(wrap)?;
+        let route = match route {
+            Some(r) => r,
+            None => match role {
+                Some(Role::Other(r)) => {
+                    return Err(wrap(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the server is not a master",
+                        format!(
+                            "its ROLE is {r:?}: its writes would fail with READONLY; point the URL at the master, or use redis+sentinel:// to follow failovers"
+                        ),
+                    ))))
+                }
+                Some(Role::Master { replicas }) => Route {
+                    replicas,
+                    ..Route::default()
+                },
+                None => Route::default(),
+            },
+        };
+        self.note_route(route);
         Ok(con)
+    }
+
+    fn note_route(&self, route: Route) {
+        let mut last = self.route.lock();
+        if let (Some(was), Some(now)) = (&last.master, &route.master) {
+            if was != now {
+                self.switches.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "the master of {} is now {now} (was {was}), named by {}",
+                    self.safe_url,
+                    route
+                        .via
+                        .as_deref()
+                        .unwrap_or("no sentinel (last known master)")
+                );
+            }
+        }
+        *last = route;
     }
 
     /// The URL without its password ([`crate::redact_url`]).
     pub fn safe_url(&self) -> &str {
         &self.safe_url
     }
+
+    /// `plain`, `tls`, `sentinel` or `sentinel+tls`.
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    /// Where the last connection went (master, sentinel, replicas).
+    pub fn route(&self) -> Route {
+        self.route.lock().clone()
+    }
+
+    /// How many times a new connection reached another master than the one before.
+    pub fn master_switches(&self) -> u64 {
+        self.switches.load(Ordering::Relaxed)
+    }
+
+    /// The master name of a sentinel URL.
+    pub fn master_name(&self) -> Option<&str> {
+        match &self.target {
+            Target::Sentinel(s) => Some(s.master_name()),
+            Target::Direct(_) => None,
+        }
+    }
+
+    /// Whether connections use TLS.
+    pub fn is_tls(&self) -> bool {
+        self.dialer.is_tls()
+    }
+
+    /// The transport and, through sentinels, where the last connection went, for people:
+    /// `plain`, `tls`, `sentinel: master 10.0.0.2:6379 of "mymaster" via sentinel
+    /// 10.0.0.5:26379`.
+    pub fn describe(&self) -> String {
+        let route = self.route();
+        match (self.master_name(), &route.master) {
+            (Some(name), Some(master)) => format!(
+                "{}: master {master} of {name:?} via {}",
+                self.transport,
+                route
+                    .via
+                    .map(|v| format!("sentinel {v}"))
+                    .unwrap_or_else(|| "no sentinel (last known master)".into())
+            ),
+            _ => self.transport.to_owned(),
+        }
+    }
 }
 
 /// One thread's connection, made on first use and dropped after any error (a timed-out
-/// connection may still deliver a late reply, so it is never reused).
+/// connection may still deliver a late reply, so it is never reused), and dropped too when
+/// another connection has found a new master meanwhile (a failover: this one may still point
+/// at the old master, which may still accept writes until the sentinels demote it).
 pub(crate) struct Link {
-    con: Option<Connection>,
+    /// The connection and [`Redis::master_switches`] when it was made.
+    con: Option<(Connection, u64)>,
 }
 
 impl std::fmt::Debug for Link {
@@ -137,9 +342,16 @@ impl Link {
         redis: &Redis,
         f: impl FnOnce(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let con = match &mut self.con {
+        let switches = redis.master_switches();
+        if self.con.as_ref().is_some_and(|(_, seen)| *seen != switches) {
+            self.con = None;
+        }
+        let (con, _) = match &mut self.con {
             Some(c) => c,
-            None => self.con.insert(redis.connect()?),
+            None => {
+                let con = redis.connect()?;
+                self.con.insert((con, redis.master_switches()))
+            }
         };
         let out = f(con);
         if let Err(e) = &out {
@@ -153,9 +365,10 @@ impl Link {
 }
 
 /// A server's error reply leaves the connection in sync; anything else (I/O, timeout, parse)
-/// does not. A reply saying the server is no master (`READONLY`, `MASTERDOWN`: a failover
-/// happened behind the address) keeps the connection in sync but pointing at the wrong
-/// server: it is dropped, so the next connection finds the new master.
+/// does not. A reply saying the server is no master (`READONLY`, `MASTERDOWN`, `LOADING`: a
+/// failover happened behind the address, or a restarted server is still loading) keeps the
+/// connection in sync but pointing at the wrong server: it is dropped, so the next connection
+/// finds the new master (through the sentinels, or behind the same address).
 fn keep_connection(e: &Error) -> bool {
     match e {
         Error::Redis { source, .. } => {
@@ -166,14 +379,16 @@ fn keep_connection(e: &Error) -> bool {
     }
 }
 
-/// `READONLY` / `MASTERDOWN`: the command was refused, so it did not run.
+/// `READONLY` / `MASTERDOWN` / `LOADING`: the command was refused, so it did not run.
 fn is_not_master(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+    matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
 }
 
 /// A small pool of idle connections for host threads' calls.
 pub(crate) struct Pool {
-    idle: Mutex<Vec<(Connection, Instant)>>,
+    /// Idle connections, when each was put back, and [`Redis::master_switches`] when each was
+    /// made (one made before a failover is dropped).
+    idle: Mutex<Vec<(Connection, Instant, u64)>>,
     max_idle: usize,
 }
 
@@ -198,16 +413,24 @@ impl Pool {
         }
     }
 
-    /// An idle connection that answers, or a new one.
-    fn checkout(&self, redis: &Redis) -> Result<Connection> {
+    /// An idle connection that answers, or a new one; with the master switch count it was
+    /// made under.
+    fn checkout(&self, redis: &Redis) -> Result<(Connection, u64)> {
         loop {
+            let switches = redis.master_switches();
             let taken = self.idle.lock().pop();
-            let Some((mut con, since)) = taken else {
-                return redis.connect();
+            let Some((mut con, since, made)) = taken else {
+                let con = redis.connect()?;
+                return Ok((con, redis.master_switches()));
             };
+            if made != switches {
+                // Made before a failover: the others are older still.
+                self.idle.lock().clear();
+                continue;
+            }
             if since.elapsed() < PROBE_AFTER || redis::cmd("PING").query::<String>(&mut con).is_ok()
             {
-                return Ok(con);
+                return Ok((con, made));
             }
             // Dead (server restarted, connection closed): the others are likely dead too.
             self.idle.lock().clear();
@@ -216,18 +439,19 @@ impl Pool {
 
     /// Runs `f` on a pooled (or new) connection; the connection goes back to the pool unless
     /// the call broke it. A request is never sent twice after it may have run: the only
-    /// retry is after `READONLY`/`MASTERDOWN` (a failover: the command was refused), on a new
-    /// connection, with every idle one dropped.
+    /// retry is after `READONLY`/`MASTERDOWN`/`LOADING` (a failover: the command was
+    /// refused), on a new connection, with every idle one dropped.
     pub(crate) fn run<T>(
         &self,
         redis: &Redis,
         mut f: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let mut con = self.checkout(redis)?;
+        let (mut con, mut made) = self.checkout(redis)?;
         let mut out = f(&mut con);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
             self.idle.lock().clear();
             con = redis.connect()?;
+            made = redis.master_switches();
             out = f(&mut con);
         }
         let keep = match &out {
@@ -237,7 +461,7 @@ impl Pool {
         if keep {
             let mut idle = self.idle.lock();
             if idle.len() < self.max_idle {
-                idle.push((con, Instant::now()));
+                idle.push((con, Instant::now(), made));
             }
         } else if matches!(&out, Err(e) if e.is_connection_error()) {
             self.idle.lock().clear();
@@ -284,13 +508,33 @@ pub(crate) fn jitter(d: Duration) -> Duration {
     Duration::from_millis(ms / 2 + fastrand::u64(0..=ms / 2))
 }
 
-/// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined).
-fn preload(con: &mut Connection) -> RedisResult<()> {
+/// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined), and with
+/// `role` asks the server's `ROLE` in the same round trip (`None` when it was refused, for
+/// example by the ACL).
+fn preload(con: &mut Connection, role: bool) -> RedisResult<Option<Role>> {
     let mut pipe = redis::pipe();
     for s in SCRIPTS.all() {
-        pipe.load_script(s).ignore();
+        pipe.load_script(s);
     }
-    pipe.exec(con)
+    if role {
+        pipe.cmd("ROLE");
+    }
+    pipe.ignore_errors();
+    let mut replies: Vec<RedisResult<Value>> = pipe.query(con)?;
+    let role = if role {
+        replies.pop().and_then(|r| r.ok()).map(|v| parse_role(&v))
+    } else {
+        None
+    };
+    if let Some(e) = replies.into_iter().find_map(|r| r.err()) {
+        return Err(e);
+    }
+    Ok(role)
+}
+
+/// Reloads every script (after `NOSCRIPT`).
+fn reload(con: &mut Connection) -> RedisResult<()> {
+    preload(con, false).map(|_| ())
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {
@@ -323,7 +567,7 @@ pub(crate) fn exec(
         return Ok(results);
     }
     log::info!("script cache was flushed; reloading scripts");
-    preload(con)?;
+    reload(con)?;
     if pipe.is_transaction() || results.len() != pipe.len() {
         // Replies do not map one to one onto commands (ignored ones): send it all again
         // (no caller derives a clean-up from such a pipeline's replies).

@@ -200,6 +200,8 @@ impl fmt::Display for Error {
                         f,
                         " (authentication failed; check the user and password of the Redis URL)"
                     )?;
+                } else if let Some(hint) = tls_hint(&source.to_string()) {
+                    write!(f, " ({hint})")?;
                 }
                 Ok(())
             }
@@ -220,6 +222,25 @@ impl fmt::Display for Error {
             Error::Io { op, source } => write!(f, "{op}: {source}"),
         }
     }
+}
+
+/// What to do about a TLS failure, from the driver's (rustls') message.
+fn tls_hint(msg: &str) -> Option<&'static str> {
+    Some(
+        if msg.contains("NotValidForName") || msg.contains("not valid for name") {
+            "TLS: the server's certificate does not name the host of the URL; connect by a name or address the certificate holds"
+        } else if msg.contains("UnknownIssuer") || msg.contains("invalid peer certificate") {
+            "TLS: the server's certificate is not trusted; set tls_ca_file to the CA that signed it (without it the system's roots are used)"
+        } else if msg.contains("CertificateRequired")
+            || msg.contains("BadCertificate") && msg.contains("alert")
+        {
+            "TLS: the server wants a client certificate it trusts (mutual TLS); set tls_cert_file and tls_key_file"
+        } else if msg.contains("corrupt message") || msg.contains("InvalidContentType") {
+            "TLS: the server did not answer in TLS; is this a plaintext port? use redis:// for it"
+        } else {
+            return None;
+        },
+    )
 }
 
 impl std::error::Error for Error {

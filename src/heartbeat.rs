@@ -141,6 +141,20 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     if beaten.beat == Beat::Restored {
         sh.restore_pending.store(true, Ordering::Relaxed);
     }
+    // A failover moved the master (through the sentinels): replication is asynchronous, so
+    // the last pins, records and index entries written before it may be missing on the new
+    // master. Restore what this node holds, as after data loss: pins still free are taken
+    // again, rooms another instance took are reported lost, records and entries written back
+    // (docs/DESIGN.md "Deployment topologies"). The lease is left to the lease thread (a term
+    // whose lease did not survive ends at its next refresh).
+    let switches = sh.redis.master_switches();
+    if sh.switches_seen.swap(switches, Ordering::Relaxed) != switches {
+        log::warn!(
+            "the master changed ({}); restoring pins and peers this node holds",
+            sh.redis.describe()
+        );
+        sh.restore_pending.store(true, Ordering::Relaxed);
+    }
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();

@@ -73,6 +73,43 @@ pub(crate) fn refresh(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
     Ok(conn::call::<i64>(con, "refresh lease", &inv)? == 1)
 }
 
+/// After a write of the lease (acquire or refresh) on a master with replicas: waits until one
+/// replica acknowledged it (`WAIT 1 <command_timeout / 2>`). `Ok(true)` when it did or when the
+/// master has no replica connected (`ROLE`; nothing to wait for, and no replica a failover
+/// could promote), `Ok(false)` when none acknowledged in time. Replication is asynchronous:
+/// without this a failover right after the write could promote a replica that never saw it,
+/// and another node acquire a second lease (and the same epoch) while this one leads.
+/// Measured cost and the decision: README "Failover".
+pub(crate) fn replicated(ctx: &Ctx, con: &mut Connection, known_replicas: usize) -> Result<bool> {
+    let replicas = match crate::sentinel::role(con) {
+        Ok(crate::sentinel::Role::Master { replicas }) => replicas,
+        // Not a master any more: the write itself was refused or will be lost; the caller's
+        // next request finds the new master.
+        Ok(crate::sentinel::Role::Other(r)) => {
+            return Err(Error::redis(
+                "confirm the lease write",
+                redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the server is no longer a master",
+                    format!("its ROLE is {r:?}"),
+                )),
+            ))
+        }
+        // ROLE refused (ACL): the replicas seen at connect.
+        Err(_) => known_replicas,
+    };
+    if replicas == 0 {
+        return Ok(true);
+    }
+    let wait_ms = (ctx.timings.command_timeout.as_millis() as u64 / 2).max(1);
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(wait_ms)
+        .query(con)
+        .map_err(|e| Error::redis("wait for a replica to acknowledge the lease", e))?;
+    Ok(acked >= 1)
+}
+
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.
 pub(crate) fn release(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
     let mut inv = SCRIPTS.lease_release.prepare_invoke();
@@ -152,7 +189,19 @@ impl Lease<'_> {
     fn acquire(&mut self, sent: Instant, run: &mut Run<'_>) -> Instant {
         let (sh, t) = (self.sh, self.sh.ctx.timings);
         let max_epoch = sh.max_epoch.load(Ordering::Relaxed);
-        match self.link.run(&sh.redis, |c| acquire(&sh.ctx, c, max_epoch)) {
+        let known = sh.redis.route().replicas;
+        let attempt = self.link.run(&sh.redis, |c| {
+            let won = acquire(&sh.ctx, c, max_epoch)?;
+            if !matches!(won, Acquire::Won { .. }) || replicated(&sh.ctx, c, known)? {
+                return Ok(won);
+            }
+            // No replica saw the new lease: a failover now could grant a second one. Give
+            // it back and try again later (safety before availability; a replica that is
+            // gone stops counting once the master drops it).
+            let _ = release(&sh.ctx, c);
+            Ok(Acquire::Held("<not replicated>".into()))
+        });
+        match attempt {
             Ok(Acquire::Won { epoch, repaired }) => {
                 sh.max_epoch.fetch_max(epoch, Ordering::Relaxed);
                 if let Some(r) = repaired {
@@ -169,6 +218,8 @@ impl Lease<'_> {
             Ok(Acquire::Held(holder)) => {
                 if holder == "<dataset new>" {
                     log::debug!("the dataset is younger than a lease TTL (fresh or after data loss); waiting to acquire");
+                } else if holder == "<not replicated>" {
+                    log::warn!("won the lease but no replica acknowledged it in time; released it, not leading (a failover could have granted a second lease)");
                 } else if holder.starts_with('<') || decode_id(&holder).is_err() {
                     log::warn!("the lease key holds {holder:?}, not an instance id; waiting for it to expire");
                 }
@@ -186,8 +237,23 @@ impl Lease<'_> {
     /// when to refresh (or try to acquire) next.
     fn refresh(&mut self, term: Term, sent: Instant, run: &mut Run<'_>) -> Instant {
         let (sh, t) = (self.sh, self.sh.ctx.timings);
-        match self.link.run(&sh.redis, |c| refresh(&sh.ctx, c)) {
-            Ok(true) if Instant::now() < term.deadline => {
+        let known = sh.redis.route().replicas;
+        let attempt = self.link.run(&sh.redis, |c| {
+            let held = refresh(&sh.ctx, c)?;
+            Ok(held && !replicated(&sh.ctx, c, known)?).map(|unacked| (held, unacked))
+        });
+        match attempt.map(|(held, unacked)| {
+            if unacked {
+                // The master extended the lease but no replica saw it: the term keeps its
+                // deadline (a replica promoted now would expire the lease then).
+                log::warn!("lease refreshed but no replica acknowledged it in time; the term keeps its current deadline");
+                None
+            } else {
+                Some(held)
+            }
+        }) {
+            Ok(None) => sent + t.lease_refresh,
+            Ok(Some(true)) if Instant::now() < term.deadline => {
                 let extended = sh.leader.extend(Term {
                     epoch: term.epoch,
                     deadline: deadline(sent, t.lease_ttl),
@@ -199,11 +265,11 @@ impl Lease<'_> {
                     Instant::now() + jitter(t.lease_refresh)
                 }
             }
-            Ok(true) => {
+            Ok(Some(true)) => {
                 self.demote(LeaderLostReason::DeadlinePassed);
                 Instant::now()
             }
-            Ok(false) => {
+            Ok(Some(false)) => {
                 log::warn!("lease no longer holds our id; demoting");
                 self.demote(LeaderLostReason::LeaseTaken);
                 Instant::now() + jitter(t.lease_refresh)

@@ -26,6 +26,8 @@
 pub mod audit;
 pub mod config;
 pub mod conn;
+mod dial;
+mod endpoint;
 mod error;
 mod event;
 mod heartbeat;
@@ -39,12 +41,16 @@ mod reaper;
 mod rooms;
 pub mod scan;
 mod scripts;
+mod sentinel;
 mod state;
 pub mod status;
 mod store;
+mod tls;
 mod worker;
 
-pub use config::{redact_url, Config, ConfigBuilder, IntoRedisUrl, Mode, Timings, MAX_REAP_BATCH};
+pub use config::{
+    redact_url, Config, ConfigBuilder, IntoRedisUrl, Mode, Timings, TlsOptions, MAX_REAP_BATCH,
+};
 /// The receiver of [`Node::events`] (re-exported so a host that stores it needs no
 /// `crossbeam-channel` dependency of its own).
 pub use crossbeam_channel::Receiver;

@@ -215,18 +215,18 @@ impl Node {
             stopped: AtomicBool::new(false),
             ops: RwLock::new(()),
         };
-        let Some(url) = config.redis_url() else {
+        if config.redis_url().is_none() {
             // Info, not a warning: no URL is the documented way to run one instance alone. The
             // mode shows in `Node::mode`, `Stats::mode` and the `ready` event; the CLI warns.
             log::info!(
                 "no Redis URL: memory-only mode (single instance; no heartbeat, lease or reaper)"
             );
             return Ok(node(Backend::Memory(MemoryStore::new(&id)), None));
-        };
+        }
         let ctx = Ctx::from_config(&config)?;
         let shared = Arc::new(Shared {
             id: id.clone(),
-            redis: Redis::new(url, ctx.timings.command_timeout)?,
+            redis: Redis::from_config(&config)?,
             ctx,
             pool: Pool::new(POOL_IDLE),
             local: Arc::clone(&local),
@@ -237,14 +237,16 @@ impl Node {
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
             restore_pending: AtomicBool::new(false),
+            switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),
             crashed: AtomicBool::new(false),
         });
         register_at_start(&shared)?;
         log::info!(
-            "instance {} registered on {} under prefix {}",
+            "instance {} registered on {} ({}) under prefix {}",
             id,
             shared.redis.safe_url(),
+            shared.redis.describe(),
             shared.ctx.keys.prefix()
         );
         let workers = spawn_workers(&shared)?;

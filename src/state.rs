@@ -126,6 +126,9 @@ pub(crate) struct Shared {
     pub max_epoch: AtomicU64,
     /// Redis lost its data and this node has not finished writing its pins and peers back.
     pub restore_pending: AtomicBool,
+    /// [`Redis::master_switches`] as the heartbeat last saw it: a higher count means a
+    /// failover moved the master, and the heartbeat restores what this node holds.
+    pub switches_seen: AtomicU64,
     /// A tick found another process's boot token under this id: its stop must not mark the
     /// heartbeat key released (the other process may be the live one).
     pub saw_duplicate: AtomicBool,

@@ -138,6 +138,26 @@ pub struct FleetStatus {
     /// What is wrong with the control keys (heartbeat sorted set, lease, epoch), one sentence
     /// each naming the key. Problems of one instance are in its [`InstanceStatus::problems`].
     pub problems: Vec<String>,
+    /// How Redis was reached (empty when the status was read on a caller's connection).
+    pub route: RouteStatus,
+}
+
+/// How [`fleet_status`] reached Redis: the JSON `redis` object of `status --json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteStatus {
+    /// The URL without its password.
+    pub url: String,
+    /// `plain`, `tls`, `sentinel` or `sentinel+tls`.
+    pub transport: String,
+    /// Sentinel URLs: the master name.
+    pub master_name: Option<String>,
+    /// Sentinel URLs: the master reached (`host:port`).
+    pub master: Option<String>,
+    /// Sentinel URLs: the sentinel that named it (`host:port`), `None` if every sentinel
+    /// failed and the last known master was used.
+    pub sentinel: Option<String>,
+    /// Replicas connected to the server (its `ROLE`; 0 when unknown).
+    pub replicas: usize,
 }
 
 impl FleetStatus {
@@ -151,6 +171,14 @@ impl FleetStatus {
             "leader_ttl_ms": self.leader_ttl_ms,
             "leader_alive": self.leader_alive,
             "epoch": self.epoch_known.then_some(self.epoch),
+            "redis": {
+                "url": self.route.url,
+                "transport": self.route.transport,
+                "master_name": self.route.master_name,
+                "master": self.route.master,
+                "sentinel": self.route.sentinel,
+                "replicas": self.route.replicas,
+            },
             "instances": self.instances.iter().map(|i| json!({
                 "id": i.id,
                 "last_heartbeat_ms": i.last_heartbeat_ms,
@@ -183,12 +211,25 @@ impl FleetStatus {
 /// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::Redis`] when Redis
 /// cannot be reached, times out or cannot tell the time.
 pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
-    let url = config
-        .redis_url()
-        .ok_or_else(|| Error::config("redis_url", "status needs a Redis URL (set REDIS_URL)"))?;
-    let redis = Redis::new(url, config.timings().command_timeout)?;
+    if config.redis_url().is_none() {
+        return Err(Error::config(
+            "redis_url",
+            "status needs a Redis URL (set REDIS_URL)",
+        ));
+    }
+    let redis = Redis::from_config(config)?;
     let mut con = redis.connect()?;
-    read(config, &mut con)
+    let mut status = read(config, &mut con)?;
+    let route = redis.route();
+    status.route = RouteStatus {
+        url: redis.safe_url().to_owned(),
+        transport: redis.transport().to_owned(),
+        master_name: redis.master_name().map(str::to_owned),
+        master: route.master,
+        sentinel: route.via,
+        replicas: route.replicas,
+    };
+    Ok(status)
 }
 
 /// One member of the heartbeat sorted set, as read.
@@ -366,6 +407,7 @@ fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
         epoch_known: head.epoch_known,
         instances: instances.into_iter().map(|(_, i)| i).collect(),
         problems,
+        route: RouteStatus::default(),
     })
 }
 

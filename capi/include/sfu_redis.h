@@ -266,7 +266,13 @@ typedef uint32_t SfuPinOutcome;
  *
  * | key | default | value |
  * |---|---|---|
- * | `redis_url` | empty | `redis://[user:password@]host:port[/db]`; empty = memory-only mode |
+ * | `redis_url` | empty | `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS), `redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db]`, `rediss+sentinel://...`; empty = memory-only mode |
+ * | `tls_ca_file` | unset | CA certificate file (PEM) the server must chain to (TLS URLs; unset: the system's roots) |
+ * | `tls_cert_file` | unset | client certificate file (PEM) for mutual TLS, with `tls_key_file` |
+ * | `tls_key_file` | unset | private key file (PEM) of `tls_cert_file` |
+ * | `tls_insecure` | `0` | `1`: skip TLS certificate verification (tests only; warned at every connect) |
+ * | `sentinel_user` | unset | user the sentinels authenticate (sentinel URLs) |
+ * | `sentinel_password` | unset | the sentinels' password (sentinel URLs); never printed |
  * | `namespace` | `sfu` | first key prefix segment |
  * | `stage` | `dev` | second key prefix segment |
  * | `branch` | `main` | third key prefix segment |

@@ -18,7 +18,13 @@ use sfu_redis::{Config, ConfigBuilder, Timings};
 ///
 /// | key | default | value |
 /// |---|---|---|
-/// | `redis_url` | empty | `redis://[user:password@]host:port[/db]`; empty = memory-only mode |
+/// | `redis_url` | empty | `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS), `redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db]`, `rediss+sentinel://...`; empty = memory-only mode |
+/// | `tls_ca_file` | unset | CA certificate file (PEM) the server must chain to (TLS URLs; unset: the system's roots) |
+/// | `tls_cert_file` | unset | client certificate file (PEM) for mutual TLS, with `tls_key_file` |
+/// | `tls_key_file` | unset | private key file (PEM) of `tls_cert_file` |
+/// | `tls_insecure` | `0` | `1`: skip TLS certificate verification (tests only; warned at every connect) |
+/// | `sentinel_user` | unset | user the sentinels authenticate (sentinel URLs) |
+/// | `sentinel_password` | unset | the sentinels' password (sentinel URLs); never printed |
 /// | `namespace` | `sfu` | first key prefix segment |
 /// | `stage` | `dev` | second key prefix segment |
 /// | `branch` | `main` | third key prefix segment |
@@ -94,7 +100,7 @@ const TIMING_KEYS: [(&str, &str, TimingField); 9] = [
     }),
 ];
 
-const STRING_KEYS: [&str; 7] = [
+const STRING_KEYS: [&str; 13] = [
     "redis_url",
     "namespace",
     "stage",
@@ -102,6 +108,12 @@ const STRING_KEYS: [&str; 7] = [
     "instance_id",
     "timings",
     "reap_batch",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_insecure",
+    "sentinel_user",
+    "sentinel_password",
 ];
 
 fn unknown_key(key: &str) -> Fail {
@@ -138,6 +150,25 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
         "stage" => st.builder = take(st).stage(value),
         "branch" => st.builder = take(st).branch(value),
         "instance_id" => st.builder = take(st).instance_id(value),
+        "tls_ca_file" => st.builder = take(st).tls_ca_file(value),
+        "tls_cert_file" => st.builder = take(st).tls_cert_file(value),
+        "tls_key_file" => st.builder = take(st).tls_key_file(value),
+        "tls_insecure" => {
+            let on = match value.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" | "" => false,
+                other => {
+                    return Err(config_error(
+                        "tls_insecure",
+                        format!("{other:?}: expected \"1\" or \"0\""),
+                    )
+                    .into())
+                }
+            };
+            st.builder = take(st).tls_insecure(on);
+        }
+        "sentinel_user" => st.builder = take(st).sentinel_user(value),
+        "sentinel_password" => st.builder = take(st).sentinel_password(value),
         "reap_batch" => {
             let n = value.trim().parse::<usize>().map_err(|_| {
                 Fail::from(config_error(

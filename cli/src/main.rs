@@ -19,6 +19,7 @@ mod fsck;
 mod node;
 mod status;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -60,9 +61,40 @@ enum Command {
 /// Where Redis is and which key prefix (`<namespace>:<stage>:<branch>`) to use.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RedisArgs {
-    /// Redis URL, redis://[user:password@]host:port[/db]; empty means memory-only mode.
+    /// Redis URL: redis://[user:password@]host:port[/db], rediss://... (TLS),
+    /// redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db] or
+    /// rediss+sentinel://...; empty means memory-only mode.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     pub redis_url: Option<String>,
+    /// CA certificate file (PEM) the server must chain to (TLS URLs; default: the system's
+    /// roots).
+    #[arg(long, env = "SFU_TLS_CA_FILE", value_name = "FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate file (PEM) for mutual TLS (with --tls-key-file).
+    #[arg(long, env = "SFU_TLS_CERT_FILE", value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key file (PEM) of --tls-cert-file.
+    #[arg(long, env = "SFU_TLS_KEY_FILE", value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Skip TLS certificate verification (for tests only; warned at every connect).
+    #[arg(long, env = "SFU_TLS_INSECURE")]
+    pub tls_insecure: bool,
+    /// User the sentinels authenticate, when they need their own (sentinel URLs).
+    #[arg(
+        long,
+        env = "SFU_SENTINEL_USER",
+        hide_env_values = true,
+        value_name = "USER"
+    )]
+    pub sentinel_user: Option<String>,
+    /// The sentinels' own password (sentinel URLs); never printed.
+    #[arg(
+        long,
+        env = "SFU_SENTINEL_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub sentinel_password: Option<String>,
     /// First key prefix segment.
     #[arg(
         long,
@@ -95,11 +127,30 @@ pub(crate) struct RedisArgs {
 impl RedisArgs {
     /// A config builder with these connection and prefix settings.
     pub fn builder(&self) -> ConfigBuilder {
-        Config::builder()
+        let mut b = Config::builder()
             .redis_url(self.redis_url.as_deref())
             .namespace(&self.namespace)
             .stage(&self.stage)
-            .branch(&self.branch)
+            .branch(&self.branch);
+        if let Some(f) = &self.tls_ca_file {
+            b = b.tls_ca_file(f);
+        }
+        if let Some(f) = &self.tls_cert_file {
+            b = b.tls_cert_file(f);
+        }
+        if let Some(f) = &self.tls_key_file {
+            b = b.tls_key_file(f);
+        }
+        if self.tls_insecure {
+            b = b.tls_insecure(true);
+        }
+        if let Some(u) = &self.sentinel_user {
+            b = b.sentinel_user(u);
+        }
+        if let Some(p) = &self.sentinel_password {
+            b = b.sentinel_password(p);
+        }
+        b
     }
 }
 
@@ -144,6 +195,12 @@ impl Failure {
 fn flag_for_field(field: &str) -> Option<&'static str> {
     Some(match field {
         "redis_url" => "--redis-url / REDIS_URL",
+        "tls_ca_file" => "--tls-ca-file / SFU_TLS_CA_FILE",
+        "tls_cert_file" => "--tls-cert-file / SFU_TLS_CERT_FILE",
+        "tls_key_file" => "--tls-key-file / SFU_TLS_KEY_FILE",
+        "tls_insecure" => "--tls-insecure / SFU_TLS_INSECURE",
+        "sentinel_user" => "--sentinel-user / SFU_SENTINEL_USER",
+        "sentinel_password" => "--sentinel-password / SFU_SENTINEL_PASSWORD",
         "namespace" => "--namespace / SFU_NAMESPACE",
         "stage" => "--stage / SFU_STAGE",
         "branch" => "--branch / SFU_BRANCH",
@@ -279,6 +336,12 @@ fn drop_empty_env() {
         "SFU_STAGE",
         "SFU_BRANCH",
         "SFU_INSTANCE_ID",
+        "SFU_TLS_CA_FILE",
+        "SFU_TLS_CERT_FILE",
+        "SFU_TLS_KEY_FILE",
+        "SFU_TLS_INSECURE",
+        "SFU_SENTINEL_USER",
+        "SFU_SENTINEL_PASSWORD",
     ] {
         if std::env::var_os(var).is_some_and(|v| v.to_string_lossy().trim().is_empty()) {
             // Still single-threaded: nothing else reads the environment concurrently.

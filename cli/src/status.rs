@@ -100,6 +100,24 @@ pub(crate) fn print_table(
     flags: Option<&str>,
 ) -> std::io::Result<()> {
     writeln!(out, "prefix     {}", st.prefix)?;
+    if !st.route.url.is_empty() {
+        let via = match (&st.route.master_name, &st.route.master) {
+            (Some(name), Some(master)) => format!(
+                ", master {master} of {name:?} via {}",
+                st.route
+                    .sentinel
+                    .as_deref()
+                    .map(|s| format!("sentinel {s}"))
+                    .unwrap_or_else(|| "the last known master (no sentinel answered)".into())
+            ),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "redis      {} ({}{via}, {} replica(s))",
+            st.route.url, st.route.transport, st.route.replicas
+        )?;
+    }
     let epoch = if st.epoch_known {
         st.epoch.to_string()
     } else {

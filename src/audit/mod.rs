@@ -141,12 +141,15 @@ impl Default for AuditOptions {
 /// [`Error::Redis`] when Redis is unreachable or a call fails (a repair may then be partly
 /// done; every step is safe to redo by running the audit again).
 pub fn audit(config: &Config, options: &AuditOptions) -> Result<AuditReport> {
-    let url = config
-        .redis_url()
-        .ok_or_else(|| Error::config("redis_url", "the audit needs a Redis URL (set REDIS_URL)"))?;
+    if config.redis_url().is_none() {
+        return Err(Error::config(
+            "redis_url",
+            "the audit needs a Redis URL (set REDIS_URL)",
+        ));
+    }
     let timeout = config.timings().command_timeout;
     check_settle(options, timeout)?;
-    let redis = Redis::new(url, timeout)?;
+    let redis = Redis::from_config(config)?;
     let ks = config.keys();
     let mut con = redis.connect()?;
     let first = find(ks, &mut con)?;

@@ -28,4 +28,6 @@ mod regress_reaper;
 mod reliability;
 mod restart;
 mod rooms;
+mod sentinel;
 mod status;
+mod tls;

@@ -191,9 +191,26 @@ static void test_config(void) {
     EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
     MESSAGE_HAS("redis_url");
     /* The password never shows. */
-    EXPECT(sfu_config_set(cfg, "redis_url", "rediss://user:hunter2@localhost:1"), SFU_OK);
-    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    EXPECT(sfu_config_set(cfg, "redis_url", "redis+sentinel://user:hunter2@localhost:1"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG); /* no master name */
+    MESSAGE_HAS("master name");
     CHECK(strstr(sfu_last_error_message(), "hunter2") == NULL);
+    /* TLS files apply to TLS URLs only; a missing file is named. */
+    EXPECT(sfu_config_set(cfg, "redis_url", "redis://localhost:1"), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "tls_ca_file", "/nonexistent/ca.pem"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("tls_ca_file");
+    EXPECT(sfu_config_set(cfg, "redis_url", "rediss://localhost:1"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("/nonexistent/ca.pem");
+    EXPECT(sfu_config_set(cfg, "tls_insecure", "maybe"), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("tls_insecure");
+    EXPECT(sfu_config_set(cfg, "sentinel_password", "s3cret-sentinel"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    CHECK(strstr(sfu_last_error_message(), "s3cret-sentinel") == NULL);
+    /* An empty value unsets a TLS file or a sentinel credential. */
+    EXPECT(sfu_config_set(cfg, "tls_ca_file", ""), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "sentinel_password", ""), SFU_OK);
     EXPECT(sfu_config_set(cfg, "redis_url", ""), SFU_OK);
     EXPECT(sfu_config_set(cfg, "instance_id", ""), SFU_OK);
     EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);

@@ -1,0 +1,149 @@
+//! Opening one connection to one server: its address and credentials, TLS (verification,
+//! client certificates), and the timeouts (connect, TLS handshake, read, write). Every
+//! connection of the library is dialled here: to a standalone server, to a sentinel, to the
+//! master a sentinel named.
+
+use std::time::Duration;
+
+use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{RedisConnectionInfo, RedisResult};
+
+#[cfg(not(feature = "tls"))]
+use crate::error::Error;
+use crate::error::Result;
+use crate::tls::TlsOptions;
+
+/// How to open a connection: plaintext or TLS (with the configured certificates), and the
+/// timeout of each step.
+#[derive(Clone)]
+pub(crate) struct Dialer {
+    tls: Option<Tls>,
+    timeout: Duration,
+}
+
+#[derive(Clone)]
+struct Tls {
+    insecure: bool,
+    #[cfg(feature = "tls")]
+    certs: Option<redis::TlsCertificates>,
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dialer")
+            .field("tls", &self.tls.as_ref().map(|t| t.insecure))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Dialer {
+    /// A dialer for plaintext (`tls` false) or TLS connections. With TLS the certificate files
+    /// of `options` are read now (errors name the field).
+    pub(crate) fn new(tls: bool, options: &TlsOptions, timeout: Duration) -> Result<Dialer> {
+        if !tls {
+            return Ok(Dialer { tls: None, timeout });
+        }
+        Ok(Dialer {
+            tls: Some(Tls::new(options)?),
+            timeout,
+        })
+    }
+
+    /// True for TLS connections.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The connection info of `host:port` with `redis` (credentials, db), over TLS when this
+    /// dialer is.
+    pub(crate) fn info(
+        &self,
+        host: &str,
+        port: u16,
+        redis: RedisConnectionInfo,
+    ) -> RedisResult<ConnectionInfo> {
+        let addr = match &self.tls {
+            None => ConnectionAddr::Tcp(host.to_owned(), port),
+            Some(t) => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: t.insecure,
+                tls_params: None,
+            },
+        };
+        Ok(addr.into_connection_info()?.set_redis_settings(redis))
+    }
+
+    /// A connection info parsed from a URL, with this dialer's TLS settings applied.
+    pub(crate) fn adapt(&self, info: ConnectionInfo) -> ConnectionInfo {
+        match (info.addr().clone(), &self.tls) {
+            (ConnectionAddr::TcpTls { host, port, .. }, Some(t)) => {
+                info.set_addr(ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: t.insecure,
+                    tls_params: None,
+                })
+            }
+            _ => info,
+        }
+    }
+
+    /// A client for `info` (with the certificates when TLS has any).
+    pub(crate) fn client(&self, info: ConnectionInfo) -> RedisResult<Client> {
+        match &self.tls {
+            #[cfg(feature = "tls")]
+            Some(Tls {
+                certs: Some(certs), ..
+            }) => Client::build_with_tls(info, certs.clone()),
+            _ => Client::open(info),
+        }
+    }
+
+    /// Opens a connection with connect, handshake, read and write timeouts.
+    pub(crate) fn open(&self, client: &Client) -> RedisResult<Connection> {
+        if self.tls.as_ref().is_some_and(|t| t.insecure) {
+            log::warn!(
+                "TLS certificate verification is OFF (tls_insecure): anyone on the path to {} can read and change this connection",
+                addr_of(client)
+            );
+        }
+        let con = client.get_connection_with_timeout(self.timeout)?;
+        con.set_read_timeout(Some(self.timeout))?;
+        con.set_write_timeout(Some(self.timeout))?;
+        Ok(con)
+    }
+}
+
+/// `host:port` of a client's address, for messages.
+pub(crate) fn addr_of(client: &Client) -> String {
+    match client.get_connection_info().addr() {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => crate::endpoint::show_addr(h, *p),
+        ConnectionAddr::Unix(path) => path.display().to_string(),
+        _ => "the server".to_owned(),
+    }
+}
+
+impl Tls {
+    #[cfg(feature = "tls")]
+    fn new(options: &TlsOptions) -> Result<Tls> {
+        crate::tls::install_provider();
+        let loaded = options.load()?;
+        Ok(Tls {
+            insecure: options.insecure,
+            certs: loaded.certificates(),
+        })
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn new(_: &TlsOptions) -> Result<Tls> {
+        Err(Error::config(
+            "redis_url",
+            "this build of sfu-redis has no TLS support (cargo feature `tls`); use redis:// or build with the default features",
+        ))
+    }
+}

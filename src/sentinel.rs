@@ -1,0 +1,295 @@
+//! Master discovery through Redis Sentinel (`redis+sentinel://`), following the Sentinel
+//! client specification: ask the sentinels in turn for the master's address
+//! (`SENTINEL GET-MASTER-ADDR-BY-NAME`), connect to it and confirm with `ROLE` that it is a
+//! master; the sentinel that answered is asked first next time.
+//!
+//! Every step is bounded by the command timeout (connect, TLS handshake, each reply), so an
+//! unreachable, paused or lying sentinel costs at most one timeout and is skipped: a sentinel
+//! that is down, does not know the master name, or names a node that is not (or no longer) a
+//! master. redis-rs's own sync `Sentinel` client is not used because it opens its connections
+//! without any timeout (a paused sentinel would block a heartbeat thread for good); this module
+//! uses redis-rs's connections and commands with ours.
+//!
+//! When no sentinel answers, the master found last is tried again (with the `ROLE` check):
+//! sentinels that are all down do not stop a fleet whose master is fine.
+
+use parking_lot::Mutex;
+use redis::{Connection, RedisConnectionInfo, Value};
+
+use crate::dial::Dialer;
+use crate::endpoint::{show_addr, SentinelEndpoint};
+use crate::error::{Error, Result};
+
+/// Credentials of the sentinels themselves (`sentinel_user`, `sentinel_password`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct SentinelAuth {
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// A master found through the sentinels, with a connection to it whose `ROLE` said master.
+pub(crate) struct Found {
+    pub con: Connection,
+    /// The master's `host:port`.
+    pub master: String,
+    /// The sentinel that named it (`host:port`), `None` when every sentinel failed and the last
+    /// known master was tried again.
+    pub via: Option<String>,
+    /// Replicas connected to the master, from its `ROLE` reply (0 when `ROLE` was refused).
+    pub replicas: usize,
+}
+
+/// The sentinels of one sentinel URL and what discovery learnt.
+#[derive(Debug)]
+pub(crate) struct Sentinels {
+    ep: SentinelEndpoint,
+    sentinel_info: RedisConnectionInfo,
+    node_info: RedisConnectionInfo,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Indexes into `ep.sentinels`, the one to ask first at the front.
+    order: Vec<usize>,
+    /// The master found last, `(host, port)`.
+    last: Option<(String, u16)>,
+}
+
+impl Sentinels {
+    pub(crate) fn new(ep: SentinelEndpoint, auth: &SentinelAuth) -> Sentinels {
+        let mut sentinel_info = RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(u) = &auth.user {
+            sentinel_info = sentinel_info.set_username(u);
+        }
+        if let Some(p) = &auth.password {
+            sentinel_info = sentinel_info.set_password(p);
+        }
+        let mut node_info = RedisConnectionInfo::default().set_db(ep.db);
+        if let Some(u) = &ep.user {
+            node_info = node_info.set_username(u);
+        }
+        if let Some(p) = &ep.password {
+            node_info = node_info.set_password(p);
+        }
+        let order = (0..ep.sentinels.len()).collect();
+        Sentinels {
+            ep,
+            sentinel_info,
+            node_info,
+            state: Mutex::new(State { order, last: None }),
+        }
+    }
+
+    /// The master name.
+    pub(crate) fn master_name(&self) -> &str {
+        &self.ep.master
+    }
+
+    /// Finds the master and connects to it. Each sentinel is asked in turn (the one that
+    /// answered last first); a sentinel that fails, does not know the name, or names a node
+    /// whose `ROLE` is not master is skipped. When none yields a master, the last master found
+    /// is tried again.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] listing what each sentinel answered (no password in it).
+    pub(crate) fn connect(&self, dialer: &Dialer) -> Result<Found> {
+        let order = self.state.lock().order.clone();
+        let mut tried = Vec::new();
+        for i in order {
+            let (host, port) = &self.ep.sentinels[i];
+            let sentinel = show_addr(host, *port);
+            match self.ask(dialer, host, *port) {
+                Err(why) => tried.push(format!("sentinel {sentinel}: {why}")),
+                Ok(None) => tried.push(format!(
+                    "sentinel {sentinel}: does not know master {:?}",
+                    self.ep.master
+                )),
+                Ok(Some((mh, mp))) => match self.open_master(dialer, &mh, mp) {
+                    Ok((con, replicas)) => {
+                        let mut st = self.state.lock();
+                        st.order.retain(|&j| j != i);
+                        st.order.insert(0, i);
+                        st.last = Some((mh.clone(), mp));
+                        return Ok(Found {
+                            con,
+                            master: show_addr(&mh, mp),
+                            via: Some(sentinel),
+                            replicas,
+                        });
+                    }
+                    Err(why) => tried.push(format!(
+                        "sentinel {sentinel} named {}: {why}",
+                        show_addr(&mh, mp)
+                    )),
+                },
+            }
+        }
+        let last = self.state.lock().last.clone();
+        if let Some((mh, mp)) = last {
+            match self.open_master(dialer, &mh, mp) {
+                Ok((con, replicas)) => {
+                    log::warn!(
+                        "no sentinel answered for master {:?} ({}); using the last known master {}",
+                        self.ep.master,
+                        tried.join("; "),
+                        show_addr(&mh, mp)
+                    );
+                    return Ok(Found {
+                        con,
+                        master: show_addr(&mh, mp),
+                        via: None,
+                        replicas,
+                    });
+                }
+                Err(why) => tried.push(format!("last known master {}: {why}", show_addr(&mh, mp))),
+            }
+        }
+        Err(Error::Redis {
+            op: format!("find master {:?} through the sentinels", self.ep.master).into(),
+            source: redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no sentinel named a reachable master",
+                tried.join("; "),
+            )),
+        })
+    }
+
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME` on one sentinel: `Ok(None)` when it does not know
+    /// the name. The error is a short reason for people.
+    fn ask(
+        &self,
+        dialer: &Dialer,
+        host: &str,
+        port: u16,
+    ) -> std::result::Result<Option<(String, u16)>, String> {
+        let info = dialer
+            .info(host, port, self.sentinel_info.clone())
+            .map_err(|e| reason(&e))?;
+        let client = dialer.client(info).map_err(|e| reason(&e))?;
+        let mut con = dialer.open(&client).map_err(|e| reason(&e))?;
+        let reply: Value = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.ep.master)
+            .query(&mut con)
+            .map_err(|e| reason(&e))?;
+        match reply {
+            Value::Nil => Ok(None),
+            v => {
+                let (h, p): (String, String) =
+                    redis::from_redis_value(v).map_err(|e| format!("unexpected reply: {e}"))?;
+                let p: u16 = p.parse().map_err(|_| format!("unexpected port {p:?}"))?;
+                Ok(Some((h, p)))
+            }
+        }
+    }
+
+    /// Connects to a data node and checks with `ROLE` that it is a master; returns the
+    /// connection and its connected replicas. A `ROLE` refused by the ACL (`NOPERM`) is taken
+    /// on the sentinel's word (replicas unknown: 0).
+    fn open_master(
+        &self,
+        dialer: &Dialer,
+        host: &str,
+        port: u16,
+    ) -> std::result::Result<(Connection, usize), String> {
+        let info = dialer
+            .info(host, port, self.node_info.clone())
+            .map_err(|e| reason(&e))?;
+        let client = dialer.client(info).map_err(|e| reason(&e))?;
+        let mut con = dialer.open(&client).map_err(|e| reason(&e))?;
+        match role(&mut con) {
+            Ok(Role::Master { replicas }) => Ok((con, replicas)),
+            Ok(Role::Other(r)) => Err(format!("its ROLE is {r:?}, not master")),
+            Err(e) if e.code() == Some("NOPERM") => Ok((con, 0)),
+            Err(e) => Err(reason(&e)),
+        }
+    }
+}
+
+/// What `ROLE` said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A master, with this many connected replicas.
+    Master { replicas: usize },
+    /// `slave`, `sentinel` or anything else.
+    Other(String),
+}
+
+/// Sends `ROLE`.
+pub(crate) fn role(con: &mut Connection) -> redis::RedisResult<Role> {
+    let v: Value = redis::cmd("ROLE").query(con)?;
+    Ok(parse_role(&v))
+}
+
+/// Reads a `ROLE` reply: `["master", offset, [[ip, port, offset], ...]]`, `["slave", ...]`,
+/// `["sentinel", [...]]`.
+pub(crate) fn parse_role(v: &Value) -> Role {
+    let Value::Array(items) = v else {
+        return Role::Other(format!("{v:?}"));
+    };
+    let name = match items.first() {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    if name == "master" {
+        let replicas = match items.get(2) {
+            Some(Value::Array(r)) => r.len(),
+            _ => 0,
+        };
+        Role::Master { replicas }
+    } else {
+        Role::Other(name)
+    }
+}
+
+/// A short reason for a failed step (the driver's message holds no password).
+fn reason(e: &redis::RedisError) -> String {
+    if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_connection_refusal() {
+        "connection refused".to_owned()
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        format!("authentication failed ({e})")
+    } else {
+        e.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn role_replies_parse() {
+        let master = Value::Array(vec![
+            bulk("master"),
+            Value::Int(100),
+            Value::Array(vec![Value::Array(vec![
+                bulk("127.0.0.1"),
+                bulk("6380"),
+                bulk("100"),
+            ])]),
+        ]);
+        assert_eq!(parse_role(&master), Role::Master { replicas: 1 });
+        let replica = Value::Array(vec![bulk("slave"), bulk("127.0.0.1"), Value::Int(6379)]);
+        assert_eq!(parse_role(&replica), Role::Other("slave".into()));
+        assert!(matches!(parse_role(&Value::Nil), Role::Other(_)));
+    }
+}
