@@ -337,3 +337,59 @@ fn readme_cpp_example_builds_and_runs() {
         .unwrap();
     assert!(members.is_empty(), "still registered: {members:?}");
 }
+
+/// The C++ host with the TLS and sentinel keys (`--set key=value` is `sfu_config_set`): a
+/// TLS-only sentinel group with passwords on the data nodes and on the sentinels.
+#[test]
+fn example_host_over_tls_through_sentinels() {
+    use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
+    let certs = std::sync::Arc::new(
+        sfu_redis_testkit::tls::TestCerts::generate().expect("generate test certificates"),
+    );
+    let group = SentinelGroup::start(SentinelOptions {
+        tls: Some(certs.clone()),
+        master_password: Some("cpp-m-pw".into()),
+        sentinel_password: Some("cpp-s-pw".into()),
+        ..SentinelOptions::default()
+    })
+    .expect("start a TLS sentinel group");
+    let url = group.url();
+    let ca = format!("tls_ca_file={}", certs.ca().display());
+    let r = run(
+        host(),
+        &[
+            "--redis-url",
+            &url,
+            "--set",
+            &ca,
+            "--set",
+            "sentinel_password=cpp-s-pw",
+            "--stage",
+            "cpp-tls",
+            "--instance",
+            "cpp-tls",
+            "--timings",
+            "fast",
+            "--rooms",
+            "t1",
+            "--peers",
+            "1",
+            "--run-ms",
+            "1500",
+        ],
+        false,
+        &[],
+    );
+    let out = r.stdout();
+    assert!(
+        r.output.status.success()
+            && out.contains("pinned t1 pinned")
+            && out.contains("\"event\":\"ready\"")
+            && out.contains("\"event\":\"stopped\""),
+        "{}",
+        r.describe()
+    );
+    for secret in ["cpp-m-pw", "cpp-s-pw"] {
+        assert!(!r.describe().contains(secret), "{}", r.describe());
+    }
+}

@@ -560,3 +560,77 @@ fn bad_sentinel_input_is_named() {
     );
     assert!(!msg.contains("s3cret"), "{msg}");
 }
+
+#[test]
+fn tls_sentinels_and_data_nodes_with_passwords() {
+    let certs = std::sync::Arc::new(
+        sfu_redis_testkit::tls::TestCerts::generate().expect("generate test certificates"),
+    );
+    let mut group = SentinelGroup::start(SentinelOptions {
+        tls: Some(certs.clone()),
+        master_password: Some("m-pw".into()),
+        sentinel_password: Some("s-pw".into()),
+        ..SentinelOptions::default()
+    })
+    .expect("start a TLS sentinel group");
+    let url = group.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let builder = |sentinel_pw: &str| {
+        Config::builder()
+            .redis_url(url.as_str())
+            .stage(STAGE)
+            .instance_id("tls-s")
+            .timings(timings())
+            .tls_ca_file(certs.ca())
+            .sentinel_password(sentinel_pw)
+            .build()
+            .expect("valid config")
+    };
+    // A wrong sentinel password: every sentinel refuses, and nothing shows a password.
+    let t = Instant::now();
+    let e = Node::start(builder("wrong-pw")).expect_err("must not start");
+    let msg = e.to_string();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(msg.contains("authentication failed"), "{msg}");
+    for secret in ["wrong-pw", "m-pw", "s-pw"] {
+        assert!(!msg.contains(secret), "{msg}");
+    }
+    // The right one: the node runs over TLS through the sentinels.
+    let config = builder("s-pw");
+    let node = Node::start(config.clone()).expect("start through TLS sentinels");
+    node.pin_room("tls-room").unwrap();
+    node.upsert_peer("tls-room", "p", None, &[]).unwrap();
+    let st = fleet_status(&config).unwrap();
+    assert_eq!(st.route.transport, "sentinel+tls");
+    assert!(!format!("{st:?}").contains("m-pw"));
+    // A failover: the node follows it and keeps its room.
+    let (_, new) = group.failover().expect("failover");
+    let redis = sfu_redis::conn::Redis::from_config(&config).unwrap();
+    let k = ks(STAGE);
+    wait_for(SETTLE, "the node heartbeating on the new master", || {
+        let mut con = redis.connect().ok()?;
+        let at: String = redis.route().master?;
+        if at != format!("127.0.0.1:{new}") {
+            return None;
+        }
+        let before = sfu_redis::conn::server_time_ms(&mut con).ok()?;
+        std::thread::sleep(ms(700));
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(k.heartbeats())
+            .arg("tls-s")
+            .query(&mut con)
+            .ok()?;
+        score.filter(|s| *s as i64 > before).map(|_| ())
+    });
+    let mut con = redis.connect().unwrap();
+    let owner: Option<String> = redis::cmd("GET")
+        .arg(k.room("tls-room").owner)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(owner.as_deref(), Some("tls-s"));
+    node.shutdown().unwrap();
+}
