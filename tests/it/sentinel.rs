@@ -566,7 +566,7 @@ fn tls_sentinels_and_data_nodes_with_passwords() {
     let certs = std::sync::Arc::new(
         sfu_redis_testkit::tls::TestCerts::generate().expect("generate test certificates"),
     );
-    let mut group = SentinelGroup::start(SentinelOptions {
+    let group = SentinelGroup::start(SentinelOptions {
         tls: Some(certs.clone()),
         master_password: Some("m-pw".into()),
         sentinel_password: Some("s-pw".into()),
