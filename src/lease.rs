@@ -102,12 +102,21 @@ pub(crate) fn replicated(ctx: &Ctx, con: &mut Connection, known_replicas: usize)
         return Ok(true);
     }
     let wait_ms = (ctx.timings.command_timeout.as_millis() as u64 / 2).max(1);
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(wait_ms)
-        .query(con)
-        .map_err(|e| Error::redis("wait for a replica to acknowledge the lease", e))?;
-    Ok(acked >= 1)
+    match redis::cmd("WAIT").arg(1).arg(wait_ms).query::<i64>(con) {
+        Ok(acked) => Ok(acked >= 1),
+        // Refused by the ACL or by a proxy that does not know WAIT: leading without the
+        // confirmation beats never leading (no reaps at all); said at every lease write.
+        Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") => {
+            log::warn!(
+                "WAIT is refused ({e}): lease writes are not confirmed by a replica, so a failover could grant a second lease; allow WAIT for this user"
+            );
+            Ok(true)
+        }
+        Err(e) => Err(Error::redis(
+            "wait for a replica to acknowledge the lease",
+            e,
+        )),
+    }
 }
 
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.

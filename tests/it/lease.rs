@@ -290,3 +290,58 @@ fn lease_key_of_the_wrong_type() {
         n.is_leader().then_some(())
     });
 }
+
+// Protects lease safety across a failover (issue 12, README "Failover: what is guaranteed"):
+// on a master with a replica, a lease write no replica acknowledged (`WAIT 1`) starts no
+// term, so a failover right after it cannot hand a second node the lease while this one
+// leads. Fault: the replica is SIGSTOPped (connected, never acknowledging). Without the WAIT
+// the node would lead at once on the unreplicated lease. Once the replica answers again the
+// node leads.
+#[test]
+fn a_lease_no_replica_acknowledged_starts_no_term() {
+    let s = Server::start_with(&["--repl-diskless-sync-delay", "0"]);
+    let replica =
+        sfu_redis_testkit::devserver::LocalRedis::start_replica_of(&s.redis, &[]).expect("replica");
+    replica.sigstop().expect("SIGSTOP the replica");
+    let node = s.node(STAGE, "waits");
+    let mut log = EventLog::new(&node);
+    // A few acquire attempts (every lease_refresh, 600 ms) all go unacknowledged.
+    let early = log.try_wait(Duration::from_secs(3), |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    assert!(early.is_none(), "led on an unreplicated lease: {early:?}");
+    assert!(!node.is_leader());
+    // Each unacknowledged acquire gave the lease back.
+    assert_eq!(get(&s, &ks(STAGE).leader()), None);
+    replica.sigcont().expect("SIGCONT the replica");
+    log.wait(LONG, "leader_acquired once the replica acknowledges", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+    assert_eq!(get(&s, &ks(STAGE).leader()).as_deref(), Some("waits"));
+}
+
+// The same master, with a user that may not run WAIT (an ACL, or a proxy that does not know
+// it): the node still leads (no reaps at all would be worse), and says so in its log.
+#[test]
+fn a_user_refused_wait_still_leads() {
+    let s = Server::start_with(&["--repl-diskless-sync-delay", "0"]);
+    let _replica =
+        sfu_redis_testkit::devserver::LocalRedis::start_replica_of(&s.redis, &[]).expect("replica");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("nowait")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-wait")
+        .query(&mut s.con())
+        .unwrap();
+    let url = format!("redis://nowait:pw@127.0.0.1:{}", s.redis.port());
+    let node = Node::start(config_for(&url, STAGE, "nowait-node", Timings::fast())).unwrap();
+    let mut log = EventLog::new(&node);
+    log.wait(LONG, "leader_acquired without WAIT", |e| {
+        matches!(e, Event::LeaderAcquired { .. })
+    });
+}
