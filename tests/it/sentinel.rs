@@ -110,6 +110,15 @@ impl Fleet {
         }
     }
 
+    /// The data node that is not on `port` (the group has two).
+    fn other_node(&self, port: u16) -> u16 {
+        self.group
+            .data_ports()
+            .into_iter()
+            .find(|p| *p != port)
+            .expect("two data nodes")
+    }
+
     fn master_port(&self) -> u16 {
         self.group
             .master_addr()
@@ -302,12 +311,7 @@ fn kill9_of_the_master_then_it_comes_back_as_a_replica() {
     // The old master comes back empty: the sentinels turn it into a replica of the new one,
     // and nothing the nodes hold is lost to its empty dataset.
     let mut fleet = fleet;
-    let old_port = fleet
-        .group
-        .data_ports()
-        .into_iter()
-        .find(|p| *p != fleet.master_port())
-        .expect("two data nodes");
+    let old_port = fleet.other_node(fleet.master_port());
     fleet
         .group
         .server(old_port)
@@ -385,12 +389,7 @@ fn a_failover_to_a_replica_that_missed_the_last_writes() {
         ..SentinelOptions::default()
     });
     let old = fleet.master_port();
-    let replica = fleet
-        .group
-        .data_ports()
-        .into_iter()
-        .find(|p| *p != old)
-        .expect("a replica");
+    let replica = fleet.other_node(old);
     let proxy = FaultProxy::start(("127.0.0.1", old)).expect("start a proxy");
     let r = fleet.group.server(replica).expect("replica");
     r.cli(&["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()])
@@ -445,12 +444,7 @@ fn one_sentinel_down_during_the_failover() {
 fn a_master_demoted_by_hand_while_connections_stay_open() {
     let mut fleet = Fleet::start(SentinelOptions::default());
     let old = fleet.master_port();
-    let replica = fleet
-        .group
-        .data_ports()
-        .into_iter()
-        .find(|p| *p != old)
-        .expect("a replica");
+    let replica = fleet.other_node(old);
     // A room pinned before; its close below runs into the demotion.
     let sa = &fleet.nodes[0];
     sa.node.pin_room("sa-closing").unwrap();
