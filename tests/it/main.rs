@@ -27,6 +27,7 @@ mod regress_races;
 mod regress_reaper;
 mod reliability;
 mod restart;
+mod review;
 mod rooms;
 mod sentinel;
 mod status;
