@@ -28,6 +28,7 @@ mod regress_reaper;
 mod reliability;
 mod restart;
 mod review;
+mod review_failover;
 mod rooms;
 mod sentinel;
 mod status;
