@@ -216,3 +216,95 @@ fn finding_failover_behind_one_address_silently_loses_the_last_peer_records() {
     );
     let _ = node.shutdown();
 }
+
+/// The replica's link to the master breaks (replication through a proxy that goes dark); the
+/// master drops it after `repl-timeout` (1 s here, 60 s by default) and `ROLE` lists no
+/// replica. `lease::replicated` then skips the WAIT ("no replica a failover could promote"),
+/// so the leader's refreshes extend its term again although no replica holds its lease. The
+/// sentinels can still promote that replica (its link has been down for less than 10 x
+/// down-after): a node there finds the lease expired and leads while the first leader's term,
+/// extended on the old master, still runs. Two overlapping terms in one process.
+#[test]
+fn finding_no_wait_when_the_master_lists_no_replica_allows_two_leaders() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let group = SentinelGroup::start(SentinelOptions {
+        down_after: Duration::from_secs(5),
+        failover_timeout: Duration::from_secs(30),
+        ..SentinelOptions::default()
+    })
+    .expect("group");
+    let mut group = group;
+    let (_, old) = group.master_addr().unwrap();
+    let replica = group.data_ports().into_iter().find(|p| *p != old).unwrap();
+    let repl = FaultProxy::start(("127.0.0.1", old)).unwrap();
+    group
+        .server(replica)
+        .unwrap()
+        .cli(&["REPLICAOF", "127.0.0.1", &repl.addr().port().to_string()])
+        .unwrap();
+    wait_for(Duration::from_secs(20), "replica in sync via proxy", || {
+        group
+            .server(replica)?
+            .cli(&["INFO", "replication"])
+            .ok()?
+            .contains("master_link_status:up")
+            .then_some(())
+    });
+    group.server(old).unwrap().cli(&["CONFIG", "SET", "repl-timeout", "1"]).unwrap();
+    let url = group.url();
+    let a = Node::start(config(&url, "la")).expect("start a");
+    wait_for(Duration::from_secs(20), "a leads", || a.is_leader().then_some(()));
+    repl.blackhole(Direction::Both);
+    wait_for(Duration::from_secs(20), "the master drops its replica", || {
+        group
+            .server(old)?
+            .cli(&["INFO", "replication"])
+            .ok()?
+            .contains("connected_slaves:0")
+            .then_some(())
+    });
+    // A leads on the old master with no WAIT (it may have demoted and re-acquired).
+    std::thread::sleep(Duration::from_secs(5)); // > lease_ttl (3.6 s): any unacked term is over
+    assert!(a.is_leader(), "a should lead (refreshes unconfirmed by any replica)");
+    let k = ks(STAGE);
+    let on_replica = group.server(replica).unwrap().cli(&["PTTL", &k.leader()]).unwrap();
+    eprintln!("lease PTTL on the replica: {on_replica} (a leads on the master)");
+    // README "Failover": "the lease a promoted replica holds is never shorter than what its
+    // leader believes". Here a leads and the promotable replica holds no lease at all.
+    let replica_lease_ok = on_replica.trim().parse::<i64>().unwrap_or(-2) > 0;
+    // Forced failover to that replica (the sentinels still deem it promotable).
+    let s0 = group.sentinel_ports()[0];
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &s0.to_string(), "SENTINEL", "FAILOVER", "mymaster"])
+        .output()
+        .unwrap();
+    eprintln!("SENTINEL FAILOVER: {}", String::from_utf8_lossy(&out.stdout));
+    let c = Node::start(config(&url, "lc"));
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("start c: {e}"),
+    };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(15) && !(c.is_leader() && a.is_leader()) {
+        std::thread::sleep(ms(10));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (ta, tc) = (a.terms(), c.terms());
+    eprintln!("terms a: {ta:?}\nterms c: {tc:?}");
+    let mut overlaps = Vec::new();
+    for x in &ta {
+        for y in &tc {
+            let end = |t: &sfu_redis::TermRecord| t.ended().unwrap_or_else(Instant::now);
+            if !(end(x) <= y.started || end(y) <= x.started) {
+                overlaps.push(format!("{x:?} / {y:?}"));
+            }
+        }
+    }
+    let _ = a.shutdown();
+    let _ = c.shutdown();
+    assert!(overlaps.is_empty(), "two leaders at once: {overlaps:?}");
+    assert!(
+        replica_lease_ok,
+        "a led (term {ta:?}) while the replica the sentinels then promoted held no lease (PTTL {on_replica}); a node there could lead at once unless the old master is demoted first"
+    );
+}
