@@ -492,3 +492,26 @@ fn finding_debug_of_redis_shows_a_sentinel_userinfo_that_redact_url_hides() {
     let shown = format!("{redis:?}");
     assert!(!shown.contains("Zq9SECRETxw"), "Debug(Redis): {shown}");
 }
+
+/// README: "TLS without verification | `SFU_TLS_INSECURE=1` / `--tls-insecure`". The CLI's
+/// clap flag reads the variable as a bool and accepts only `true`/`false`: the documented
+/// `SFU_TLS_INSECURE=1`, and `0`, make every CLI command fail (`invalid value '1' for
+/// '--tls-insecure'`), while the library's `from_env` accepts 1/0/true/false/yes/no (and
+/// refuses `TRUE`, `on`).
+#[test]
+fn finding_cli_refuses_the_documented_sfu_tls_insecure_1() {
+    let bin = crate::support::procs::cli_bin();
+    let mut bad = Vec::new();
+    for v in ["1", "0"] {
+        let out = std::process::Command::new(bin)
+            .args(["status", "--redis-url", "rediss://127.0.0.1:1"])
+            .env("SFU_TLS_INSECURE", v)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if err.contains("invalid value") {
+            bad.push(format!("SFU_TLS_INSECURE={v}: {}", err.lines().next().unwrap_or("")));
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
