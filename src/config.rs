@@ -501,16 +501,14 @@ impl ConfigBuilder {
     /// [`Timings::validate`].
     pub fn build(mut self) -> Result<Config> {
         if let Some(v) = self.tls_insecure_env.take() {
-            self.tls.insecure = match v.trim() {
-                "1" | "true" | "yes" => true,
-                "0" | "false" | "no" => false,
-                other => {
-                    return Err(Error::config(
-                        "tls_insecure",
-                        format!("SFU_TLS_INSECURE={other:?}: expected 1 or 0"),
-                    ))
-                }
-            };
+            self.tls.insecure = parse_switch(&v).ok_or_else(|| {
+                Error::config(
+                    "tls_insecure",
+                    format!(
+                        "SFU_TLS_INSECURE={v:?}: expected 1 or 0 (also true/false, yes/no, on/off)"
+                    ),
+                )
+            })?;
         }
         self.check_transport()?;
         let keys = KeySpace::new(&self.namespace, &self.stage, &self.branch)?;
@@ -593,6 +591,17 @@ impl ConfigBuilder {
             ));
         }
         Ok(())
+    }
+}
+
+/// An on/off setting as text (`SFU_TLS_INSECURE`, the C key `tls_insecure`): `1`, `true`,
+/// `yes`, `on`, `y`, `t` or `0`, `false`, `no`, `off`, `n`, `f`, in any case (the values the
+/// CLI's flags take from the environment); `None` for anything else.
+pub fn parse_switch(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" | "t" => Some(true),
+        "0" | "false" | "no" | "off" | "n" | "f" => Some(false),
+        _ => None,
     }
 }
 

@@ -34,7 +34,7 @@ use crate::dial::Dialer;
 use crate::endpoint::{self, Endpoint};
 use crate::error::{Error, Result};
 use crate::scripts::SCRIPTS;
-use crate::sentinel::{parse_role, Role, SentinelAuth, Sentinels};
+use crate::sentinel::{SentinelAuth, Sentinels};
 use crate::tls::TlsOptions;
 
 /// Most members one `SADD` or `SREM` carries; longer lists are split into several commands
@@ -60,7 +60,6 @@ pub(crate) const MEMBERS_PER_COMMAND: usize = 1000;
 /// println!("server time {} ms", server_time_ms(&mut con)?);
 /// # Ok::<(), sfu_redis::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct Redis {
     target: Target,
     dialer: Dialer,
@@ -71,12 +70,28 @@ pub struct Redis {
     /// How many times a new connection reached another master than the one before (a
     /// failover through the sentinels).
     switches: AtomicU64,
+    /// When the last switch was found.
+    switched_at: Mutex<Option<Instant>>,
+    /// When the current master was last seen with a replica connected (reset by a switch).
+    replica_seen: Mutex<Option<Instant>>,
 }
 
-#[derive(Debug)]
 enum Target {
     Direct(redis::Client),
     Sentinel(Sentinels),
+}
+
+/// Shows the URL without its password (and without a user info that may be one), the
+/// transport and the last route: never the driver's connection info.
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis")
+            .field("url", &self.safe_url)
+            .field("transport", &self.transport)
+            .field("route", &*self.route.lock())
+            .field("switches", &self.master_switches())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where the last connection went.
@@ -87,9 +102,13 @@ pub struct Route {
     /// The sentinel that named it (`host:port`); `None` if the last known master was used
     /// because no sentinel answered, or for a standalone URL.
     pub via: Option<String>,
-    /// Replicas connected to the server, from its `ROLE` reply at that connect (0 when
-    /// unknown: `ROLE` refused by the ACL).
+    /// Replicas connected to the server, from its `ROLE` / `INFO replication` at that connect
+    /// (0 when unknown: both refused by the ACL).
     pub replicas: usize,
+    /// The server's replication ID (`INFO replication` `master_replid`): it changes when a
+    /// replica is promoted or a server restarts empty, so a master switch is seen also behind
+    /// one address. `None` when `INFO` was refused.
+    pub replication_id: Option<String>,
 }
 
 impl Redis {
@@ -165,6 +184,8 @@ impl Redis {
             transport,
             route: Mutex::new(Route::default()),
             switches: AtomicU64::new(0),
+            switched_at: Mutex::new(None),
+            replica_seen: Mutex::new(None),
         })
     }
 
@@ -216,50 +237,75 @@ impl Redis {
                     master: Some(found.master),
                     via: found.via,
                     replicas: found.replicas,
+                    replication_id: None,
                 };
                 (found.con, Some(route))
             }
         };
-        let role = preload(&mut con, route.is_none()).map_err(wrap)?;
-        let route = match route {
-            Some(r) => r,
-            None => match role {
-                Some(Role::Other(r)) => {
-                    return Err(wrap(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "the server is not a master",
-                        format!(
-                            "its ROLE is {r:?}: its writes would fail with READONLY; point the URL at the master, or use redis+sentinel:// to follow failovers"
-                        ),
-                    ))))
-                }
-                Some(Role::Master { replicas }) => Route {
-                    replicas,
-                    ..Route::default()
-                },
-                None => Route::default(),
-            },
-        };
+        // INFO replication (refused by some ACLs: then nothing is known of the server).
+        let replication = preload(&mut con, true).map_err(wrap)?;
+        let mut route = route.unwrap_or_default();
+        if let Some(r) = replication {
+            if r.role != "master" {
+                return Err(wrap(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the server is not a master",
+                    format!(
+                        "its role is {:?}: its writes would fail with READONLY; point the URL at the master, or use redis+sentinel:// to follow failovers",
+                        r.role
+                    ),
+                ))));
+            }
+            route.replication_id = r.replid;
+            route.replicas = route.replicas.max(r.replicas);
+        }
         self.note_route(route);
         Ok(con)
     }
 
+    /// Counts a master switch when this connection reached another master than the last one:
+    /// another replication ID (also behind one address: a managed endpoint, a floating IP),
+    /// or, when that is unknown, another address named by the sentinels.
     fn note_route(&self, route: Route) {
         let mut last = self.route.lock();
-        if let (Some(was), Some(now)) = (&last.master, &route.master) {
-            if was != now {
-                self.switches.fetch_add(1, Ordering::Relaxed);
-                log::warn!(
+        let moved = match (&last.replication_id, &route.replication_id) {
+            (Some(was), Some(now)) => was != now,
+            _ => matches!((&last.master, &route.master), (Some(was), Some(now)) if was != now),
+        };
+        if moved {
+            *self.switched_at.lock() = Some(Instant::now());
+            // A promoted replica starts its own history.
+            *self.replica_seen.lock() = None;
+            self.switches.fetch_add(1, Ordering::Relaxed);
+            match (&last.master, &route.master) {
+                (Some(was), Some(now)) if was != now => log::warn!(
                     "the master of {} is now {now} (was {was}), named by {}",
                     self.safe_url,
                     route
                         .via
                         .as_deref()
                         .unwrap_or("no sentinel (last known master)")
-                );
+                ),
+                _ => log::warn!(
+                    "the server behind {} is another master now (its replication ID changed): a failover or a restart",
+                    self.safe_url
+                ),
             }
         }
+        self.note_replicas(route.replicas);
         *last = route;
+    }
+
+    /// Records that the master listed `replicas` connected replicas (now).
+    pub(crate) fn note_replicas(&self, replicas: usize) {
+        if replicas > 0 {
+            *self.replica_seen.lock() = Some(Instant::now());
+        }
+    }
+
+    /// Whether the current master listed a replica within the last `d`.
+    pub(crate) fn replica_seen_within(&self, d: Duration) -> bool {
+        self.replica_seen.lock().is_some_and(|t| t.elapsed() < d)
     }
 
     /// The URL without its password ([`crate::redact_url`]).
@@ -280,6 +326,11 @@ impl Redis {
     /// How many times a new connection reached another master than the one before.
     pub fn master_switches(&self) -> u64 {
         self.switches.load(Ordering::Relaxed)
+    }
+
+    /// When a connection last found another master (see [`Redis::master_switches`]).
+    pub fn switched_at(&self) -> Option<Instant> {
+        *self.switched_at.lock()
     }
 
     /// The master name of a sentinel URL.
@@ -340,20 +391,45 @@ impl Link {
     pub(crate) fn run<T>(
         &mut self,
         redis: &Redis,
-        f: impl FnOnce(&mut Connection) -> Result<T>,
+        mut f: impl FnMut(&mut Connection) -> Result<T>,
+    ) -> Result<T> {
+        self.run_fenced(redis, |con, _| f(con))
+    }
+
+    /// [`Link::run`], telling `f` the master-switch count ([`Redis::master_switches`]) under
+    /// which the connection was made: what the lease thread stamps on the term it confirms.
+    /// A call refused because the server is no master (`READONLY`, `MASTERDOWN`, `LOADING`:
+    /// it did not run) is sent once more on a new connection, which finds the new master (a
+    /// planned failover must not end a term or fail a tick).
+    pub(crate) fn run_fenced<T>(
+        &mut self,
+        redis: &Redis,
+        mut f: impl FnMut(&mut Connection, u64) -> Result<T>,
+    ) -> Result<T> {
+        let out = self.run_once(redis, &mut f);
+        if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
+            return self.run_once(redis, &mut f);
+        }
+        out
+    }
+
+    fn run_once<T>(
+        &mut self,
+        redis: &Redis,
+        f: &mut impl FnMut(&mut Connection, u64) -> Result<T>,
     ) -> Result<T> {
         let switches = redis.master_switches();
         if self.con.as_ref().is_some_and(|(_, seen)| *seen != switches) {
             self.con = None;
         }
-        let (con, _) = match &mut self.con {
+        let (con, made) = match &mut self.con {
             Some(c) => c,
             None => {
                 let con = redis.connect()?;
                 self.con.insert((con, redis.master_switches()))
             }
         };
-        let out = f(con);
+        let out = f(con, *made);
         if let Err(e) = &out {
             if keep_connection(e) {
                 return out;
@@ -511,30 +587,65 @@ pub(crate) fn jitter(d: Duration) -> Duration {
 /// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined), and with
 /// `role` asks the server's `ROLE` in the same round trip (`None` when it was refused, for
 /// example by the ACL).
-fn preload(con: &mut Connection, role: bool) -> RedisResult<Option<Role>> {
+fn preload(con: &mut Connection, info: bool) -> RedisResult<Option<Replication>> {
     let mut pipe = redis::pipe();
     for s in SCRIPTS.all() {
         pipe.load_script(s);
     }
-    if role {
-        pipe.cmd("ROLE");
+    if info {
+        pipe.cmd("INFO").arg("replication");
     }
     pipe.ignore_errors();
     let mut replies: Vec<RedisResult<Value>> = pipe.query(con)?;
-    let role = if role {
-        replies.pop().and_then(|r| r.ok()).map(|v| parse_role(&v))
+    let replication = if info {
+        replies
+            .pop()
+            .and_then(|r| r.ok())
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .map(|text| Replication::parse(&text))
     } else {
         None
     };
     if let Some(e) = replies.into_iter().find_map(|r| r.err()) {
         return Err(e);
     }
-    Ok(role)
+    Ok(replication)
 }
 
 /// Reloads every script (after `NOSCRIPT`).
 fn reload(con: &mut Connection) -> RedisResult<()> {
     preload(con, false).map(|_| ())
+}
+
+/// What `INFO replication` says of a server: its role, its connected replicas and its
+/// replication ID. The replication ID names a dataset's history: a replica promoted to master
+/// and a server restarted empty each start a new one, so a new ID behind the same address is
+/// a failover (or a restart) the address hides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Replication {
+    role: String,
+    replicas: usize,
+    replid: Option<String>,
+}
+
+impl Replication {
+    fn parse(text: &str) -> Replication {
+        let field = |name: &str| {
+            text.lines().find_map(|l| {
+                l.trim_end()
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .map(str::to_owned)
+            })
+        };
+        Replication {
+            role: field("role").unwrap_or_default(),
+            replicas: field("connected_slaves")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            replid: field("master_replid").filter(|id| !id.is_empty()),
+        }
+    }
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {

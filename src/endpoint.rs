@@ -50,7 +50,7 @@ impl std::fmt::Debug for SentinelEndpoint {
             .field("sentinels", &self.sentinels)
             .field("master", &self.master)
             .field("tls", &self.tls)
-            .field("user", &self.user)
+            .field("user", &self.user.as_ref().map(|_| "***"))
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
             .finish()
@@ -216,6 +216,11 @@ fn host_port(s: &str) -> Result<(String, u16), String> {
         }
     } else {
         match s.rsplit_once(':') {
+            Some((h, _)) if h.contains(':') => {
+                return Err(format!(
+                    "sentinel address {s:?}: an IPv6 address goes in brackets ([::1]:26379)"
+                ))
+            }
             Some((h, p)) => (h, Some(p)),
             None => (s, None),
         }
@@ -320,6 +325,8 @@ mod tests {
             ("redis+sentinel://h1/m?db=1", "no query"),
             ("redis+sentinel://u:s3cret@h1/m@x", "`@`"),
             ("redis+sentinel://[::1/m", "without `]`"),
+            ("redis+sentinel://::1/m", "in brackets"),
+            ("redis+sentinel://fe80::1:26379/m", "in brackets"),
         ];
         for (url, want) in cases {
             let e = parse(url).expect_err(url);

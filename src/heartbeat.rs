@@ -202,7 +202,9 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     }
     if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
-        log::warn!("restored {restored} peer records after Redis lost its data");
+        log::warn!(
+            "restored {restored} peer records (Redis lost data, or a failover moved the master)"
+        );
         sh.restore_pending.store(false, Ordering::Relaxed);
     }
     sh.counters.heartbeat_ok();

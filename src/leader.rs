@@ -3,7 +3,7 @@
 //! ends it on finding the node reaped or the data lost), and a short history of terms.
 //!
 //! Invariant 3: a term ends on a local deadline started *before* the acquire/refresh was sent
-//! ([`deadline`]); [`LeaderState::is_leader`] reads the clock, so a term ends on time even while
+//! ([`deadline`]); [`LeaderState::current`] reads the clock, so a term ends on time even while
 //! the lease thread is blocked. Leadership events are emitted under the term lock, so exactly
 //! one `LeaderLost` follows each `LeaderAcquired` whichever thread ends the term.
 
@@ -19,6 +19,11 @@ pub(crate) struct Term {
     pub epoch: u64,
     /// When this node stops acting as leader unless a refresh confirms the lease first.
     pub deadline: Instant,
+    /// The connector's master-switch count (`conn::Redis::master_switches`) of the
+    /// connection the acquire or the last refresh went over: once a connection has found
+    /// another master, the term does not let the node act until a refresh confirms the lease
+    /// on the new master (a failover may have lost it: `Shared::is_leader`).
+    pub switches: u64,
 }
 
 /// One leadership term of this node, on the local monotonic clock ([`crate::Node::terms`]).
@@ -113,12 +118,24 @@ impl LeaderState {
     /// refresh, the heartbeat on finding the node reaped or the data lost), exactly one
     /// `LeaderLost` follows each `LeaderAcquired`. Returns whether a term ended.
     pub(crate) fn end_with(&self, events: &EventSink, reason: LeaderLostReason) -> bool {
+        self.end_with_at(events, reason, Instant::now())
+    }
+
+    /// [`LeaderState::end_with`], recording `at` as when the node stopped acting (a term the
+    /// node had already stopped acting on: found on the old master of a failover, then not
+    /// confirmed on the new one).
+    pub(crate) fn end_with_at(
+        &self,
+        events: &EventSink,
+        reason: LeaderLostReason,
+        at: Instant,
+    ) -> bool {
         let mut term = self.term.lock();
         if term.take().is_none() {
             return false;
         }
         if let Some(last) = self.history.lock().back_mut() {
-            last.demoted.get_or_insert(Instant::now());
+            last.demoted.get_or_insert(at.min(Instant::now()));
         }
         events.emit(Event::LeaderLost { reason });
         true
@@ -127,10 +144,6 @@ impl LeaderState {
     /// The term, if its deadline has not passed.
     pub(crate) fn current(&self) -> Option<Term> {
         (*self.term.lock()).filter(|t| Instant::now() < t.deadline)
-    }
-
-    pub(crate) fn is_leader(&self) -> bool {
-        self.current().is_some()
     }
 
     /// The term, even if its deadline has passed (the lease thread ends it).
@@ -166,12 +179,13 @@ mod tests {
         let term = |epoch| Term {
             epoch,
             deadline: Instant::now() + Duration::from_secs(60),
+            switches: 0,
         };
         state.begin(term(7), &events);
         assert!(state.extend(term(7)));
         assert!(state.end_with(&events, LeaderLostReason::LeaseTaken));
         assert!(!state.extend(term(7)));
-        assert!(!state.is_leader());
+        assert!(state.current().is_none());
         assert!(!state.end_with(&events, LeaderLostReason::RefreshFailed));
         let got: Vec<Event> = rx.try_iter().collect();
         assert_eq!(
@@ -198,6 +212,7 @@ mod tests {
                         Term {
                             epoch,
                             deadline: Instant::now() + Duration::from_secs(60),
+                            switches: 0,
                         },
                         &events,
                     );

@@ -4,10 +4,16 @@
 //! Invariant 3: leadership ends on a local deadline started *before* the acquire/refresh was
 //! sent (`sent + lease_ttl - lease_ttl/10`; the tenth absorbs clock-rate differences), not on
 //! the next error. The server's TTL starts when the command arrives, after `sent`, so this node
-//! stops acting before any other node can acquire. `LeaderState::is_leader` reads the clock,
+//! stops acting before any other node can acquire. `LeaderState::current` reads the clock,
 //! so a term ends on time even while the lease thread is blocked. The lease thread is a small
 //! state machine ([`LeaseState`]); the reasoning above is spelled out where it sends
 //! (`Lease::step`).
+//!
+//! Across a failover (README "Failover: what is guaranteed"): every lease write on a master
+//! with replicas waits for one replica (`replicated`), and a term confirmed over a connection
+//! to the old master does not let the node act once any connection has found a new one
+//! (`Shared::is_leader` compares `Term::switches`): the lease thread refreshes at once, and
+//! the node acts again only if the lease is there on the new master, or demotes.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -15,7 +21,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use redis::{Connection, Value};
 
-use crate::conn::{self, jitter, Backoff, Link};
+use crate::conn::{self, jitter, Backoff, Link, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::decode_id;
@@ -75,12 +81,14 @@ pub(crate) fn refresh(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
 
 /// After a write of the lease (acquire or refresh) on a master with replicas: waits until one
 /// replica acknowledged it (`WAIT 1 <command_timeout / 2>`). `Ok(true)` when it did or when the
-/// master has no replica connected (`ROLE`; nothing to wait for, and no replica a failover
-/// could promote), `Ok(false)` when none acknowledged in time. Replication is asynchronous:
-/// without this a failover right after the write could promote a replica that never saw it,
-/// and another node acquire a second lease (and the same epoch) while this one leads.
-/// Measured cost and the decision: README "Failover".
-pub(crate) fn replicated(ctx: &Ctx, con: &mut Connection, known_replicas: usize) -> Result<bool> {
+/// master has no replica connected (`ROLE`: nothing to wait for), `Ok(false)` when none
+/// acknowledged in time. Replication is asynchronous: without this a failover right after the
+/// write could promote a replica that never saw it, and another node acquire a second lease
+/// (and the same epoch) while this one leads. A replica the master dropped (its link down
+/// longer than `repl-timeout`) that the sentinels promote later lacks the writes made
+/// meanwhile: the switch fence covers that (the term does not act on the new master until a
+/// refresh there confirms it). Measured cost and the decision: README "Failover".
+pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Connection) -> Result<bool> {
     let replicas = match crate::sentinel::role(con) {
         Ok(crate::sentinel::Role::Master { replicas }) => replicas,
         // Not a master any more: the write itself was refused or will be lost; the caller's
@@ -96,10 +104,16 @@ pub(crate) fn replicated(ctx: &Ctx, con: &mut Connection, known_replicas: usize)
             ))
         }
         // ROLE refused (ACL): the replicas seen at connect.
-        Err(_) => known_replicas,
+        Err(_) => redis.route().replicas,
     };
+    redis.note_replicas(replicas);
     if replicas == 0 {
-        return Ok(true);
+        // A replica the master listed lately may have dropped off only for now (its link
+        // timed out) and still be promoted by the sentinels (they promote a replica that has
+        // been gone less than 10 x down-after-milliseconds): until that is long past, a lease
+        // write without a replica confirms nothing. With no replica seen for 10 lease TTLs,
+        // there is nothing a failover could promote.
+        return Ok(!redis.replica_seen_within(ctx.timings.lease_ttl * REPLICA_GRACE_LEASES));
     }
     let wait_ms = (ctx.timings.command_timeout.as_millis() as u64 / 2).max(1);
     match redis::cmd("WAIT").arg(1).arg(wait_ms).query::<i64>(con) {
@@ -118,6 +132,12 @@ pub(crate) fn replicated(ctx: &Ctx, con: &mut Connection, known_replicas: usize)
         )),
     }
 }
+
+/// After the master last listed a replica, lease writes stay unconfirmed for this many lease
+/// TTLs (15 minutes at the default 90 s): longer than Sentinel's window for promoting a replica
+/// that dropped off (10 x `down-after-milliseconds`, 5 minutes at its default 30 s) as long as
+/// `down-after-milliseconds` is below the lease TTL (README "Failover").
+pub(crate) const REPLICA_GRACE_LEASES: u32 = 10;
 
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.
 pub(crate) fn release(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
@@ -161,7 +181,15 @@ impl Lease<'_> {
 
     /// Ends the term, if one runs, with `LeaderLost { reason }`, and tells the reaper.
     fn demote(&self, reason: LeaderLostReason) {
-        if self.sh.leader.end_with(&self.sh.events, reason) {
+        // A term confirmed on a master before a failover stopped acting when the switch was
+        // found (`Shared::is_leader`); its record ends there.
+        let at = match self.state() {
+            LeaseState::Leader(term) if term.switches != self.sh.redis.master_switches() => {
+                self.sh.redis.switched_at().unwrap_or_else(Instant::now)
+            }
+            _ => Instant::now(),
+        };
+        if self.sh.leader.end_with_at(&self.sh.events, reason, at) {
             let _ = self.demoted.try_send(());
         }
     }
@@ -170,7 +198,11 @@ impl Lease<'_> {
     /// passed; returns when to wake next (the next request, or the term's deadline if sooner,
     /// so a term ends on time even with no request due).
     fn step(&mut self, run: &mut Run<'_>) -> Instant {
-        if Instant::now() >= self.next {
+        // A connection found another master (a failover) since the term was last confirmed:
+        // the node does not act until a refresh confirms the lease there, so refresh now.
+        let moved = matches!(self.state(), LeaseState::Leader(term)
+            if term.switches != self.sh.redis.master_switches());
+        if moved || Instant::now() >= self.next {
             // Invariant 3: `sent` is read BEFORE the request goes out, and the term the reply
             // starts or confirms ends at `deadline(sent, lease_ttl)`. The server starts the
             // lease's TTL when the request arrives, after `sent`, so this node's deadline (a
@@ -189,7 +221,11 @@ impl Lease<'_> {
                 self.demote(LeaderLostReason::DeadlinePassed);
                 self.next
             }
-            LeaseState::Leader(term) => self.next.min(term.deadline),
+            // While leading, look for a master switch every heartbeat interval.
+            LeaseState::Leader(term) => self
+                .next
+                .min(term.deadline)
+                .min(Instant::now() + self.sh.ctx.timings.heartbeat_interval),
             LeaseState::Follower => self.next,
         }
     }
@@ -198,10 +234,11 @@ impl Lease<'_> {
     fn acquire(&mut self, sent: Instant, run: &mut Run<'_>) -> Instant {
         let (sh, t) = (self.sh, self.sh.ctx.timings);
         let max_epoch = sh.max_epoch.load(Ordering::Relaxed);
-        let known = sh.redis.route().replicas;
-        let attempt = self.link.run(&sh.redis, |c| {
+        let mut switches = 0;
+        let attempt = self.link.run_fenced(&sh.redis, |c, made| {
+            switches = made;
             let won = acquire(&sh.ctx, c, max_epoch)?;
-            if !matches!(won, Acquire::Won { .. }) || replicated(&sh.ctx, c, known)? {
+            if !matches!(won, Acquire::Won { .. }) || replicated(&sh.ctx, &sh.redis, c)? {
                 return Ok(won);
             }
             // No replica saw the new lease: a failover now could grant a second one. Give
@@ -219,6 +256,7 @@ impl Lease<'_> {
                 let term = Term {
                     epoch,
                     deadline: deadline(sent, t.lease_ttl),
+                    switches,
                 };
                 sh.leader.begin(term, &sh.events);
                 sh.publish(&mut self.link, &Event::LeaderAcquired { epoch });
@@ -246,10 +284,11 @@ impl Lease<'_> {
     /// when to refresh (or try to acquire) next.
     fn refresh(&mut self, term: Term, sent: Instant, run: &mut Run<'_>) -> Instant {
         let (sh, t) = (self.sh, self.sh.ctx.timings);
-        let known = sh.redis.route().replicas;
-        let attempt = self.link.run(&sh.redis, |c| {
+        let mut switches = term.switches;
+        let attempt = self.link.run_fenced(&sh.redis, |c, made| {
+            switches = made;
             let held = refresh(&sh.ctx, c)?;
-            Ok(held && !replicated(&sh.ctx, c, known)?).map(|unacked| (held, unacked))
+            Ok(held && !replicated(&sh.ctx, &sh.redis, c)?).map(|unacked| (held, unacked))
         });
         match attempt.map(|(held, unacked)| {
             if unacked {
@@ -266,6 +305,7 @@ impl Lease<'_> {
                 let extended = sh.leader.extend(Term {
                     epoch: term.epoch,
                     deadline: deadline(sent, t.lease_ttl),
+                    switches,
                 });
                 if extended {
                     sent + t.lease_refresh

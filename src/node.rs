@@ -504,7 +504,7 @@ impl Node {
     /// Whether this node holds the reaper lease now (its local deadline has not passed).
     /// Always `false` in memory-only mode.
     pub fn is_leader(&self) -> bool {
-        self.backend.shared().is_some_and(|s| s.leader.is_leader())
+        self.backend.shared().is_some_and(|s| s.is_leader())
     }
 
     /// This node's last leadership terms (up to 64, oldest first) on the local monotonic
@@ -562,7 +562,7 @@ impl Node {
         if let Some(sh) = self.backend.shared() {
             let c = &sh.counters;
             let term = sh.leader.current();
-            s.is_leader = term.is_some();
+            s.is_leader = sh.is_leader();
             s.epoch = term.map(|t| t.epoch);
             s.heartbeats = c.heartbeats.load(Ordering::Relaxed);
             s.heartbeat_failures = c.heartbeat_failures.load(Ordering::Relaxed);

@@ -657,7 +657,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
         }
         recv(after(sh.ctx.timings.two_phase_delay)) -> _ => {}
     }
-    let leading = || sh.leader.is_leader() && !sh.is_crashed() && !stopping(shutdown);
+    let leading = || sh.is_leader() && !sh.is_crashed() && !stopping(shutdown);
     if !leading() {
         return;
     }
@@ -719,7 +719,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
     let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval, interval));
     periodic.run(Instant::now() + interval, |run| {
         while demoted.try_recv().is_ok() {}
-        if sh.leader.is_leader() {
+        if sh.is_leader() {
             round(sh, &mut link, shutdown, demoted);
         }
         worker::catch_up(run.scheduled, interval)

@@ -48,8 +48,8 @@ pub(crate) struct Found {
     pub replicas: usize,
 }
 
-/// The sentinels of one sentinel URL and what discovery learnt.
-#[derive(Debug)]
+/// The sentinels of one sentinel URL and what discovery learnt. Its `Debug` shows no user
+/// info (a user info without `:` may be a password).
 pub(crate) struct Sentinels {
     ep: SentinelEndpoint,
     sentinel_info: RedisConnectionInfo,
@@ -63,6 +63,17 @@ struct State {
     order: Vec<usize>,
     /// The master found last, `(host, port)`.
     last: Option<(String, u16)>,
+}
+
+impl std::fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sentinels")
+            .field("sentinels", &self.ep.sentinels)
+            .field("master", &self.ep.master)
+            .field("tls", &self.ep.tls)
+            .field("db", &self.ep.db)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Sentinels {
@@ -105,6 +116,9 @@ impl Sentinels {
     pub(crate) fn connect(&self, dialer: &Dialer) -> Result<Found> {
         let order = self.state.lock().order.clone();
         let mut tried = Vec::new();
+        // A master address that failed is not tried again in the same discovery (a frozen
+        // master named by every sentinel would cost a timeout per sentinel).
+        let mut failed: Vec<(String, u16)> = Vec::new();
         for i in order {
             let (host, port) = &self.ep.sentinels[i];
             let sentinel = show_addr(host, *port);
@@ -113,6 +127,10 @@ impl Sentinels {
                 Ok(None) => tried.push(format!(
                     "sentinel {sentinel}: does not know master {:?}",
                     self.ep.master
+                )),
+                Ok(Some((mh, mp))) if failed.contains(&(mh.clone(), mp)) => tried.push(format!(
+                    "sentinel {sentinel} named {} too",
+                    show_addr(&mh, mp)
                 )),
                 Ok(Some((mh, mp))) => match self.open_master(dialer, &mh, mp) {
                     Ok((con, replicas)) => {
@@ -127,15 +145,18 @@ impl Sentinels {
                             replicas,
                         });
                     }
-                    Err(why) => tried.push(format!(
-                        "sentinel {sentinel} named {}: {why}",
-                        show_addr(&mh, mp)
-                    )),
+                    Err(why) => {
+                        tried.push(format!(
+                            "sentinel {sentinel} named {}: {why}",
+                            show_addr(&mh, mp)
+                        ));
+                        failed.push((mh, mp));
+                    }
                 },
             }
         }
         let last = self.state.lock().last.clone();
-        if let Some((mh, mp)) = last {
+        if let Some((mh, mp)) = last.filter(|m| !failed.contains(m)) {
             match self.open_master(dialer, &mh, mp) {
                 Ok((con, replicas)) => {
                     log::warn!(

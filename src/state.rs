@@ -137,6 +137,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Acting as leader now: a term whose local deadline has not passed, confirmed on the
+    /// master every connection now reaches. After a failover (another master found) the node
+    /// does not act until its lease thread has confirmed the lease there: the failover may
+    /// have lost it, and another node may hold one on the new master (invariant 3).
+    pub(crate) fn is_leader(&self) -> bool {
+        self.leader
+            .current()
+            .is_some_and(|t| t.switches == self.redis.master_switches())
+    }
+
     pub(crate) fn note_error(&self, e: &Error) {
         self.counters.redis_error(e);
     }

