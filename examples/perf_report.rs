@@ -19,9 +19,30 @@
 //! `--sweep 100,250,500,1000,2000` instead measures, for each batch size, the reap of `--rooms`
 //! rooms (median of `--runs`) and the PING latency during the reap of `--latency-rooms` rooms,
 //! one JSON line per size: the measurement behind the default batch size.
+//!
+//! Two more modes, each printing one JSON object (details in `examples/perf/`):
+//!
+//! ```sh
+//! cargo run --release --example perf_report -- --tls    # plaintext vs TLS, one server
+//! cargo run --release --example perf_report -- --wait   # WAIT 1 on a replicated master
+//! ```
+//!
+//! `--tls` (`examples/perf/tls.rs`): the reap (`--rooms` rooms x 4 peers, median of `--runs`)
+//! and the tick (`--rooms` pinned rooms, median of 3 x `--runs`) over the plaintext port and
+//! over the TLS port of one `redis-server`, alternating, and the connect time (`--connects`
+//! of each, default 50): `plain_*` / `tls_*` fields and `tls_*_ratio` = TLS / plaintext.
+//! `--wait` (`examples/perf/wait.rs`): p50 / p99 of the lease acquire and refresh with and
+//! without `ROLE` + `WAIT 1 t`, and of a pin with and without a `WAIT` (`--samples` each,
+//! default 2000; `t` = `--command-timeout-ms` / 2, default the library's 2 s / 2), then
+//! what `WAIT` returns and how long it blocks while the replica is SIGSTOPped
+//! (`--stopped-samples`, default 3).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+#[path = "perf/tls.rs"]
+mod tls;
+#[path = "perf/wait.rs"]
+mod wait;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +63,18 @@ fn arg(name: &str) -> Option<String> {
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// Milliseconds, rounded to the µs.
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// The median of `v` (not empty).
+fn median_of(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v[v.len() / 2]
 }
 
 /// CPU time (user + system, µs) the Redis server process has used so far, from `INFO cpu`:
@@ -141,6 +174,12 @@ struct Args {
     latency_rooms: usize,
     runs: usize,
     batch: usize,
+    /// `--tls`: connects of each kind and transport.
+    connects: usize,
+    /// `--wait`: samples per variant, samples with the replica stopped, the command timeout.
+    samples: usize,
+    stopped_samples: usize,
+    command_timeout_ms: Option<u64>,
 }
 
 impl Args {
@@ -153,6 +192,10 @@ impl Args {
             latency_rooms: num("--latency-rooms", 100_000),
             runs: num("--runs", 3),
             batch: num("--reap-batch", sfu_redis::REAP_BATCH),
+            connects: num("--connects", 50).max(1),
+            samples: num("--samples", 2000).max(1),
+            stopped_samples: num("--stopped-samples", 3).max(1),
+            command_timeout_ms: arg("--command-timeout-ms").and_then(|v| v.parse().ok()),
         }
     }
 }
@@ -337,6 +380,15 @@ fn main() {
             .filter_map(|v| v.trim().parse().ok())
             .collect();
         sweep(&sizes, a.rooms, a.latency_rooms, a.runs);
+        return;
+    }
+    let flag = |name: &str| std::env::args().any(|a| a == name);
+    if flag("--tls") {
+        tls::report(&a);
+        return;
+    }
+    if flag("--wait") {
+        wait::report(&a);
         return;
     }
     let mut b = Bench::start(a.rtt_ms);

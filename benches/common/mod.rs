@@ -1,13 +1,18 @@
 //! Shared by the benchmarks and `examples/perf_report.rs`: a dead instance's data written
 //! exactly as the library writes it, the seed-style baseline reaper, and the floor.
+//!
+//! Everything takes a plain `redis://` URL and uses the stage [`STAGE`], as the criterion
+//! benches do; the `*_at` variants take a [`Target`] instead (a `rediss://` URL with its CA
+//! file, and a stage of its own), for `perf_report --tls`.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use redis::Connection;
 use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
-use sfu_redis::{Config, Node, Timings};
+use sfu_redis::{Config, ConfigBuilder, Node, Timings};
 use sfu_redis_testkit::data::{fabricate_dead, DeadInstance, FakeRoom, BATCH};
 use sfu_redis_testkit::devserver::LocalRedis;
 
@@ -27,10 +32,65 @@ pub fn timings() -> Timings {
     Timings::default()
 }
 
+/// Where a benchmark's nodes and connections go: the URL, the CA file a `rediss://` server's
+/// certificate must chain to, and the stage of the key prefix (two targets with different
+/// stages share a server without seeing each other's data or lease).
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub tls_ca: Option<PathBuf>,
+    pub stage: String,
+}
+
+impl Target {
+    /// A plaintext `redis://` URL, stage [`STAGE`]: what every `url` argument below means.
+    pub fn plain(url: &str) -> Target {
+        Target {
+            url: url.to_owned(),
+            tls_ca: None,
+            stage: STAGE.to_owned(),
+        }
+    }
+
+    /// A `rediss://` URL whose server certificate chains to `ca`, stage [`STAGE`].
+    pub fn tls(url: &str, ca: impl Into<PathBuf>) -> Target {
+        Target {
+            tls_ca: Some(ca.into()),
+            ..Target::plain(url)
+        }
+    }
+
+    /// The same target with another stage.
+    pub fn with_stage(self, stage: &str) -> Target {
+        Target {
+            stage: stage.to_owned(),
+            ..self
+        }
+    }
+
+    /// The key space of this target's nodes.
+    pub fn keyspace(&self) -> KeySpace {
+        KeySpace::new("sfu", &self.stage, "main").expect("key space")
+    }
+
+    /// A config builder with this target's URL, CA file and stage.
+    pub fn builder(&self) -> ConfigBuilder {
+        let b = Config::builder().redis_url(&self.url).stage(&self.stage);
+        match &self.tls_ca {
+            Some(ca) => b.tls_ca_file(ca),
+            None => b,
+        }
+    }
+}
+
 pub fn config(url: &str, instance: &str) -> Config {
-    Config::builder()
-        .redis_url(Some(url))
-        .stage(STAGE)
+    config_at(&Target::plain(url), instance)
+}
+
+/// [`config`] for `target`.
+pub fn config_at(target: &Target, instance: &str) -> Config {
+    target
+        .builder()
         .instance_id(instance)
         .timings(timings())
         .build()
@@ -57,12 +117,16 @@ pub fn fast_leader(url: &str) -> Node {
 
 /// [`fast_leader`] with its reap batch size set to `batch`.
 pub fn fast_leader_with_batch(url: &str, batch: usize) -> Node {
+    fast_leader_at(&Target::plain(url), batch)
+}
+
+/// [`fast_leader_with_batch`] for `target`.
+pub fn fast_leader_at(target: &Target, batch: usize) -> Node {
     let mut t = Timings::from_heartbeat(Duration::from_millis(500), Duration::from_millis(1500));
     t.reap_interval = Duration::from_secs(3600);
     t.two_phase_delay = Duration::from_secs(3600);
-    let cfg = Config::builder()
-        .redis_url(Some(url))
-        .stage(STAGE)
+    let cfg = target
+        .builder()
         .instance_id("bench-leader")
         .timings(t)
         .reap_batch(batch)
