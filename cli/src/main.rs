@@ -54,7 +54,8 @@ enum Command {
     /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.
     Fsck(fsck::FsckArgs),
     /// Run three in-process instances, crash two of them and watch the survivor clean up;
-    /// checks the result and exits non-zero if a check fails.
+    /// checks the result and exits non-zero if a check fails. With --sentinel, through Redis
+    /// Sentinel, failing the master over in between.
     Demo(demo::DemoArgs),
 }
 
@@ -66,6 +67,41 @@ pub(crate) struct RedisArgs {
     /// rediss+sentinel://...; empty means memory-only mode.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     pub redis_url: Option<String>,
+    #[command(flatten)]
+    pub transport: TransportArgs,
+    /// First key prefix segment.
+    #[arg(
+        long,
+        env = "SFU_NAMESPACE",
+        hide_env_values = true,
+        default_value = "sfu",
+        value_name = "NAME"
+    )]
+    pub namespace: String,
+    /// Second key prefix segment (dev, staging, prod, ...).
+    #[arg(
+        long,
+        env = "SFU_STAGE",
+        hide_env_values = true,
+        default_value = "dev",
+        value_name = "NAME"
+    )]
+    pub stage: String,
+    /// Third key prefix segment.
+    #[arg(
+        long,
+        env = "SFU_BRANCH",
+        hide_env_values = true,
+        default_value = "main",
+        value_name = "NAME"
+    )]
+    pub branch: String,
+}
+
+/// How to reach the Redis of a URL: TLS files and the sentinels' own credentials (shared by
+/// every subcommand that connects, the demo included).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TransportArgs {
     /// CA certificate file (PEM) the server must chain to (TLS URLs; default: the system's
     /// roots).
     #[arg(long, env = "SFU_TLS_CA_FILE", value_name = "FILE")]
@@ -101,43 +137,23 @@ pub(crate) struct RedisArgs {
         value_name = "PASSWORD"
     )]
     pub sentinel_password: Option<String>,
-    /// First key prefix segment.
-    #[arg(
-        long,
-        env = "SFU_NAMESPACE",
-        hide_env_values = true,
-        default_value = "sfu",
-        value_name = "NAME"
-    )]
-    pub namespace: String,
-    /// Second key prefix segment (dev, staging, prod, ...).
-    #[arg(
-        long,
-        env = "SFU_STAGE",
-        hide_env_values = true,
-        default_value = "dev",
-        value_name = "NAME"
-    )]
-    pub stage: String,
-    /// Third key prefix segment.
-    #[arg(
-        long,
-        env = "SFU_BRANCH",
-        hide_env_values = true,
-        default_value = "main",
-        value_name = "NAME"
-    )]
-    pub branch: String,
 }
 
 impl RedisArgs {
     /// A config builder with these connection and prefix settings.
     pub fn builder(&self) -> ConfigBuilder {
-        let mut b = Config::builder()
+        let b = Config::builder()
             .redis_url(self.redis_url.as_deref())
             .namespace(&self.namespace)
             .stage(&self.stage)
             .branch(&self.branch);
+        self.transport.apply(b)
+    }
+}
+
+impl TransportArgs {
+    /// `b` with these TLS and sentinel settings.
+    pub fn apply(&self, mut b: ConfigBuilder) -> ConfigBuilder {
         if let Some(f) = &self.tls_ca_file {
             b = b.tls_ca_file(f);
         }
@@ -157,6 +173,21 @@ impl RedisArgs {
             b = b.sentinel_password(p);
         }
         b
+    }
+
+    /// The flags that are set, for messages: `--tls-ca-file`, `--sentinel-password`, ...
+    pub fn set_flags(&self) -> Vec<&'static str> {
+        [
+            (self.tls_ca_file.is_some(), "--tls-ca-file"),
+            (self.tls_cert_file.is_some(), "--tls-cert-file"),
+            (self.tls_key_file.is_some(), "--tls-key-file"),
+            (self.tls_insecure, "--tls-insecure"),
+            (self.sentinel_user.is_some(), "--sentinel-user"),
+            (self.sentinel_password.is_some(), "--sentinel-password"),
+        ]
+        .into_iter()
+        .filter_map(|(set, flag)| set.then_some(flag))
+        .collect()
     }
 }
 

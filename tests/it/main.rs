@@ -11,6 +11,7 @@ mod bad_data;
 mod chaos;
 mod cluster_processes;
 mod config;
+mod demo;
 mod faults;
 mod fsck;
 mod ids;

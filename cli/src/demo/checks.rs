@@ -8,14 +8,8 @@ impl Demo {
     /// the dead. Returns the fleet status for the table.
     pub(super) fn data_checks(&mut self, base: &ConfigBuilder) -> Option<FleetStatus> {
         let (survivor, dead) = self.outcome.clone()?;
-        match self.survivor_checks(&survivor) {
-            Ok(()) => {}
-            Err(e) => self.check("survivor's data readable", false, e),
-        }
-        match self.leftover_check(&dead) {
-            Ok(()) => {}
-            Err(e) => self.check("scan for leftovers of the dead", false, e),
-        }
+        self.read_checks(std::slice::from_ref(&survivor), &dead, "");
+
         let live_problems: Vec<String> = self
             .entries
             .iter()
@@ -86,27 +80,56 @@ impl Demo {
         }
     }
 
-    /// The survivor's pins, metadata, peer sets, guest maps, peer records, indexes and
+    /// On a new connection (the master the sentinels name now): every survivor's data is
+    /// intact and nothing of the dead remains. `ctx` ends every check's name (`""`, or ` on
+    /// the new master ...`).
+    pub(super) fn read_checks(&mut self, survivors: &[String], dead: &[String], ctx: &str) {
+        if let Err(e) = self.reconnect() {
+            self.check(&format!("Redis reachable for the checks{ctx}"), false, e);
+            return;
+        }
+        match self.survivor_checks(survivors, ctx) {
+            Ok(()) => {}
+            Err(e) => self.check(&format!("survivor's data readable{ctx}"), false, e),
+        }
+        match self.leftover_check(dead, ctx) {
+            Ok(()) => {}
+            Err(e) => self.check(&format!("scan for leftovers of the dead{ctx}"), false, e),
+        }
+    }
+
+    /// Each survivor's pins, metadata, peer sets, guest maps, peer records, indexes and
     /// heartbeat are all still there. What it owns is read key by key; whether the indexes,
     /// guest maps and peer sets agree with the records (invariant 4) is the library's one
-    /// consistency scan (`sfu_redis::audit::scan`): a problem at one of the survivor's rooms
-    /// fails the peers check, any other problem under the prefix the indexes check.
-    pub(super) fn survivor_checks(&mut self, survivor: &str) -> Result<(), String> {
-        let rooms = room_ids(letter_of(survivor));
+    /// consistency scan (`sfu_redis::audit::scan`): a problem at one of a survivor's rooms
+    /// fails its peers check, one at its indexes or heartbeat its indexes check; any other
+    /// problem under the prefix fails the indexes check of a sole survivor, or a check of its
+    /// own when there are several.
+    pub(super) fn survivor_checks(
+        &mut self,
+        survivors: &[String],
+        ctx: &str,
+    ) -> Result<(), String> {
         let scan = audit::scan(&self.keys, &mut self.con).map_err(|e| e.to_string())?;
-        let (mut peers, mut index): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+        let n = survivors.len();
+        let (mut peers, mut index) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+        let mut other = Vec::new();
         for p in &scan {
             let line = format!("{} at {}: {}", p.kind, p.key, p.detail);
-            if in_rooms(&self.keys, p, &rooms) {
-                peers.push(line);
-            } else {
-                index.push(line);
+            let in_rooms_of = survivors
+                .iter()
+                .position(|s| in_rooms(&self.keys, p, &room_ids(letter_of(s))));
+            let of_instance = self.keys.parse(&p.key).and_then(|k| {
+                let i = k.instance()?;
+                survivors.iter().position(|s| s == i)
+            });
+            match (in_rooms_of, of_instance) {
+                (Some(i), _) => peers[i].push(line),
+                (None, Some(i)) => index[i].push(line),
+                (None, None) if n == 1 => index[0].push(line),
+                (None, None) => other.push(line),
             }
         }
-        let pins = self.survivor_pins(survivor, &rooms)?;
-        peers.extend(self.survivor_peers(survivor, &rooms)?);
-        index.extend(self.survivor_registration(survivor)?);
-        let n = rooms.len();
         let report = |problems: Vec<String>, ok: String| {
             if problems.is_empty() {
                 (true, ok)
@@ -114,32 +137,54 @@ impl Demo {
                 (false, problems.join("; "))
             }
         };
-        let (ok, d) = report(
-            pins,
-            format!("{n} pins and {n} meta hashes name {survivor}"),
-        );
-        self.check(
-            &format!("{survivor}'s room pins and metadata intact"),
-            ok,
-            d,
-        );
-        let (ok, d) = report(
-            peers,
-            format!(
-                "{} peers with records and guest mappings",
-                n * PEERS_PER_ROOM
-            ),
-        );
-        self.check(
-            &format!("{survivor}'s peers, guest maps and peer records intact"),
-            ok,
-            d,
-        );
-        let (ok, d) = report(
-            index,
-            "room and peer indexes, heartbeat key and score".into(),
-        );
-        self.check(&format!("{survivor}'s indexes and heartbeat intact"), ok, d);
+        for ((survivor, mut peers), mut index) in survivors.iter().zip(peers).zip(index) {
+            let rooms = room_ids(letter_of(survivor));
+            let pins = self.survivor_pins(survivor, &rooms)?;
+            peers.extend(self.survivor_peers(survivor, &rooms)?);
+            index.extend(self.survivor_registration(survivor)?);
+            let r = rooms.len();
+            let (ok, d) = report(
+                pins,
+                format!("{r} pins and {r} meta hashes name {survivor}"),
+            );
+            self.check(
+                &format!("{survivor}'s room pins and metadata intact{ctx}"),
+                ok,
+                d,
+            );
+            let (ok, d) = report(
+                peers,
+                format!(
+                    "{} peers with records and guest mappings",
+                    r * PEERS_PER_ROOM
+                ),
+            );
+            self.check(
+                &format!("{survivor}'s peers, guest maps and peer records intact{ctx}"),
+                ok,
+                d,
+            );
+            let (ok, d) = report(
+                index,
+                "room and peer indexes, heartbeat key and score".into(),
+            );
+            self.check(
+                &format!("{survivor}'s indexes and heartbeat intact{ctx}"),
+                ok,
+                d,
+            );
+        }
+        if n > 1 {
+            let (ok, d) = report(
+                other,
+                "the consistency scan found none outside the survivors' rooms and indexes".into(),
+            );
+            self.check(
+                &format!("no other inconsistency under the prefix{ctx}"),
+                ok,
+                d,
+            );
+        }
         Ok(())
     }
 
@@ -236,7 +281,7 @@ impl Demo {
     /// Scans every key under the prefix: no key name, string value, hash field or value, set
     /// member or sorted-set member may contain a dead instance's id or one of its room ids
     /// (peer and guest ids are built from the room ids, so they are covered too).
-    pub(super) fn leftover_check(&mut self, dead: &[String]) -> Result<(), String> {
+    pub(super) fn leftover_check(&mut self, dead: &[String], ctx: &str) -> Result<(), String> {
         let mut needles: Vec<String> = dead.to_vec();
         for d in dead {
             needles.extend(room_ids(letter_of(d)));
@@ -285,8 +330,13 @@ impl Demo {
         } else {
             problems.join("; ")
         };
+        let what = if dead.len() == 1 {
+            "the crashed instance or its rooms"
+        } else {
+            "the crashed instances or their rooms"
+        };
         self.check(
-            "nothing under the prefix refers to the crashed instances or their rooms",
+            &format!("nothing under the prefix refers to {what}{ctx}"),
             ok,
             detail,
         );

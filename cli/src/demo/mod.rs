@@ -1,6 +1,10 @@
 //! `sfu-redis demo`: three in-process instances on one Redis; crash a non-leader, then the
 //! leader, and watch the survivor take the lease and reap both. Ends with a timeline, the
 //! fleet status and self-checks read straight from Redis; exits 1 if any check fails.
+//!
+//! With `--sentinel` (and no `REDIS_URL`) the Redis is a private Sentinel group (a master, a
+//! replica, three sentinels), which the demo fails over between the two crashes, checking the
+//! survivors' data on the new master.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -11,16 +15,18 @@ use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use redis::Connection;
 use sfu_redis::audit::{self, Problem};
-use sfu_redis::conn::Redis;
+use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
 use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
 use sfu_redis_testkit::devserver::LocalRedis;
+use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 
-use crate::{event_fields, signal_channel, signalled, Failure};
+use crate::{event_fields, signal_channel, signalled, Failure, TransportArgs};
 
 mod checks;
+mod failover;
 mod report;
 mod steps;
 
@@ -40,10 +46,33 @@ const UNLINK_BATCH: usize = 500;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Use this Redis instead of a private redis-server. The demo writes only under a fresh
-    /// stage (sfu:demo-<random hex>:main) and deletes those keys at the end.
+    /// Use this Redis instead of a private redis-server: redis://, rediss:// (TLS: see the
+    /// --tls-* flags), redis+sentinel://[user:password@]host1:port1,.../<master-name>[/db] or
+    /// rediss+sentinel://. The demo writes only under a fresh stage (sfu:demo-<random
+    /// hex>:main) and deletes those keys at the end.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     redis_url: Option<String>,
+    /// Run through Redis Sentinel. Without a Redis URL the demo starts its own private group
+    /// (a master, 1 replica and 3 sentinels: redis-server processes on free ports, stopped at
+    /// the end), runs the nodes through its sentinels, fails its master over between the two
+    /// crashes (SENTINEL FAILOVER) and checks the survivors' data on the new master. With a
+    /// redis+sentinel:// or rediss+sentinel:// URL it runs through those sentinels but never
+    /// fails them over (only a group the demo started itself is); any other URL is refused
+    /// (exit 2).
+    #[arg(long)]
+    sentinel: bool,
+    #[command(flatten)]
+    transport: TransportArgs,
+}
+
+/// The Redis the demo runs on.
+enum Backend {
+    /// `REDIS_URL` / `--redis-url`: someone else's; only the demo's stage is touched.
+    External,
+    /// A private `redis-server`.
+    Private(LocalRedis),
+    /// A private Sentinel group (`--sentinel`): failed over during the show.
+    Group(SentinelGroup),
 }
 
 fn instance_id(letter: char) -> String {
@@ -77,11 +106,11 @@ fn secs(d: Duration) -> String {
     format!("{:.3} s", d.as_secs_f64())
 }
 
-/// What happened: an event of a node, or a step of the demo itself (a crash).
+/// What happened: an event of a node, or a step of the demo itself (a crash, a failover).
 #[derive(Debug)]
 enum What {
     Event(Event),
-    Note(&'static str),
+    Note(String),
 }
 
 /// One timeline line: when (since the demo started), who, what.
@@ -129,6 +158,11 @@ struct Demo {
     start: Instant,
     timings: Timings,
     keys: KeySpace,
+    /// The connector of the demo's own connections (checks, cleanup): the nodes' URL, TLS
+    /// files and sentinel credentials, with [`CHECK_TIMEOUT`].
+    redis: Redis,
+    /// The letter of the last step printed (`a`, `b`, ...).
+    letter: u8,
     members: Vec<Member>,
     /// Every collector's sender is a clone of this one; dropped in `finish`.
     tx: Option<Sender<Entry>>,
@@ -139,6 +173,8 @@ struct Demo {
     collectors: Vec<JoinHandle<()>>,
     entries: Vec<Entry>,
     signal: Receiver<()>,
+    /// The demo's connection; made again ([`Demo::reconnect`]) after a failover and before
+    /// the checks, so that it reads the master the sentinels name now.
     con: Connection,
     checks: Vec<Check>,
     leader_polls: u64,
@@ -154,21 +190,62 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         .redis_url
         .map(|u| u.trim().to_owned())
         .filter(|u| !u.is_empty());
-    let (server, url) = match external {
-        Some(url) => (None, url),
+    let transport = if external.is_some() {
+        args.transport
+    } else {
+        let ignored = args.transport.set_flags();
+        if !ignored.is_empty() {
+            let apply = if ignored.len() == 1 {
+                "it applies"
+            } else {
+                "they apply"
+            };
+            eprintln!(
+                "sfu-redis: note: ignoring {} (flag or environment): {apply} to --redis-url / REDIS_URL, and the demo's own Redis is plaintext without passwords",
+                ignored.join(", ")
+            );
+        }
+        TransportArgs::default()
+    };
+    let stage = format!("demo-{:08x}", fastrand::u32(..));
+    let timings = Timings::fast();
+    let with_url = |url: &str| {
+        transport.apply(
+            Config::builder()
+                .redis_url(url)
+                .stage(&stage)
+                .timings(timings),
+        )
+    };
+    // An external URL is checked (and a plain one refused with --sentinel) before anything
+    // starts.
+    let (backend, url, checked) = match external {
+        Some(url) => {
+            let redis = checks_connector(&with_url(&url))?;
+            if args.sentinel && redis.master_name().is_none() {
+                return Err(Failure::usage(format!(
+                    "demo --sentinel runs through Redis Sentinel, but REDIS_URL / --redis-url is {} ({}), not a redis+sentinel:// or rediss+sentinel:// URL; unset it to let the demo start its own sentinel group, or drop --sentinel",
+                    redact_url(&url),
+                    redis.transport()
+                )));
+            }
+            (Backend::External, url, Some(redis))
+        }
+        None if args.sentinel => {
+            let group = SentinelGroup::start(SentinelOptions::default()).map_err(|e| {
+                Failure::runtime(format!("demo --sentinel needs a sentinel group: {e}"))
+            })?;
+            let url = group.url();
+            (Backend::Group(group), url, None)
+        }
         None => {
             let server = LocalRedis::start()
                 .map_err(|e| Failure::runtime(format!("demo needs Redis: {e}")))?;
             let url = server.url();
-            (Some(server), url)
+            (Backend::Private(server), url, None)
         }
     };
-    let stage = format!("demo-{:08x}", fastrand::u32(..));
-    let timings = Timings::fast();
-    let base = Config::builder()
-        .redis_url(&url)
-        .stage(&stage)
-        .timings(timings);
+    let base = with_url(&url);
     let keys = base
         .clone()
         .instance_id(&instance_id('a'))
@@ -176,9 +253,15 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::config(&e))?
         .keys()
         .clone();
-    let con = connect(&url).map_err(Failure::runtime)?;
+    let redis = match checked {
+        Some(redis) => redis,
+        None => checks_connector(&base)?,
+    };
+    let con = redis.connect().map_err(|e| {
+        Failure::runtime(crate::with_place("demo cannot reach Redis", Some(&url), &e))
+    })?;
 
-    print_header(server.as_ref(), &url, &keys, &timings);
+    print_header(&backend, &redis, &url, &keys, &timings);
 
     let (tx, rx) = unbounded();
     let (stop_tx, stop_rx) = bounded(0);
@@ -186,6 +269,8 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         start,
         timings,
         keys,
+        redis,
+        letter: 0,
         members: Vec::new(),
         tx: Some(tx),
         rx,
@@ -200,9 +285,20 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         most_leaders: 0,
         outcome: None,
     };
-    let steps = demo.steps(&base);
+    let group = match &backend {
+        Backend::Group(g) => Some(g),
+        _ => None,
+    };
+    // Steps a-c, and the failover with a private group.
+    let planned: u8 = if group.is_some() { 4 } else { 3 };
+    let steps = demo.steps(&base, group);
     if let Err(why) = &steps {
-        demo.check("demo steps a-c completed", false, why.clone());
+        let last = char::from(b'a' + planned - 1);
+        demo.check(
+            &format!("demo steps a-{last} completed"),
+            false,
+            why.clone(),
+        );
     }
     // Read while the survivor still runs: its pins only live as long as it refreshes them.
     let status = match &steps {
@@ -210,29 +306,102 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         Err(_) => None,
     };
     demo.finish();
+    // The report's letters follow the planned steps, even when one stopped early.
+    demo.letter = planned;
     demo.print_timeline();
     if let Some(st) = &status {
-        out!("\n[e] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
+        let letter = demo.next_letter();
+        out!("\n[{letter}] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
         let mut out = std::io::stdout().lock();
         let _ = crate::status::print_table(&mut out, st, timings.heartbeat_ttl, None);
         let _ = out.flush();
     }
     demo.print_checks();
-    conclude(demo, server, start)
+    conclude(demo, backend, start)
 }
 
-/// What the demo runs on: the Redis, the prefix, the timings.
-fn print_header(server: Option<&LocalRedis>, url: &str, keys: &KeySpace, timings: &Timings) {
-    out!("sfu-redis demo: three SFU instances share one Redis");
-    match server {
-        Some(s) => out!(
+/// The connector of the demo's own connections: `base`'s URL, TLS files and sentinel
+/// credentials, with [`CHECK_TIMEOUT`] (the demo's reads are longer than a node's calls).
+fn checks_connector(base: &ConfigBuilder) -> Result<Redis, Failure> {
+    let timings = Timings {
+        command_timeout: CHECK_TIMEOUT,
+        ..Timings::default()
+    };
+    let config = base
+        .clone()
+        .instance_id(&instance_id('a'))
+        .timings(timings)
+        .build()
+        .map_err(|e| Failure::config(&e))?;
+    Redis::from_config(&config).map_err(|e| Failure::config(&e))
+}
+
+/// What the demo runs on: the Redis (and, through sentinels, the master they name), the
+/// prefix, the timings.
+fn print_header(backend: &Backend, redis: &Redis, url: &str, keys: &KeySpace, timings: &Timings) {
+    let through = if redis.master_name().is_some() {
+        ", through Redis Sentinel"
+    } else {
+        ""
+    };
+    out!("sfu-redis demo: three SFU instances share one Redis{through}");
+    let route = redis.route();
+    let master = route.master.as_deref().unwrap_or("unknown");
+    let named_by = failover::named_by(route.via.as_deref());
+    match backend {
+        Backend::Private(s) => out!(
             "  Redis:   private redis-server at {} (stopped at the end)",
             s.url()
         ),
-        None => out!(
-            "  Redis:   {} (from REDIS_URL / --redis-url)",
-            redact_url(url)
-        ),
+        Backend::Group(g) => {
+            let replicas: Vec<String> = g
+                .data_ports()
+                .into_iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .filter(|a| a != master)
+                .collect();
+            let sentinels: Vec<String> = g
+                .sentinel_ports()
+                .into_iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect();
+            let o = g.options();
+            out!(
+                "  Redis:   private sentinel group {:?} (redis-server processes, stopped at the end): master {master}, replica {},",
+                g.master_name(),
+                replicas.join(", ")
+            );
+            out!(
+                "           sentinels {} (quorum {}, down-after {} ms)",
+                sentinels.join(", "),
+                o.sentinels / 2 + 1,
+                o.down_after.as_millis()
+            );
+            out!(
+                "  route:   every connection (nodes, checks) asks the sentinels of {} for the master:",
+                redact_url(url)
+            );
+            out!("           now {master}, {named_by}; the demo fails it over between the two crashes");
+        }
+        Backend::External => {
+            let transport = match redis.transport() {
+                "plain" => String::new(),
+                "tls" => ", TLS".into(),
+                other => format!(", {other}"),
+            };
+            out!(
+                "  Redis:   {} (from REDIS_URL / --redis-url{transport})",
+                redact_url(url)
+            );
+            if let Some(name) = redis.master_name() {
+                out!(
+                    "  route:   every connection asks the sentinels for master {name:?}: now {master}, {named_by};"
+                );
+                out!(
+                    "           not failed over (the demo fails over only the group demo --sentinel starts without REDIS_URL)"
+                );
+            }
+        }
     }
     out!(
         "  keys:    under {}:* only (a fresh stage; nothing else is read or written)",
@@ -255,9 +424,12 @@ fn print_header(server: Option<&LocalRedis>, url: &str, keys: &KeySpace, timings
 
 /// Removes the demo's keys (on an external Redis), stops the private server, and turns the
 /// checks into the exit status.
-fn conclude(mut demo: Demo, server: Option<LocalRedis>, start: Instant) -> Result<(), Failure> {
-    if server.is_none() {
-        match cleanup(&mut demo.con, &demo.keys) {
+fn conclude(mut demo: Demo, backend: Backend, start: Instant) -> Result<(), Failure> {
+    if matches!(backend, Backend::External) {
+        let cleaned = demo
+            .reconnect()
+            .and_then(|()| cleanup(&mut demo.con, &demo.keys));
+        match cleaned {
             Ok(n) => out!(
                 "\nremoved the demo's {n} keys under {}:*",
                 demo.keys.prefix()
@@ -273,7 +445,7 @@ fn conclude(mut demo: Demo, server: Option<LocalRedis>, start: Instant) -> Resul
             }
         }
     }
-    drop(server);
+    drop(backend);
     let failed = demo.checks.iter().filter(|c| !c.ok).count();
     let total = demo.checks.len();
     let took = secs(start.elapsed());
@@ -292,14 +464,6 @@ fn conclude(mut demo: Demo, server: Option<LocalRedis>, start: Instant) -> Resul
             "demo: {failed} of {total} checks failed"
         )))
     }
-}
-
-/// A connection for the demo's own checks, from the library's connector (timeouts, the URL
-/// redacted in errors).
-fn connect(url: &str) -> Result<Connection, String> {
-    Redis::new(url, CHECK_TIMEOUT)
-        .and_then(|r| r.connect())
-        .map_err(|e| e.to_string())
 }
 
 fn query<T: redis::FromRedisValue>(con: &mut Connection, cmd: &redis::Cmd) -> Result<T, String> {
@@ -377,6 +541,19 @@ impl Demo {
     /// An explanation line under a narration line.
     fn explain(text: &str) {
         out!("            {text}");
+    }
+
+    /// The next step's letter: `a`, `b`, ...
+    fn next_letter(&mut self) -> char {
+        self.letter += 1;
+        char::from(b'a' + self.letter - 1)
+    }
+
+    /// A new connection for the demo's own reads, to the master the sentinels name now (a
+    /// connection made before a failover may still point at the old master, now a replica).
+    fn reconnect(&mut self) -> Result<(), String> {
+        self.con = self.redis.connect().map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     fn check(&mut self, name: &str, ok: bool, detail: String) {

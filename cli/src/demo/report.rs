@@ -25,14 +25,15 @@ impl Demo {
         self.members.clear();
     }
 
-    pub(super) fn print_timeline(&self) {
-        out!("\n[d] timeline (time since the demo started, instance, event, fields)");
+    pub(super) fn print_timeline(&mut self) {
+        let letter = self.next_letter();
+        out!("\n[{letter}] timeline (time since the demo started, instance, event, fields)");
         let mut sorted: Vec<&Entry> = self.entries.iter().collect();
         sorted.sort_by_key(|e| e.at);
         for e in sorted {
             let (name, fields) = match &e.what {
                 What::Event(ev) => (ev.name(), event_fields(ev)),
-                What::Note(note) => ("", (*note).to_owned()),
+                What::Note(note) => ("", note.clone()),
             };
             let line = format!(
                 "  {}  {:<5}  {:<16} {fields}",
@@ -53,9 +54,14 @@ impl Demo {
         }
     }
 
-    pub(super) fn print_checks(&self) {
+    pub(super) fn print_checks(&mut self) {
+        let letter = self.next_letter();
+        let on = match (self.redis.master_name(), self.redis.route().master) {
+            (Some(_), Some(master)) => format!(" on master {master}"),
+            _ => String::new(),
+        };
         out!(
-            "\n[f] checks (read back from Redis with SCAN MATCH {})",
+            "\n[{letter}] checks (read back from Redis{on} with SCAN MATCH {})",
             self.keys.scan_pattern()
         );
         for i in 0..self.checks.len() {

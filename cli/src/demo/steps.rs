@@ -1,5 +1,6 @@
 //! The demo's steps: start three nodes and wait for one leader, crash a non-leader and watch
-//! its reap, crash the leader and watch the takeover and the second reap.
+//! its reap, (with `--sentinel`) fail the Redis master over, crash the leader and watch the
+//! takeover and the second reap.
 
 use super::*;
 
@@ -123,14 +124,25 @@ impl Demo {
         self.entries.push(Entry {
             at,
             instance: self.members[i].id.clone(),
-            what: What::Note("** crashed (simulate_crash: threads stopped, nothing cleaned up) **"),
+            what: What::Note(
+                "** crashed (simulate_crash: threads stopped, nothing cleaned up) **".into(),
+            ),
         });
         (mark, at)
     }
 
-    pub(super) fn steps(&mut self, base: &ConfigBuilder) -> Result<(), Stop> {
+    /// The steps; with `group` (a private sentinel group), its master is failed over between
+    /// the two crashes.
+    pub(super) fn steps(
+        &mut self,
+        base: &ConfigBuilder,
+        group: Option<&SentinelGroup>,
+    ) -> Result<(), Stop> {
         self.step_start(base)?;
         let victim = self.step_crash_follower()?;
+        if let Some(group) = group {
+            self.step_failover(group, &victim)?;
+        }
         let (survivor, old_leader) = self.step_crash_leader()?;
         self.outcome = Some((survivor, vec![victim, old_leader]));
         Ok(())
@@ -138,8 +150,9 @@ impl Demo {
 
     /// Step a: three nodes with rooms and peers; one leader.
     pub(super) fn step_start(&mut self, base: &ConfigBuilder) -> Result<(), Stop> {
+        let letter = self.next_letter();
         out!(
-            "\n[a] start sfu-a, sfu-b, sfu-c; each pins {ROOMS_PER_NODE} rooms and upserts {PEERS_PER_ROOM} peers per room (with guest ids)"
+            "\n[{letter}] start sfu-a, sfu-b, sfu-c; each pins {ROOMS_PER_NODE} rooms and upserts {PEERS_PER_ROOM} peers per room (with guest ids)"
         );
         for letter in LETTERS {
             let id = instance_id(letter);
@@ -233,8 +246,9 @@ impl Demo {
             .find(|&i| i != leader && !self.members[i].crashed)
             .ok_or("no live non-leader to crash")?;
         let victim_id = self.members[victim].id.clone();
+        let letter = self.next_letter();
         out!(
-            "\n[b] crash {victim_id}, a non-leader, as kill -9 would (no cleanup, lease untouched)"
+            "\n[{letter}] crash {victim_id}, a non-leader, as kill -9 would (no cleanup, lease untouched)"
         );
         let (mark, _) = self.crash(victim);
         self.say(&format!("{victim_id} crashed"));
@@ -346,8 +360,9 @@ impl Demo {
             .find(|&i| i != leader && !self.members[i].crashed)
             .ok_or("no live node left to take over")?;
         let survivor_id = self.members[survivor].id.clone();
+        let letter = self.next_letter();
         out!(
-            "\n[c] crash the leader {leader_id} (epoch {old_epoch}); it does not release the lease"
+            "\n[{letter}] crash the leader {leader_id} (epoch {old_epoch}); it does not release the lease"
         );
         let (mark, crashed_at) = self.crash(leader);
         let lease_left: Option<i64> =

@@ -1,0 +1,313 @@
+//! `sfu-redis demo` through Redis Sentinel, as a user runs it (the CLI binary): with
+//! `--sentinel` it starts its own group and fails the master over mid-show; with `REDIS_URL`
+//! naming someone else's sentinel group it runs through it and never fails it over; with
+//! `--sentinel` and a plain URL it refuses before starting anything.
+
+use std::io::Read;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
+
+use crate::support::procs::cli_bin;
+
+/// A demo run that takes longer than this is killed and fails the test (a run takes about
+/// 10 s; the group's start and failover add a few).
+const WATCHDOG: Duration = Duration::from_secs(150);
+
+/// The settings a developer's shell may hold; each test sets what it means to.
+const SCRUBBED: [&str; 12] = [
+    "REDIS_URL",
+    "SFU_NAMESPACE",
+    "SFU_STAGE",
+    "SFU_BRANCH",
+    "SFU_INSTANCE_ID",
+    "SFU_TLS_CA_FILE",
+    "SFU_TLS_CERT_FILE",
+    "SFU_TLS_KEY_FILE",
+    "SFU_TLS_INSECURE",
+    "SFU_SENTINEL_USER",
+    "SFU_SENTINEL_PASSWORD",
+    "RUST_LOG",
+];
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Run {
+    fn show(&self) -> String {
+        format!(
+            "exit {:?} after {:.1} s\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.status.code(),
+            self.took.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    /// The one stdout line that contains `needle`.
+    fn line(&self, needle: &str) -> &str {
+        let found: Vec<&str> = self.stdout.lines().filter(|l| l.contains(needle)).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "lines with {needle:?}: {found:?}\n{}",
+            self.show()
+        );
+        found[0]
+    }
+}
+
+/// Runs `sfu-redis <args>` with `env` (and nothing of the caller's Redis settings), killing it
+/// after [`WATCHDOG`].
+fn run_cli(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(cli_bin());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for var in SCRUBBED {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn sfu-redis");
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        let mut r = r.expect("piped");
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for sfu-redis") {
+            break st;
+        }
+        if start.elapsed() > WATCHDOG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "sfu-redis {args:?} still running after {} s; stdout:\n{}\nstderr:\n{}",
+                WATCHDOG.as_secs(),
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Run {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+        took: start.elapsed(),
+    }
+}
+
+/// The text between `from` and the next `to` after it, in `line`.
+fn between<'a>(line: &'a str, from: &str, to: &str) -> &'a str {
+    let rest = &line[line
+        .find(from)
+        .unwrap_or_else(|| panic!("{from:?} in {line:?}"))
+        + from.len()..];
+    &rest[..rest
+        .find(to)
+        .unwrap_or_else(|| panic!("{to:?} after {from:?} in {line:?}"))]
+}
+
+/// `127.0.0.1:<port>`.
+fn is_addr(s: &str) -> bool {
+    s.strip_prefix("127.0.0.1:")
+        .is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
+/// The count of `all N checks passed` on the last line; fails on any FAIL line.
+fn all_passed(run: &Run) -> usize {
+    let fails: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("  FAIL  ") || l.contains("FAILED"))
+        .collect();
+    assert!(
+        fails.is_empty(),
+        "failed checks: {fails:#?}\n{}",
+        run.show()
+    );
+    let last = run.stdout.lines().last().unwrap_or_default();
+    let n = between(last, ": all ", " checks passed");
+    n.parse()
+        .unwrap_or_else(|_| panic!("{last:?}\n{}", run.show()))
+}
+
+#[test]
+fn demo_sentinel_fails_its_own_master_over_and_every_check_passes_on_the_new_one() {
+    let run = run_cli(&["demo", "--sentinel"], &[]);
+    eprintln!("demo --sentinel: {:.1} s", run.took.as_secs_f64());
+    assert!(run.status.success(), "{}", run.show());
+    assert!(
+        run.stdout.starts_with(
+            "sfu-redis demo: three SFU instances share one Redis, through Redis Sentinel\n"
+        ),
+        "{}",
+        run.show()
+    );
+    // The group as the header shows it: the master, then its replica.
+    let header = run.line("private sentinel group \"mymaster\"");
+    let (old, replica) = (
+        between(header, ": master ", ","),
+        between(header, "replica ", ","),
+    );
+    assert!(
+        is_addr(old) && is_addr(replica) && old != replica,
+        "{header}"
+    );
+    // The failover, named with both masters, and the sentinel that named the new one.
+    let sent = run.line("SENTINEL FAILOVER sent to sentinel 127.0.0.1:");
+    assert!(
+        sent.contains(&format!("master {old} (named by sentinel 127.0.0.1:")),
+        "{sent}"
+    );
+    let promoted = run.line("): promoted, reached ");
+    assert!(
+        promoted.contains(&format!(
+            "new master {replica} (named by sentinel 127.0.0.1:"
+        )),
+        "{promoted}"
+    );
+    let check = run.line("PASS  the sentinels promoted the replica");
+    assert!(
+        check.contains(&format!("master {old} -> {replica}")),
+        "{check}"
+    );
+    // Every node heartbeats on the new master, measured.
+    let beat = run.line(&format!(
+        "every node heartbeats on the new master {replica}: "
+    ));
+    let took: f64 = between(beat, &format!("{replica}: "), " s after SENTINEL FAILOVER")
+        .parse()
+        .unwrap_or_else(|_| panic!("{beat}"));
+    assert!(took > 0.0 && took < 30.0, "{beat}");
+    // Two survivors at the failover (one node was reaped before it), each with its three
+    // checks there, plus the leftovers of the dead one and the rest of the scan.
+    let on_new = format!("on the new master {replica} (");
+    let checked: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("  PASS  ") && l.contains(&on_new))
+        .collect();
+    assert_eq!(checked.len(), 8, "{checked:#?}\n{}", run.show());
+    assert!(
+        checked
+            .iter()
+            .any(|l| l.contains("nothing under the prefix refers to the crashed instance")),
+        "{checked:#?}"
+    );
+    assert!(run.stdout.contains("all 9 passed"), "{}", run.show());
+    // The final status table and checks were read on the new master too.
+    let table = run.line("redis      redis+sentinel://127.0.0.1:");
+    assert!(
+        table.contains(&format!(
+            "(sentinel, master {replica} of \"mymaster\" via sentinel 127.0.0.1:"
+        )),
+        "{table}"
+    );
+    run.line(&format!(
+        "checks (read back from Redis on master {replica} with SCAN MATCH"
+    ));
+    assert!(all_passed(&run) >= 24, "{}", run.show());
+}
+
+#[test]
+fn demo_runs_through_someone_elses_sentinel_group_without_failing_it_over() {
+    const MASTER_PASSWORD: &str = "dem0-master-pw";
+    const SENTINEL_PASSWORD: &str = "dem0-sentinel-pw";
+    let mut group = SentinelGroup::start(SentinelOptions {
+        master_password: Some(MASTER_PASSWORD.into()),
+        sentinel_password: Some(SENTINEL_PASSWORD.into()),
+        ..SentinelOptions::default()
+    })
+    .expect("start a sentinel group");
+    let (_, master) = group.master_addr().expect("the sentinels name a master");
+    let url = group.url();
+    assert!(url.contains(MASTER_PASSWORD), "{url}");
+    // `--sentinel` with a sentinel URL: used as it is; the sentinels' own password through
+    // its environment variable (the demo's own connections need it as much as the nodes).
+    let run = run_cli(
+        &["demo", "--sentinel"],
+        &[
+            ("REDIS_URL", &url),
+            ("SFU_SENTINEL_PASSWORD", SENTINEL_PASSWORD),
+        ],
+    );
+    eprintln!(
+        "demo on REDIS_URL=<sentinel group>: {:.1} s",
+        run.took.as_secs_f64()
+    );
+    assert!(run.status.success(), "{}", run.show());
+    for pw in [MASTER_PASSWORD, SENTINEL_PASSWORD] {
+        assert!(
+            !run.stdout.contains(pw) && !run.stderr.contains(pw),
+            "a password shows in the output:\n{}",
+            run.show()
+        );
+    }
+    assert!(
+        run.stdout.starts_with(
+            "sfu-redis demo: three SFU instances share one Redis, through Redis Sentinel\n"
+        ),
+        "{}",
+        run.show()
+    );
+    run.line("(from REDIS_URL / --redis-url, sentinel)");
+    let route = run.line("every connection asks the sentinels for master \"mymaster\"");
+    assert!(
+        route.contains(&format!(
+            "now 127.0.0.1:{master}, named by sentinel 127.0.0.1:"
+        )),
+        "{route}"
+    );
+    assert!(!run.stdout.contains("SENTINEL FAILOVER"), "{}", run.show());
+    let table = run.line("redis      redis+sentinel://:***@127.0.0.1:");
+    assert!(
+        table.contains(&format!("master 127.0.0.1:{master} of \"mymaster\"")),
+        "{table}"
+    );
+    assert!(
+        run.stdout.contains("\nremoved the demo's "),
+        "{}",
+        run.show()
+    );
+    assert!(all_passed(&run) >= 14, "{}", run.show());
+    // Not failed over, and nothing of the demo left on it.
+    assert_eq!(group.master_addr().expect("master").1, master);
+    let node = group.server(master).expect("the master");
+    assert_eq!(
+        node.cli(&["ROLE"]).expect("ROLE").lines().next(),
+        Some("master")
+    );
+    assert_eq!(node.cli(&["DBSIZE"]).expect("DBSIZE"), "0");
+}
+
+#[test]
+fn demo_sentinel_with_a_plain_url_is_a_usage_error() {
+    let run = run_cli(
+        &["demo", "--sentinel"],
+        &[("REDIS_URL", "redis://:s3cret-pw@127.0.0.1:1/0")],
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.show());
+    assert!(run.stdout.is_empty(), "{}", run.show());
+    assert!(
+        run.stderr.contains("redis+sentinel://")
+            && run.stderr.contains("redis://:***@127.0.0.1:1/0")
+            && !run.stderr.contains("s3cret-pw"),
+        "{}",
+        run.show()
+    );
+    assert!(run.took < Duration::from_secs(10), "{}", run.show());
+}
