@@ -578,6 +578,12 @@ impl ConfigBuilder {
                 ));
             }
             self.tls.check()?;
+            if self.tls.insecure && self.tls.ca_file.is_some() {
+                return Err(Error::config(
+                    "tls_ca_file",
+                    "is set with tls_insecure, which skips verification: the CA file would do nothing; drop one of them",
+                ));
+            }
         } else if let Some(f) = self.tls.first_set() {
             return Err(Error::config(
                 f,

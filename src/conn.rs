@@ -333,6 +333,19 @@ impl Redis {
         *self.switched_at.lock()
     }
 
+    /// Sentinel URLs: true when the sentinels name another master than the one the last
+    /// connection reached (see the sentinel probe): the caller should reconnect.
+    pub(crate) fn sentinels_moved(&self) -> bool {
+        let Target::Sentinel(s) = &self.target else {
+            return false;
+        };
+        let current = self.route.lock().master.clone();
+        match (s.probe(&self.dialer), current) {
+            (Some(named), Some(current)) => named != current,
+            _ => false,
+        }
+    }
+
     /// The master name of a sentinel URL.
     pub fn master_name(&self) -> Option<&str> {
         match &self.target {
@@ -385,6 +398,11 @@ impl std::fmt::Debug for Link {
 impl Link {
     pub(crate) fn new() -> Self {
         Link { con: None }
+    }
+
+    /// Drops the connection: the next call makes a new one.
+    pub(crate) fn reset(&mut self) {
+        self.con = None;
     }
 
     /// Runs `f` on the connection, connecting first if needed.

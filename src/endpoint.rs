@@ -98,6 +98,13 @@ pub(crate) fn parse(url: &str) -> Result<Endpoint, String> {
     if is_sentinel_url(url) {
         return parse_sentinel(url.trim()).map(Endpoint::Sentinel);
     }
+    if cfg!(not(feature = "tls")) && matches!(scheme_of(url).as_deref(), Some("rediss" | "valkeys"))
+    {
+        return Err(
+            "this build of sfu-redis has no TLS support (cargo feature `tls`, on by default)"
+                .into(),
+        );
+    }
     let info = url.into_connection_info().map_err(|e| {
         format!(
             "{} ({}); expected redis://[user:password@]host:port[/db], rediss://... (TLS) or redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db]",

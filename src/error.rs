@@ -235,6 +235,8 @@ fn tls_hint(msg: &str) -> Option<&'static str> {
             || msg.contains("BadCertificate") && msg.contains("alert")
         {
             "TLS: the server wants a client certificate it trusts (mutual TLS); set tls_cert_file and tls_key_file"
+        } else if msg.contains("alert") && msg.contains("UnknownCA") {
+            "TLS: the server does not trust the client certificate (tls_cert_file): it must be signed by a CA in the server's tls-ca-cert-file"
         } else if msg.contains("corrupt message") || msg.contains("InvalidContentType") {
             "TLS: the server did not answer in TLS; is this a plaintext port? use redis:// for it"
         } else {

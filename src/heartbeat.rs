@@ -120,6 +120,15 @@ pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<
 
 /// One tick: heartbeat, then refresh (or restore) every pin.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
+    // Through sentinels: an old master keeps its clients' connections (and accepts writes)
+    // for a while after the sentinels promoted a replica; ask them which master it is now.
+    if sh.redis.sentinels_moved() {
+        log::warn!(
+            "the sentinels name another master than {}: reconnecting",
+            sh.redis.describe()
+        );
+        link.reset();
+    }
     let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
     match beaten.beat {
         Beat::Reaped => return resume_after_reap(sh, link, beaten.server_us),
@@ -202,8 +211,8 @@ pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
     }
     if restore {
         let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &sh.local.peers()))?;
-        log::warn!(
-            "restored {restored} peer records (Redis lost data, or a failover moved the master)"
+        log::info!(
+            "wrote back the {restored} peer records this node holds (after data loss or a master switch)"
         );
         sh.restore_pending.store(false, Ordering::Relaxed);
     }

@@ -55,6 +55,8 @@ pub(crate) struct Sentinels {
     sentinel_info: RedisConnectionInfo,
     node_info: RedisConnectionInfo,
     state: Mutex<State>,
+    /// The connection of [`Sentinels::probe`].
+    probe_con: Mutex<Option<Connection>>,
 }
 
 #[derive(Debug, Default)]
@@ -98,12 +100,37 @@ impl Sentinels {
             sentinel_info,
             node_info,
             state: Mutex::new(State { order, last: None }),
+            probe_con: Mutex::new(None),
         }
     }
 
     /// The master name.
     pub(crate) fn master_name(&self) -> &str {
         &self.ep.master
+    }
+
+    /// The master (`host:port`) the preferred sentinel (the one that answered last) names
+    /// now, over a connection kept for these probes; `None` when it cannot tell (down, does
+    /// not know the name: the next connect's discovery deals with that). The heartbeat asks
+    /// every tick, so a node whose connections stay open to an old master that still accepts
+    /// writes (a `SENTINEL FAILOVER` demotes it only some seconds later) moves to the new one
+    /// within a tick.
+    pub(crate) fn probe(&self, dialer: &Dialer) -> Option<String> {
+        let i = *self.state.lock().order.first()?;
+        let (host, port) = &self.ep.sentinels[i];
+        let mut cached = self.probe_con.lock();
+        if cached.is_none() {
+            *cached = self.open_sentinel(dialer, host, *port).ok();
+        }
+        let con = cached.as_mut()?;
+        match self.master_addr(con) {
+            Ok(Some((h, p))) => Some(show_addr(&h, p)),
+            Ok(None) => None,
+            Err(_) => {
+                *cached = None;
+                None
+            }
+        }
     }
 
     /// Finds the master and connects to it. Each sentinel is asked in turn (the one that
@@ -193,16 +220,35 @@ impl Sentinels {
         host: &str,
         port: u16,
     ) -> std::result::Result<Option<(String, u16)>, String> {
+        let mut con = self.open_sentinel(dialer, host, port)?;
+        self.master_addr(&mut con)
+    }
+
+    /// A connection to one sentinel, with the sentinels' credentials.
+    fn open_sentinel(
+        &self,
+        dialer: &Dialer,
+        host: &str,
+        port: u16,
+    ) -> std::result::Result<Connection, String> {
+        let why = |e: redis::RedisError| sentinel_reason(&e, dialer.is_tls());
         let info = dialer
             .info(host, port, self.sentinel_info.clone())
-            .map_err(|e| reason(&e))?;
-        let client = dialer.client(info).map_err(|e| reason(&e))?;
-        let mut con = dialer.open(&client).map_err(|e| reason(&e))?;
+            .map_err(why)?;
+        let client = dialer.client(info).map_err(why)?;
+        dialer.open(&client).map_err(why)
+    }
+
+    /// The master address `con`'s sentinel names (`None`: it does not know the name).
+    fn master_addr(
+        &self,
+        con: &mut Connection,
+    ) -> std::result::Result<Option<(String, u16)>, String> {
         let reply: Value = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(&self.ep.master)
-            .query(&mut con)
-            .map_err(|e| reason(&e))?;
+            .query(con)
+            .map_err(|e| sentinel_reason(&e, false))?;
         match reply {
             Value::Nil => Ok(None),
             v => {
@@ -286,6 +332,22 @@ fn reason(e: &redis::RedisError) -> String {
         format!("authentication failed ({e})")
     } else {
         e.to_string()
+    }
+}
+
+/// [`reason`] for a sentinel, with what that usually means there.
+fn sentinel_reason(e: &redis::RedisError, tls: bool) -> String {
+    let why = reason(e);
+    if e.is_timeout() && tls {
+        format!("{why} (over TLS: a plaintext sentinel never answers a TLS hello; use redis+sentinel:// for plaintext sentinels)")
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        format!("{why}: the sentinels need their own password: sentinel_password (--sentinel-password, SFU_SENTINEL_PASSWORD); the URL's user info is the data nodes'")
+    } else if e.to_string().contains("unknown command") {
+        format!("{why} (is this a sentinel? a sentinel listens on 26379 by default)")
+    } else {
+        why
     }
 }
 

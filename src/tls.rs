@@ -211,7 +211,20 @@ fn check_pair(cert: &[u8], key: &[u8], cert_path: &Path, key_path: &Path) -> Res
         .map_err(|e| mismatch(e.to_string()))?;
     rustls::sign::CertifiedKey::new(chain, signing)
         .keys_match()
-        .map_err(|e| mismatch(e.to_string()))
+        .map_err(|e| {
+            let why = e.to_string();
+            if why.contains("UnsupportedCertVersion") {
+                Error::config(
+                    "tls_cert_file",
+                    format!(
+                        "{} is an X.509 v1 certificate; TLS needs v3: issue it again with extensions (openssl x509 -req ... -extfile with extendedKeyUsage=clientAuth)",
+                        cert_path.display()
+                    ),
+                )
+            } else {
+                mismatch(why)
+            }
+        })
 }
 
 #[cfg(not(feature = "tls"))]

@@ -686,6 +686,29 @@ impl SentinelGroup {
     /// replica to promote; `INPROG`: a failover runs), or a wait times out (the message says
     /// what each sentinel said and holds the end of their logs).
     pub fn failover(&self) -> Result<(u16, u16)> {
+        let (old, new) = self.failover_unassisted()?;
+        if let Some(node) = self.nodes.iter().find(|n| n.port() == old) {
+            if node.is_alive() && !node.is_stopped() {
+                let role = node.cli_within(&["ROLE"], QUERY_TIMEOUT)?;
+                if role.lines().next() == Some("master") {
+                    let to = new.to_string();
+                    node.cli_within(&["REPLICAOF", "127.0.0.1", &to], QUERY_TIMEOUT)?;
+                }
+            }
+        }
+        self.wait_settled(new, SETTLE_TIMEOUT, false)?;
+        Ok((old, new))
+    }
+
+    /// `SENTINEL FAILOVER <name>` as an operator sends it, leaving everything else to the
+    /// sentinels: returns `(old, new)` once every running sentinel names the new master and
+    /// its `ROLE` is master. Unlike [`SentinelGroup::failover`], the old master is NOT made a
+    /// replica by hand: it stays a writable master, keeping its clients' connections, until
+    /// the sentinels convert it (some seconds later: about 10 s with stock timers).
+    ///
+    /// # Errors
+    /// As [`SentinelGroup::failover`].
+    pub fn failover_unassisted(&self) -> Result<(u16, u16)> {
         let (_, old) = self.master_addr()?;
         let name = self.opts.master_name.clone();
         let sentinel = self
@@ -709,16 +732,6 @@ impl SentinelGroup {
             ));
         }
         let new = self.wait_master_change(old, SETTLE_TIMEOUT)?;
-        if let Some(node) = self.nodes.iter().find(|n| n.port() == old) {
-            if node.is_alive() && !node.is_stopped() {
-                let role = node.cli_within(&["ROLE"], QUERY_TIMEOUT)?;
-                if role.lines().next() == Some("master") {
-                    let to = new.to_string();
-                    node.cli_within(&["REPLICAOF", "127.0.0.1", &to], QUERY_TIMEOUT)?;
-                }
-            }
-        }
-        self.wait_settled(new, SETTLE_TIMEOUT, false)?;
         Ok((old, new))
     }
 

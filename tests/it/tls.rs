@@ -274,6 +274,14 @@ fn bad_tls_files_and_settings_are_named_at_config_build() {
             "tls_insecure",
             "is plaintext".into(),
         ),
+        (
+            // Verification off makes the CA file do nothing: a mistake, not a setting.
+            builder(url, "x")
+                .tls_ca_file(certs().ca())
+                .tls_insecure(true),
+            "tls_ca_file",
+            "would do nothing".into(),
+        ),
     ];
     for (b, field, text) in cases {
         let e = b.build().expect_err(field);
