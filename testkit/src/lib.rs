@@ -9,6 +9,8 @@
 //! - [`sentinel`]: a Redis Sentinel deployment (master, replicas, sentinels), plaintext or
 //!   TLS, with forced failovers, crashes and waits for the sentinels to agree.
 //! - [`faultproxy`]: a fault-injecting TCP proxy (stalls, blackholes, resets) in front of Redis.
+//! - [`faultroute`]: one client's path to a sentinel group through fault proxies (the
+//!   sentinels' answers translated to the proxies' addresses), for faults under failovers.
 //! - [`data`]: a dead instance's data written as the library writes it, dumps of every key,
 //!   and the places a dump still names something.
 //!
@@ -20,5 +22,6 @@ mod cli;
 pub mod data;
 pub mod devserver;
 pub mod faultproxy;
+pub mod faultroute;
 pub mod sentinel;
 pub mod tls;

@@ -18,6 +18,56 @@
 //!   fleet, on running nodes): the next request of that node runs, its reply is lost with the
 //!   connection. Not counted as faults (they disrupt no slot).
 //!
+//! **Failover mode** (opt-in: `SFU_CHAOS_FAILOVERS=<seconds>` sets the fault period of a
+//! second run, `chaos_failovers_then_check`; without it that test only prints how to enable
+//! it). The same five node processes, faults, churn and checker, on a Sentinel group instead
+//! of one redis-server: a master, one replica and three sentinels (`down-after-milliseconds`
+//! 500, `SentinelGroup`), every node started with a `redis+sentinel://` URL (so every new
+//! connection asks the sentinels and checks `ROLE`). Instead of the Redis restart, failovers at
+//! random moments, one at a time, each on its own thread while the schedule goes on (kinds in
+//! shuffled rounds of three, so a run of three or more has each):
+//!
+//! - `SENTINEL FAILOVER`: the replica is promoted, and the sentinels themselves demote the old
+//!   master a moment later (until then nodes still connected to it write there, and those
+//!   writes are lost);
+//! - kill -9 of the master: the sentinels promote the replica; the old master is started again
+//!   (empty) 0.5 to 3 s after the switch and rejoins as a replica;
+//! - SIGSTOP of the master until the sentinels promoted the replica, SIGCONT 0 to 1.5 s later:
+//!   it comes back believing it is the master, and must be demoted.
+//!
+//! Each waits until the group is healthy again (`wait_healthy`: one master named by every
+//! sentinel, the other node replicating it), and the next one starts 2 to 6 s later (and at
+//! least 6.5 s after the previous one started: twice the sentinels' failover timeout). Churn and
+//! node faults go on throughout. After each switch every node that was running then must
+//! heartbeat on the new master (its score there newer than the switch) and own everything
+//! again within a few ticks (the restore after a master switch: a write acknowledged by the
+//! old master just before may be lost, and must be written back by its owner or reported
+//! lost, never silently gone); after `SENTINEL FAILOVER` the few ticks count from the old
+//! master's demotion (the group healthy), since until then a node whose connections to it keep
+//! working has no sign of the switch. Extra index entries left by churn calls around the
+//! switch (`dangling_*`) do not count there: removing them is invariant 4's convergence,
+//! checked exactly after quiescence. Lease and epoch samples skip the failover windows, as they do
+//! the restart (a lost `INCR` is not a repeated epoch: the events' epochs are checked). A
+//! reap that ran while a failover was under way went to the old master and may be lost with
+//! it: a node reaped then that never noticed (its registration survived on the new master) is
+//! noted (`reaps_undone=`), not counted as reaped; its data is checked as every live node's.
+//!
+//! The proxy faults are kept, faithfully: with discovery a node connects to the address the
+//! sentinels name, which would bypass a proxy in front of one redis-server, so nodes of slots
+//! 2 to 4 reach the group through their own `FaultRoute` (testkit): a proxy in front of each
+//! data node and, in front of each sentinel, a proxy and a translator that forwards every
+//! command and reply unchanged except the master's address in `GET-MASTER-ADDR-BY-NAME`
+//! replies, which becomes the node's proxy of that data node. Such a node follows the real
+//! sentinels' answers (every switch is a switch of proxy address; `ROLE` is the real node's),
+//! its blackholes cut it off from sentinels and data nodes alike, and its reply losses hit
+//! the master it was named last. Dropping those faults would have left the failovers
+//! without lost replies and partitions around them, the combinations where a lost write is
+//! most likely to go unnoticed. Slots 0 and 1 use the group's own URL, with no proxy at all
+//! (they get kill -9 and SIGSTOP only), so the plain production path runs too. The checker
+//! reads through the master the sentinels name at check time (after `wait_healthy`); `status`
+//! and the audit go through the library's own discovery (the checker's config has the group's
+//! URL).
+//!
 //! Besides its fixed rooms (`<id>-v<life>-r<k>`, pinned with their peers at start), every node
 //! churns for the whole fault period over a pool of `POOL` rooms shared by the fleet (`pool-NN`,
 //! the node's hidden `--churn-*` flags, `cli/src/churn.rs`): pins (taking rooms over from dead
@@ -65,8 +115,10 @@
 //!
 //! It prints one summary line (`chaos: seed=... faults=... reaps=... churn_ops=...
 //! churn_ops_per_s=... churn_errors=... lost_replies=... violations=...`; ops per second over
-//! the churn window, i.e. the fault period) and fails if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir
-//! when it fails.
+//! the churn window, i.e. the fault period; in failover mode also `failovers=N (command=...
+//! kill9=... stop=...)` and `node_switches=`, the master switches the nodes logged) and fails
+//! if any violation was found. Node stderr logs (RUST_LOG=info) are kept in a temp dir when
+//! it fails.
 
 use crate::support;
 
@@ -76,14 +128,17 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use redis::Connection;
 use serde_json::{json, Value};
-use sfu_redis::audit::{self, audit, AuditOptions, Problem};
+use sfu_redis::audit::{self, audit, AuditOptions, Problem, ProblemKind};
 use sfu_redis::keys::{split_peer_member, KeySpace, ParsedKey};
 use sfu_redis::status::fleet_status;
 use sfu_redis::{Config, Timings};
+use sfu_redis_testkit::faultroute::FaultRoute;
+use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 use support::procs::{NodeProc, FAST};
 use support::{config_for, references, Direction, FaultProxy, Server, Val};
 
@@ -113,6 +168,23 @@ const POOL: usize = 16;
 const LOSS_GAP: (u64, u64) = (100, 500);
 /// Chance (percent) that the refill after a kill -9 reuses the killed instance id.
 const REUSE_PCT: u32 = 40;
+/// Failover mode: slots below this connect with the group's own URL (no proxy); the others
+/// through their own `FaultRoute`.
+const DIRECT_SLOTS: usize = 2;
+/// Failover mode: pause between a failover's settling and the next one's start, ms.
+const FAILOVER_GAP: (u64, u64) = (2_000, 6_000);
+/// Failover mode: least time between two failovers' starts (twice the sentinels' failover
+/// timeout: a sentinel does not retry a failover of the same master sooner).
+const FAILOVER_SPACING: Duration = Duration::from_millis(6_500);
+/// How long the killed master stays down after the switch, ms.
+const KILL_HOLD: (u64, u64) = (500, 3_000);
+const KILL_HOLD_MAX: Duration = Duration::from_millis(KILL_HOLD.1);
+/// How long the stopped master stays stopped after the switch, ms.
+const STOP_HOLD: (u64, u64) = (0, 1_500);
+/// Bounds of one failover's steps: the sentinels' switch, then the group's health (loaded
+/// 2-core machine; with `down-after-milliseconds` 500 both normally take 1 to 3 s).
+const SWITCH_WITHIN: Duration = Duration::from_secs(45);
+const HEALTHY_WITHIN: Duration = Duration::from_secs(45);
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
@@ -149,6 +221,270 @@ impl Fault {
     }
 }
 
+/// A node's faulty path to Redis: its fault proxy in front of the one redis-server, or (in
+/// failover mode) its own route to the Sentinel group.
+enum Link {
+    Proxy(FaultProxy),
+    Route(FaultRoute),
+}
+
+impl Link {
+    fn url(&self) -> String {
+        match self {
+            Link::Proxy(p) => p.url(),
+            Link::Route(r) => r.url(),
+        }
+    }
+
+    fn blackhole(&self, d: Direction) {
+        match self {
+            Link::Proxy(p) => p.blackhole(d),
+            Link::Route(r) => r.blackhole(d),
+        }
+    }
+
+    fn heal(&self) {
+        match self {
+            Link::Proxy(p) => p.heal(),
+            Link::Route(r) => r.heal(),
+        }
+    }
+
+    /// Arms one single-reply loss; `false` when there is nothing to arm it on yet (a route
+    /// whose node was named no master yet).
+    fn lose_next_reply(&self) -> bool {
+        match self {
+            Link::Proxy(p) => {
+                p.lose_next_reply();
+                true
+            }
+            Link::Route(r) => r.lose_next_reply(),
+        }
+    }
+
+    fn replies_lost(&self) -> u64 {
+        match self {
+            Link::Proxy(p) => p.replies_lost(),
+            Link::Route(r) => r.replies_lost(),
+        }
+    }
+}
+
+/// Failover mode: what a failover does to the master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failover {
+    /// `SENTINEL FAILOVER`.
+    Command,
+    /// kill -9, started again after the switch.
+    Kill,
+    /// SIGSTOP until the switch, SIGCONT after.
+    Stop,
+}
+
+impl Failover {
+    fn name(self) -> &'static str {
+        match self {
+            Failover::Command => "command",
+            Failover::Kill => "kill9",
+            Failover::Stop => "stop",
+        }
+    }
+}
+
+/// What a failover thread reports.
+enum JobMsg {
+    /// Every sentinel names `new`, whose `ROLE` is master.
+    Switched { at: Instant, old: u16, new: u16 },
+    /// The group is healthy again (or the error).
+    Done {
+        at: Instant,
+        result: std::result::Result<(), String>,
+    },
+}
+
+/// A failover in progress: its thread holds the group.
+struct Job {
+    kind: Failover,
+    started: Instant,
+    switched: Option<Instant>,
+    old: Option<u16>,
+    new: Option<u16>,
+    /// The lives running when it started (their restore after the switch is timed).
+    running: Vec<usize>,
+    rx: mpsc::Receiver<JobMsg>,
+    handle: Option<JoinHandle<SentinelGroup>>,
+}
+
+/// A failover, finished.
+#[derive(Debug, Clone)]
+struct FailoverRecord {
+    kind: Failover,
+    started: Instant,
+    switched: Option<Instant>,
+    settled: Instant,
+    old: Option<u16>,
+    new: Option<u16>,
+}
+
+/// Failover mode: the Sentinel group and the failover schedule.
+struct Sentinels {
+    /// `None` while a failover's thread holds it.
+    group: Option<SentinelGroup>,
+    url: String,
+    sentinel_ports: Vec<u16>,
+    data_ports: Vec<u16>,
+    master_name: String,
+    job: Option<Job>,
+    done: Vec<FailoverRecord>,
+    /// The next kinds (refilled with a shuffled round of all three).
+    queue: Vec<Failover>,
+    next_at: Option<Instant>,
+    /// The checker's own connection to a sentinel (index, connection), for the probe.
+    sentinel_con: Option<(usize, Connection)>,
+}
+
+impl Sentinels {
+    fn new(group: SentinelGroup) -> Sentinels {
+        Sentinels {
+            url: group.url(),
+            sentinel_ports: group.sentinel_ports(),
+            data_ports: group.data_ports(),
+            master_name: group.master_name().to_owned(),
+            group: Some(group),
+            job: None,
+            done: Vec::new(),
+            queue: Vec::new(),
+            next_at: None,
+            sentinel_con: None,
+        }
+    }
+
+    /// The master's port as the first sentinel that answers names it (the checker's own
+    /// query, independent of the library's discovery; 500 ms per sentinel at most).
+    fn ask_master(&mut self) -> Option<u16> {
+        for k in 0..self.sentinel_ports.len() {
+            let i = match &self.sentinel_con {
+                Some((i, _)) => (*i + k) % self.sentinel_ports.len(),
+                None => k,
+            };
+            if self.sentinel_con.as_ref().map(|(j, _)| *j) != Some(i) {
+                let con =
+                    redis::Client::open(format!("redis://127.0.0.1:{}", self.sentinel_ports[i]))
+                        .ok()
+                        .and_then(|c| c.get_connection_with_timeout(ms(500)).ok());
+                let Some(con) = con else { continue };
+                if con.set_read_timeout(Some(ms(500))).is_err() {
+                    continue;
+                }
+                self.sentinel_con = Some((i, con));
+            }
+            let (_, con) = self.sentinel_con.as_mut().expect("just set");
+            let said: redis::RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(&self.master_name)
+                .query(con);
+            match said {
+                Ok(Some((_, port))) => return Some(port),
+                Ok(None) => {}
+                Err(_) => self.sentinel_con = None,
+            }
+        }
+        None
+    }
+
+    fn count(&self, kind: Failover) -> usize {
+        self.done.iter().filter(|f| f.kind == kind).count()
+            + usize::from(self.job.as_ref().is_some_and(|j| j.kind == kind))
+    }
+}
+
+/// Where Redis is: one redis-server (the default run) or a Sentinel group (failover mode).
+enum Backend {
+    Single(Box<Server>),
+    Sentinel(Box<Sentinels>),
+}
+
+/// The failover thread: `kind` on the group's master, the switch reported as soon as every
+/// sentinel names the new master, the old master back (`hold` after the switch), then the
+/// group healthy again. Returns the group.
+fn run_failover(
+    mut g: SentinelGroup,
+    kind: Failover,
+    hold: Duration,
+    tx: mpsc::Sender<JobMsg>,
+) -> SentinelGroup {
+    let result = failover_steps(&mut g, kind, hold, &tx);
+    let _ = tx.send(JobMsg::Done {
+        at: Instant::now(),
+        result,
+    });
+    g
+}
+
+fn failover_steps(
+    g: &mut SentinelGroup,
+    kind: Failover,
+    hold: Duration,
+    tx: &mpsc::Sender<JobMsg>,
+) -> std::result::Result<(), String> {
+    let (_, old) = g
+        .master_addr()
+        .map_err(|e| format!("ask the sentinels for the master: {e}"))?;
+    let name = g.master_name().to_owned();
+    match kind {
+        Failover::Command => {
+            let said = g.sentinels()[0]
+                .cli(&["SENTINEL", "FAILOVER", &name])
+                .map_err(|e| format!("SENTINEL FAILOVER: {e}"))?;
+            if said != "OK" {
+                return Err(format!("SENTINEL FAILOVER {name} said {said:?}"));
+            }
+        }
+        Failover::Kill => g
+            .server(old)
+            .ok_or("no data node on the master's port")?
+            .kill9(),
+        Failover::Stop => g
+            .server(old)
+            .ok_or("no data node on the master's port")?
+            .sigstop()
+            .map_err(|e| format!("SIGSTOP the master: {e}"))?,
+    }
+    let switched = g.wait_master_change(old, SWITCH_WITHIN);
+    if let Ok(new) = &switched {
+        let _ = tx.send(JobMsg::Switched {
+            at: Instant::now(),
+            old,
+            new: *new,
+        });
+        std::thread::sleep(hold);
+    }
+    // The old master comes back whatever happened (a group left broken fails everything after).
+    let server = g
+        .server(old)
+        .ok_or("no data node on the old master's port")?;
+    let back = match kind {
+        Failover::Command => Ok(()),
+        Failover::Kill => server
+            .start_again()
+            .map_err(|e| format!("start the old master again: {e}")),
+        Failover::Stop => server
+            .sigcont()
+            .map_err(|e| format!("SIGCONT the old master: {e}")),
+    };
+    let new = switched.map_err(|e| format!("the sentinels did not promote the replica: {e}"))?;
+    back?;
+    let healthy = g
+        .wait_healthy(HEALTHY_WITHIN)
+        .map_err(|e| format!("the group did not get healthy after the switch: {e}"))?;
+    if healthy != new {
+        return Err(format!(
+            "the group settled on master {healthy}, not on the promoted {new}"
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Spawned, `ready` not seen yet.
@@ -167,7 +503,9 @@ struct Life {
     rooms: Vec<String>,
     peers: u32,
     node: NodeProc,
-    proxy: Option<FaultProxy>,
+    /// Its fault proxy or route while it lives (`None` once dead, and for a node of failover
+    /// mode that uses the group's own URL).
+    link: Option<Link>,
     phase: Phase,
     spawned: Instant,
     ready_at: Option<Instant>,
@@ -470,7 +808,7 @@ fn at_life_key(ks: &KeySpace, key: &str, id: &str, rooms: &BTreeSet<String>) -> 
 
 struct Chaos {
     lives: Vec<Life>,
-    s: Server,
+    backend: Backend,
     ks: KeySpace,
     t: Timings,
     checker: Config,
@@ -495,6 +833,19 @@ struct Chaos {
     restart: Option<(Instant, Instant)>,
     restore_pending: Vec<usize>,
     restore_times: Vec<(String, Duration)>,
+    /// What the restore watch measures from: the restart's end or a failover's switch; with
+    /// a failover, the new master's clock (ms) then, which a node's heartbeat score there must
+    /// pass (it heartbeats on the new master).
+    restore_since: Option<(Instant, Option<i64>)>,
+    /// How long a node may take to restore after `restore_since`.
+    restore_limit: Duration,
+    /// When the restores pending must be done; `None` while not known yet (after a
+    /// `SENTINEL FAILOVER` switch: `restore_limit` after the group is healthy again, i.e. the
+    /// old master demoted; until then a node whose connections to it still work has no sign
+    /// of the switch, and keeps writing there).
+    restore_deadline: Option<Instant>,
+    /// The port of the data node the probe is connected to (failover mode).
+    probe_port: Option<u16>,
     hold_until: Instant,
     leader_now: Option<String>,
     probe: Option<Connection>,
@@ -515,6 +866,8 @@ struct Chaos {
     incarnations: HashMap<String, u32>,
     reuses: u32,
     reply_losses_armed: u32,
+    /// Reaps of live nodes that a failover undid (failover mode; notes).
+    reaps_undone: usize,
 }
 
 impl Drop for Chaos {
@@ -529,6 +882,13 @@ impl Drop for Chaos {
             let _ = l.node.child.kill();
             let _ = l.node.child.wait();
         }
+        // A failover thread holds the group: wait for it (its steps are bounded), so that the
+        // group's processes are killed on drop rather than left behind.
+        if let Backend::Sentinel(b) = &mut self.backend {
+            if let Some(h) = b.job.as_mut().and_then(|j| j.handle.take()) {
+                b.group = h.join().ok();
+            }
+        }
         if std::thread::panicking() || !self.violations.is_empty() {
             eprintln!("chaos: node logs kept in {}", self.dir.display());
         } else {
@@ -538,7 +898,7 @@ impl Drop for Chaos {
 }
 
 impl Chaos {
-    fn new(s: Server, seed: u64, secs: u64) -> Chaos {
+    fn new(backend: Backend, seed: u64, secs: u64) -> Chaos {
         let t = Timings::fast();
         // The node processes run procs::FAST; this test reasons with Timings::fast().
         assert_eq!(fast_flag("--heartbeat-interval-ms"), t.heartbeat_interval);
@@ -560,11 +920,23 @@ impl Chaos {
         std::fs::create_dir_all(&dir).expect("create log dir");
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
-        let checker = config_for(&s.url(), STAGE, "chaos-checker", t);
+        let url = match &backend {
+            Backend::Single(s) => s.url(),
+            Backend::Sentinel(b) => b.url.clone(),
+        };
+        let checker = config_for(&url, STAGE, "chaos-checker", t);
+        // Two ticks plus one command timeout, and a second of scheduling slack (loaded CI);
+        // after a failover one more command timeout (a call to the old master times out
+        // before the node asks the sentinels again) and one more second (the discovery: a
+        // sentinel, then `ROLE` on the master it names).
+        let restore_limit = match &backend {
+            Backend::Single(_) => t.heartbeat_interval * 2 + t.command_timeout + ms(1_000),
+            Backend::Sentinel(_) => t.heartbeat_interval * 2 + t.command_timeout * 2 + ms(2_000),
+        };
         Chaos {
             lives: Vec::new(),
             ks: support::ks(STAGE),
-            s,
+            backend,
             t,
             checker,
             rng: fastrand::Rng::with_seed(seed),
@@ -587,6 +959,10 @@ impl Chaos {
             restart: None,
             restore_pending: Vec::new(),
             restore_times: Vec::new(),
+            restore_since: None,
+            restore_limit,
+            restore_deadline: None,
+            probe_port: None,
             hold_until: now,
             leader_now: None,
             probe: None,
@@ -604,6 +980,7 @@ impl Chaos {
             incarnations: HashMap::new(),
             reuses: 0,
             reply_losses_armed: 0,
+            reaps_undone: 0,
         }
     }
 
@@ -625,10 +1002,23 @@ impl Chaos {
         self.kills + self.stops + self.blackholes + self.restarts
     }
 
-    /// A direct connection to Redis for sampling and dumps (not through any proxy).
+    /// A direct connection to Redis for sampling and dumps (not through any proxy); in
+    /// failover mode to the master the sentinels name now (asked each time; a connection to
+    /// an earlier master is dropped).
     fn probe(&mut self) -> Option<&mut Connection> {
+        let url = match &mut self.backend {
+            Backend::Single(s) => s.url(),
+            Backend::Sentinel(b) => {
+                let port = b.ask_master()?;
+                if self.probe_port != Some(port) {
+                    self.probe = None;
+                    self.probe_port = Some(port);
+                }
+                format!("redis://127.0.0.1:{port}")
+            }
+        };
         if self.probe.is_none() {
-            let con = redis::Client::open(self.s.url())
+            let con = redis::Client::open(url)
                 .ok()?
                 .get_connection_with_timeout(Duration::from_secs(1))
                 .ok()?;
@@ -689,12 +1079,24 @@ impl Chaos {
         let rooms: Vec<String> = (1..=nrooms)
             .map(|k| format!("{id}-v{incarnation}-r{k}"))
             .collect();
-        let proxy = self.s.proxy();
+        let link = match &self.backend {
+            Backend::Single(s) => Some(Link::Proxy(s.proxy())),
+            Backend::Sentinel(_) if slot < DIRECT_SLOTS => None,
+            Backend::Sentinel(b) => Some(Link::Route(
+                FaultRoute::start(&b.sentinel_ports, &b.data_ports, &b.master_name)
+                    .expect("start a fault route"),
+            )),
+        };
+        let url = match (&link, &self.backend) {
+            (Some(l), _) => l.url(),
+            (None, Backend::Sentinel(b)) => b.url.clone(),
+            (None, Backend::Single(_)) => unreachable!("single-server nodes have a proxy"),
+        };
         let log = self.dir.join(format!("{id}-v{incarnation}.log"));
         let stderr = File::create(&log).expect("create node log");
         let mut cmd = Command::new(support::procs::cli_bin());
         cmd.args(["node", "--json", "--stage", STAGE, "--instance-id", &id])
-            .args(["--redis-url", &proxy.url()])
+            .args(["--redis-url", &url])
             .args(["--peers-per-room", &peers.to_string()])
             .args(["--rooms", &rooms.join(",")])
             .args(FAST);
@@ -749,7 +1151,7 @@ impl Chaos {
                 rooms,
                 child,
             },
-            proxy: Some(proxy),
+            link,
             phase: Phase::Spawning,
             spawned: now,
             ready_at: None,
@@ -767,8 +1169,13 @@ impl Chaos {
         self.by_id.insert(id.clone(), li);
         self.slot_life[slot] = Some(li);
         self.respawn_at[slot] = None;
+        let path = match (&self.backend, &self.lives[li].link) {
+            (Backend::Single(_), _) => "",
+            (Backend::Sentinel(_), Some(_)) => ", through its fault route",
+            (Backend::Sentinel(_), None) => ", the group's URL",
+        };
         self.say(&format!(
-            "spawn {id}{} (slot {slot}, {nrooms} rooms x {peers} peers{})",
+            "spawn {id}{} (slot {slot}, {nrooms} rooms x {peers} peers{path}{})",
             if incarnation > 1 {
                 format!(" (life {incarnation} of this id)")
             } else {
@@ -793,7 +1200,7 @@ impl Chaos {
         }
         l.killed_at = Some(now);
         l.phase = Phase::Dead;
-        if let Some(p) = l.proxy.take() {
+        if let Some(p) = l.link.take() {
             l.lost_replies = p.replies_lost();
         }
         let slot = l.slot;
@@ -843,7 +1250,10 @@ impl Chaos {
                 self.stops += 1;
             }
             Kind::Blackhole(d) => {
-                l.proxy.as_ref().expect("live proxy").blackhole(d);
+                l.link
+                    .as_ref()
+                    .expect("a live node with a link")
+                    .blackhole(d);
                 self.blackholes += 1;
             }
         }
@@ -874,7 +1284,7 @@ impl Chaos {
                 sig(l.node.pid(), "CONT");
             }
             Kind::Blackhole(_) => {
-                if let Some(p) = &l.proxy {
+                if let Some(p) = &l.link {
                     p.heal();
                 }
             }
@@ -1045,6 +1455,7 @@ impl Chaos {
                 self.spawn(slot);
             }
         }
+        self.poll_failover();
         self.watch_restore();
         self.sample();
     }
@@ -1080,8 +1491,12 @@ impl Chaos {
     /// second).
     fn sample(&mut self) {
         let now = Instant::now();
-        let in_restart = self.restart.is_some_and(|(began, back)| {
-            now >= began && now <= back + self.t.lease_ttl + Duration::from_secs(2)
+        // Until the switch, the master may be stopped or gone: nothing to read.
+        if self.switch_pending() {
+            return;
+        }
+        let in_restart = self.loss_windows().iter().any(|(began, back)| {
+            now >= *began && now <= *back + self.t.lease_ttl + Duration::from_secs(2)
         });
         if now >= self.next_sample {
             self.next_sample = now + ms(250);
@@ -1135,28 +1550,55 @@ impl Chaos {
                 Err(e) => {
                     self.status_errors += 1;
                     if !in_restart {
-                        self.note(format!("fleet_status failed outside the restart: {e}"));
+                        self.note(format!(
+                            "fleet_status failed outside the restart and failovers: {e}"
+                        ));
                     }
                 }
             }
         }
     }
 
-    /// After the restart: each node that was running then must have written back its
-    /// heartbeat, pins, indexes and peer records within a couple of ticks.
+    /// After the restart (or a failover's switch): each node that was running then must have
+    /// written back its heartbeat, pins, indexes and peer records within a couple of ticks
+    /// (after a switch: on the new master, its heartbeat there newer than the switch).
     fn watch_restore(&mut self) {
         if self.restore_pending.is_empty() {
             return;
         }
-        let Some((_, back)) = self.restart else {
+        let Some((back, since_ms)) = self.restore_since else {
             return;
         };
         let Some((dump, scan)) = self.view() else {
             return;
         };
         let now = Instant::now();
-        // Two ticks plus one command timeout, and a second of scheduling slack (loaded CI).
-        let limit = self.t.heartbeat_interval * 2 + self.t.command_timeout + Duration::from_secs(1);
+        let limit = self.restore_limit;
+        let what = if since_ms.is_some() {
+            "the master switch"
+        } else {
+            "the Redis restart"
+        };
+        let late = self.restore_deadline.is_some_and(|d| now > d);
+        // After a switch, what must be back is what the node holds: its registration, pins,
+        // metadata, records and their index entries (`unindexed_*`). Extra entries
+        // (`dangling_*`, from churn calls around the switch) are the index walk's to remove:
+        // invariant 4, checked exactly after quiescence.
+        let scan: Vec<Problem> = if since_ms.is_some() {
+            scan.into_iter()
+                .filter(|p| {
+                    !matches!(
+                        p.kind,
+                        ProblemKind::DanglingRoomIndex
+                            | ProblemKind::DanglingPeerIndex
+                            | ProblemKind::DanglingRoomPeer
+                            | ProblemKind::DanglingGuest
+                    )
+                })
+                .collect()
+        } else {
+            scan
+        };
         for li in std::mem::take(&mut self.restore_pending) {
             let l = &self.lives[li];
             if l.phase != Phase::Running {
@@ -1166,16 +1608,36 @@ impl Chaos {
                 ));
                 continue;
             }
-            let problems = owned_problems(&self.ks, &dump, &scan, l);
+            let mut problems = owned_problems(&self.ks, &dump, &scan, l);
+            if let Some(since) = since_ms {
+                let score = match dump.get(&self.ks.heartbeats()) {
+                    Some(Val::ZSet(z)) => z.iter().find(|(m, _)| *m == l.id).map(|(_, s)| *s),
+                    _ => None,
+                };
+                if !score.is_some_and(|s| s > since) {
+                    problems.push(format!(
+                        "{}: no heartbeat on the new master since the switch (score {score:?}, switch at {since} ms)",
+                        l.id
+                    ));
+                }
+            }
             if problems.is_empty() {
                 let took = now - back;
                 self.say(&format!("{} restored after {} ms", l.id, took.as_millis()));
                 self.restore_times.push((l.id.clone(), took));
-            } else if now - back > limit {
+            } else if late {
                 let id = l.id.clone();
+                let after = if since_ms.is_some() {
+                    format!(
+                        "{} ms after {what} ({limit:?} after the old master stopped taking writes)",
+                        (now - back).as_millis()
+                    )
+                } else {
+                    format!("{limit:?} after {what}")
+                };
                 self.violation(
                     Some(li),
-                    format!("{id} not restored {limit:?} after the Redis restart: {problems:#?}"),
+                    format!("{id} not restored {after}: {problems:#?}"),
                 );
             } else {
                 self.restore_pending.push(li);
@@ -1192,16 +1654,262 @@ impl Chaos {
         self.say("restart redis-server (no persistence: every key is lost)");
         let began = Instant::now();
         self.probe = None;
-        self.s.redis.restart().expect("restart redis-server");
+        let Backend::Single(s) = &mut self.backend else {
+            unreachable!("the restart is a fault of the single-server run");
+        };
+        s.redis.restart().expect("restart redis-server");
         let back = Instant::now();
         self.restarts += 1;
         self.restart = Some((began, back));
+        self.restore_since = Some((back, None));
+        self.restore_deadline = Some(back + self.restore_limit);
         self.restore_pending = measured;
         self.hold_until = back + Duration::from_secs(3);
         self.say(&format!(
             "redis-server back after {} ms",
             (back - began).as_millis()
         ));
+    }
+
+    // ---- failovers (failover mode) --------------------------------------------------------
+
+    /// A failover runs and the sentinels have not named the new master yet.
+    fn switch_pending(&self) -> bool {
+        matches!(&self.backend, Backend::Sentinel(b) if b.job.as_ref().is_some_and(|j| j.switched.is_none()))
+    }
+
+    /// When Redis may have lost writes, `(began, back)`: the restart (every key), and each
+    /// failover from its start until the group is healthy again (the last writes before the
+    /// switch, and those the old master took until it was demoted or restarted, are lost), a
+    /// running one until now.
+    fn loss_windows(&self) -> Vec<(Instant, Instant)> {
+        let mut w: Vec<(Instant, Instant)> = self.restart.into_iter().collect();
+        w.extend(self.failover_windows());
+        w
+    }
+
+    /// The failovers' part of [`Chaos::loss_windows`].
+    fn failover_windows(&self) -> Vec<(Instant, Instant)> {
+        let mut w = Vec::new();
+        if let Backend::Sentinel(b) = &self.backend {
+            w.extend(b.done.iter().map(|f| (f.started, f.settled)));
+            if let Some(j) = &b.job {
+                w.push((j.started, Instant::now()));
+            }
+        }
+        w
+    }
+
+    /// A reap of live life `li` (event at `at`) that a failover undid: it ran while a failover
+    /// was under way (within a second of its window: the reap's own time, event latency), so
+    /// its writes went to the old master and were lost with it, and the node never noticed
+    /// (its registration survived on the new master). Its data is checked as any live node's.
+    fn reap_undone_by_failover(&self, li: usize, at: Instant) -> bool {
+        let noticed = self.lives[li]
+            .reaped_self
+            .iter()
+            .any(|t| *t + ms(2_000) > at);
+        !noticed
+            && self
+                .failover_windows()
+                .iter()
+                .any(|(began, back)| at + ms(1_000) >= *began && at <= *back + ms(1_000))
+    }
+
+    fn failovers(&self) -> usize {
+        match &self.backend {
+            Backend::Sentinel(b) => b.done.len() + usize::from(b.job.is_some()),
+            Backend::Single(_) => 0,
+        }
+    }
+
+    /// Starts the next failover on its own thread (which takes the group until it is done).
+    fn start_failover(&mut self) {
+        let running: Vec<usize> = self
+            .current()
+            .into_iter()
+            .filter(|li| self.lives[*li].phase == Phase::Running)
+            .collect();
+        let Backend::Sentinel(b) = &mut self.backend else {
+            return;
+        };
+        if b.job.is_some() {
+            return;
+        }
+        let Some(group) = b.group.take() else {
+            return;
+        };
+        if b.queue.is_empty() {
+            let mut round = [Failover::Command, Failover::Kill, Failover::Stop];
+            self.rng.shuffle(&mut round);
+            b.queue.extend(round);
+        }
+        let kind = b.queue.remove(0);
+        let hold = match kind {
+            Failover::Command => Duration::ZERO,
+            Failover::Kill => ms(self.rng.u64(KILL_HOLD.0..=KILL_HOLD.1)),
+            Failover::Stop => ms(self.rng.u64(STOP_HOLD.0..=STOP_HOLD.1)),
+        };
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("chaos-failover".into())
+            .spawn(move || run_failover(group, kind, hold, tx))
+            .expect("spawn the failover thread");
+        b.job = Some(Job {
+            kind,
+            started: Instant::now(),
+            switched: None,
+            old: None,
+            new: None,
+            running,
+            rx,
+            handle: Some(handle),
+        });
+        let leader = self.leader_now.clone().unwrap_or_else(|| "none".into());
+        self.say(&format!(
+            "failover {} of the master{} (leader {leader})",
+            kind.name(),
+            match kind {
+                Failover::Command => String::new(),
+                _ => format!(", back {} ms after the switch", hold.as_millis()),
+            }
+        ));
+    }
+
+    /// Handles what the failover thread reported: the switch starts the restore watch; the
+    /// end gives the group back and schedules the next failover.
+    fn poll_failover(&mut self) {
+        let msgs: Vec<JobMsg> = match &self.backend {
+            Backend::Sentinel(b) => b
+                .job
+                .as_ref()
+                .map(|j| j.rx.try_iter().collect())
+                .unwrap_or_default(),
+            Backend::Single(_) => return,
+        };
+        for m in msgs {
+            match m {
+                JobMsg::Switched { at, old, new } => {
+                    let Backend::Sentinel(b) = &mut self.backend else {
+                        return;
+                    };
+                    let Some(j) = b.job.as_mut() else { return };
+                    j.switched = Some(at);
+                    j.old = Some(old);
+                    j.new = Some(new);
+                    let (kind, started, running) = (j.kind, j.started, j.running.clone());
+                    // The new master's clock now: a node heartbeating there after the switch
+                    // has a higher score.
+                    self.probe = None;
+                    let clock = self
+                        .probe()
+                        .and_then(|c| sfu_redis::conn::server_time_ms(c).ok());
+                    if self.probe_port != Some(new) {
+                        self.note(format!(
+                            "after the switch to {new} the checker reached {:?}",
+                            self.probe_port
+                        ));
+                    }
+                    self.say(&format!(
+                        "failover {}: master {old} -> {new} after {} ms",
+                        kind.name(),
+                        (at - started).as_millis()
+                    ));
+                    if !self.restore_pending.is_empty() {
+                        let ids: Vec<String> = self
+                            .restore_pending
+                            .iter()
+                            .map(|li| self.lives[*li].id.clone())
+                            .collect();
+                        self.note(format!(
+                            "a new switch while restores were pending: {ids:?} (not timed)"
+                        ));
+                    }
+                    let still: Vec<usize> = running
+                        .into_iter()
+                        .filter(|li| self.lives[*li].phase == Phase::Running)
+                        .collect();
+                    match clock {
+                        Some(ms_now) => {
+                            self.restore_since = Some((at, Some(ms_now)));
+                            self.restore_deadline =
+                                (kind != Failover::Command).then_some(at + self.restore_limit);
+                            self.restore_pending = still;
+                        }
+                        None => {
+                            self.note(
+                                "the new master's clock could not be read; restore not timed"
+                                    .into(),
+                            );
+                            self.restore_pending.clear();
+                        }
+                    }
+                }
+                JobMsg::Done { at, result } => {
+                    let Backend::Sentinel(b) = &mut self.backend else {
+                        return;
+                    };
+                    let Some(mut j) = b.job.take() else { return };
+                    b.group = j.handle.take().and_then(|h| h.join().ok());
+                    if self.restore_deadline.is_none() {
+                        // The old master is demoted now (the group is healthy).
+                        self.restore_deadline = Some(at + self.restore_limit);
+                    }
+                    b.done.push(FailoverRecord {
+                        kind: j.kind,
+                        started: j.started,
+                        switched: j.switched,
+                        settled: at,
+                        old: j.old,
+                        new: j.new,
+                    });
+                    let gap = ms(self.rng.u64(FAILOVER_GAP.0..=FAILOVER_GAP.1));
+                    b.next_at = Some((at + gap).max(j.started + FAILOVER_SPACING));
+                    let lost_group = b.group.is_none();
+                    match result {
+                        Ok(()) => self.say(&format!(
+                            "failover {}: group healthy {} ms after the start",
+                            j.kind.name(),
+                            (at - j.started).as_millis()
+                        )),
+                        Err(e) => self.violation(None, format!("failover {}: {e}", j.kind.name())),
+                    }
+                    if lost_group {
+                        panic!("the failover thread panicked (the group is gone)");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts a failover when one is due (none running, the last one settled long enough
+    /// ago).
+    fn maybe_failover(&mut self, t0: Instant) {
+        let now = Instant::now();
+        let Backend::Sentinel(b) = &mut self.backend else {
+            return;
+        };
+        if b.job.is_some() {
+            return;
+        }
+        let due = *b
+            .next_at
+            .get_or_insert_with(|| t0 + ms(self.rng.u64(2_000..=5_000)));
+        if now >= due {
+            self.start_failover();
+        }
+    }
+
+    /// Steps until no failover runs (bounded by its own steps' bounds, plus a margin).
+    fn wait_failover(&mut self) {
+        let deadline = Instant::now() + SWITCH_WITHIN + HEALTHY_WITHIN + KILL_HOLD_MAX + ms(10_000);
+        while matches!(&self.backend, Backend::Sentinel(b) if b.job.is_some()) {
+            assert!(
+                Instant::now() < deadline,
+                "a failover thread did not finish within its bounds"
+            );
+            self.step();
+        }
     }
 
     /// One random fault on an eligible node (if the disruption budget allows).
@@ -1258,6 +1966,10 @@ impl Chaos {
             _ => (Kind::Blackhole(dir), LONG),
         };
         let d = ms(self.rng.u64(lo..=hi));
+        if matches!(kind, Kind::Blackhole(_)) && self.lives[li].link.is_none() {
+            // A node of failover mode on the group's own URL: no proxy to cut.
+            return;
+        }
         self.begin_fault(li, kind, d);
     }
 
@@ -1268,15 +1980,16 @@ impl Chaos {
         let running: Vec<usize> = self
             .current()
             .into_iter()
-            .filter(|li| self.lives[*li].phase == Phase::Running)
+            .filter(|li| self.lives[*li].phase == Phase::Running && self.lives[*li].link.is_some())
             .collect();
         if running.is_empty() {
             return;
         }
         let li = running[self.rng.usize(0..running.len())];
-        if let Some(p) = &self.lives[li].proxy {
-            p.lose_next_reply();
-            self.reply_losses_armed += 1;
+        if let Some(p) = &self.lives[li].link {
+            if p.lose_next_reply() {
+                self.reply_losses_armed += 1;
+            }
         }
     }
 
@@ -1284,11 +1997,7 @@ impl Chaos {
     fn lost_replies(&self) -> u64 {
         self.lives
             .iter()
-            .map(|l| {
-                l.proxy
-                    .as_ref()
-                    .map_or(l.lost_replies, FaultProxy::replies_lost)
-            })
+            .map(|l| l.link.as_ref().map_or(l.lost_replies, Link::replies_lost))
             .sum()
     }
 
@@ -1330,6 +2039,7 @@ impl Chaos {
             .max(t0 + ms(1_000));
         let period = end - t0;
         let restart_at = t0 + period.mul_f64(0.25 + 0.5 * self.rng.f64());
+        let single = matches!(self.backend, Backend::Single(_));
         let mut next = t0 + ms(500);
         let mut next_loss = t0 + ms(self.rng.u64(LOSS_GAP.0..=LOSS_GAP.1));
         while Instant::now() < end {
@@ -1343,16 +2053,18 @@ impl Chaos {
                 .current()
                 .iter()
                 .any(|li| self.lives[*li].phase == Phase::Spawning);
-            if self.restart.is_none() && now >= restart_at && !spawning {
+            if single && self.restart.is_none() && now >= restart_at && !spawning {
                 self.restart_redis();
                 continue;
             }
+            // Failover mode: failovers instead of the restart, on their own thread.
+            self.maybe_failover(t0);
             if now >= next && now >= self.hold_until {
                 self.inject();
                 next = now + ms(self.rng.u64(300..=1_500));
             }
         }
-        if self.restart.is_none() {
+        if single && self.restart.is_none() {
             // Start-ups kept it from happening (very short periods): once, now.
             while self
                 .current()
@@ -1362,6 +2074,10 @@ impl Chaos {
                 self.step();
             }
             self.restart_redis();
+        }
+        if !single && self.failovers() == 0 {
+            // A period too short for the first one: once, now.
+            self.start_failover();
         }
     }
 
@@ -1377,6 +2093,8 @@ impl Chaos {
                 self.spawn(slot);
             }
         }
+        // Failover mode: the failover under way finishes (the group healthy again) first.
+        self.wait_failover();
         let healed = Instant::now();
         let window = reap_window(&self.t);
         while Instant::now() < healed + window * 2
@@ -1475,22 +2193,67 @@ impl Chaos {
 
     fn check(&mut self) {
         self.say("checking");
+        // Failover mode: through the master every sentinel names now, with its replica in
+        // sync (no failover runs any more: `quiesce` waited for it).
+        let master = match &self.backend {
+            Backend::Sentinel(b) => Some(
+                b.group
+                    .as_ref()
+                    .expect("the group is back once no failover runs")
+                    .wait_healthy(HEALTHY_WITHIN),
+            ),
+            Backend::Single(_) => None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
         let (dump, scan) = loop {
             if let Some(v) = self.view() {
                 break v;
             }
+            assert!(
+                Instant::now() < deadline,
+                "Redis cannot be read at check time"
+            );
             std::thread::sleep(ms(100));
         };
+        match master {
+            Some(Ok(port)) if self.probe_port == Some(port) => {
+                self.say(&format!(
+                    "checking on master {port}, the one every sentinel names"
+                ));
+            }
+            Some(Ok(port)) => self.violation(
+                None,
+                format!(
+                    "the sentinels name master {port}, but the checker read {:?}",
+                    self.probe_port
+                ),
+            ),
+            Some(Err(e)) => {
+                self.violation(None, format!("the group is not healthy at check time: {e}"));
+            }
+            None => {}
+        }
         let safe_limit = self.t.stale_threshold + self.t.two_phase_delay
             - self.t.command_timeout
             - self.t.heartbeat_interval
             - ms(500);
         let mut found = Vec::new();
         let mut long_unreaped = Vec::new();
+        let mut undone = Vec::new();
         for (li, l) in self.lives.iter().enumerate() {
             let id = &l.id;
             let reaps_of = self.reaps_of(li);
             if l.live() {
+                // Failover mode: reaps whose writes a failover lost are noted, not counted.
+                let (lost, reaps_of): (Vec<Instant>, Vec<Instant>) = reaps_of
+                    .into_iter()
+                    .partition(|at| self.reap_undone_by_failover(li, *at));
+                for at in lost {
+                    undone.push(format!(
+                        "{id} was reaped at +{:.2}s during a failover, on the old master: the reap was lost with it (the node lives on, registered)",
+                        self.rel(at)
+                    ));
+                }
                 // (1) everything it did not report lost is there, whole.
                 for p in owned_problems(&self.ks, &dump, &scan, l) {
                     found.push((li, format!("live node lost data: {p}")));
@@ -1530,8 +2293,9 @@ impl Chaos {
                     if f.end.saturating_duration_since(f.start) < ms(LONG.0) {
                         continue;
                     }
-                    let restart_between = self.restart.is_some_and(|(began, _)| {
-                        began + reap_window(&self.t) >= f.start && began <= f.end
+                    // (The restart, or a failover: either may lose the reap's writes.)
+                    let restart_between = self.loss_windows().iter().any(|(began, _)| {
+                        *began + reap_window(&self.t) >= f.start && *began <= f.end
                     });
                     if !restart_between && !l.reaped_self.iter().any(|t| *t >= f.end) {
                         long_unreaped.push(format!(
@@ -1586,6 +2350,10 @@ impl Chaos {
             self.violation((li != usize::MAX).then_some(li), msg);
         }
         for n in long_unreaped {
+            self.note(n);
+        }
+        self.reaps_undone = undone.len();
+        for n in undone {
             self.note(n);
         }
         // (5) status: every live node alive, a live leader.
@@ -1824,6 +2592,21 @@ impl Chaos {
         }
     }
 
+    /// Master switches the nodes noticed (the library's warning "the master of ... is now ...",
+    /// in their logs), over every life.
+    fn node_switches(&self) -> usize {
+        self.lives
+            .iter()
+            .map(|l| {
+                std::fs::read_to_string(&l.log)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|line| line.contains("the master of") && line.contains(" is now "))
+                    .count()
+            })
+            .sum()
+    }
+
     fn summary(&self, took: Duration) -> String {
         let reaps = self
             .events
@@ -1850,8 +2633,21 @@ impl Chaos {
         let churn_secs = self.churn_end.map_or(0.0, |e| {
             e.saturating_duration_since(self.churn_from).as_secs_f64()
         });
+        // Failover mode only (the default run's line is unchanged).
+        let failovers = match &self.backend {
+            Backend::Sentinel(b) => format!(
+                " failovers={} (command={} kill9={} stop={}) node_switches={} reaps_undone={}",
+                self.failovers(),
+                b.count(Failover::Command),
+                b.count(Failover::Kill),
+                b.count(Failover::Stop),
+                self.node_switches(),
+                self.reaps_undone
+            ),
+            Backend::Single(_) => String::new(),
+        };
         format!(
-            "chaos: seed={} secs={} faults={} (kill9={} stop={} blackhole={} restart={}) reaps={} zombies={} lives={} reused_ids={} leader_terms={} restore_max={} churn_ops={} churn_ops_per_s={:.1} churn_errors={} (upserts={} replaced={} replaced_elsewhere={} removes={} pins={} takeovers={} closes={}) lost_replies={} violations={} took={:.0}s",
+            "chaos: seed={} secs={} faults={} (kill9={} stop={} blackhole={} restart={}){failovers} reaps={} zombies={} lives={} reused_ids={} leader_terms={} restore_max={} churn_ops={} churn_ops_per_s={:.1} churn_errors={} (upserts={} replaced={} replaced_elsewhere={} removes={} pins={} takeovers={} closes={}) lost_replies={} violations={} took={:.0}s",
             self.seed,
             self.secs,
             self.faults(),
@@ -1912,7 +2708,50 @@ fn chaos_kill_pause_partition_restart_then_check() {
     let secs = env_u64("SFU_CHAOS_SECS").unwrap_or(DEFAULT_SECS);
     eprintln!("chaos: seed={seed} secs={secs} (SFU_CHAOS_SEED={seed} reproduces the schedule)");
     let began = Instant::now();
-    let mut c = Chaos::new(Server::start(), seed, secs);
+    run(
+        Chaos::new(Backend::Single(Box::new(Server::start())), seed, secs),
+        began,
+    );
+}
+
+/// Failover mode (module docs): opt-in with `SFU_CHAOS_FAILOVERS=<seconds of faults>`.
+#[test]
+fn chaos_failovers_then_check() {
+    let secs = match std::env::var("SFU_CHAOS_FAILOVERS") {
+        Err(_) => None,
+        Ok(v) if v.trim().is_empty() || v.trim() == "0" => None,
+        Ok(v) => Some(v.trim().parse::<u64>().unwrap_or_else(|_| {
+            panic!("SFU_CHAOS_FAILOVERS={v:?}: expected a number of seconds (the fault period)")
+        })),
+    };
+    let Some(secs) = secs else {
+        eprintln!(
+            "chaos failovers: skipped; SFU_CHAOS_FAILOVERS=<seconds> (e.g. 45) runs the chaos over a Sentinel group with failovers"
+        );
+        return;
+    };
+    let seed = env_u64("SFU_CHAOS_SEED").unwrap_or_else(|| fastrand::u64(..));
+    eprintln!(
+        "chaos: failover mode, seed={seed} secs={secs} (SFU_CHAOS_SEED={seed} SFU_CHAOS_FAILOVERS={secs} reproduces the schedule)"
+    );
+    // Built before the clock starts (the fault period is counted from the fleet's start).
+    support::procs::cli_bin();
+    let began = Instant::now();
+    let group = SentinelGroup::start(SentinelOptions {
+        replicas: 1,
+        sentinels: 3,
+        down_after: ms(500),
+        ..SentinelOptions::default()
+    })
+    .expect("start a master, a replica and three sentinels");
+    let backend = Backend::Sentinel(Box::new(Sentinels::new(group)));
+    run(Chaos::new(backend, seed, secs), began);
+}
+
+/// The whole run: fleet, fault period, quiescence, the checks, the report; panics on any
+/// violation.
+fn run(mut c: Chaos, began: Instant) {
+    let seed = c.seed;
     c.start_fleet();
     c.fault_period();
     c.quiesce();
@@ -1935,18 +2774,62 @@ fn chaos_kill_pause_partition_restart_then_check() {
     for n in &c.notes {
         eprintln!("note: {n}");
     }
+    let restores = match &c.backend {
+        Backend::Single(_) => format!(
+            "restore after the Redis restart: {:?}",
+            c.restore_times
+                .iter()
+                .map(|(id, d)| format!("{id} {} ms", d.as_millis()))
+                .collect::<Vec<_>>()
+        ),
+        Backend::Sentinel(b) => {
+            let mut took: Vec<u128> = c.restore_times.iter().map(|(_, d)| d.as_millis()).collect();
+            took.sort_unstable();
+            let failovers: Vec<String> = b
+                .done
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} at +{:.1}s {:?}->{:?} switch {} ms, healthy {} ms",
+                        f.kind.name(),
+                        c.rel(f.started),
+                        f.old,
+                        f.new,
+                        f.switched
+                            .map_or("-".into(), |t| (t - f.started).as_millis().to_string()),
+                        (f.settled - f.started).as_millis()
+                    )
+                })
+                .collect();
+            format!(
+                "restores after a switch: {} timed, median {} ms, max {} ms; failovers: {failovers:?}",
+                took.len(),
+                took.get(took.len() / 2).map_or("-".into(), ToString::to_string),
+                took.last().map_or("-".into(), ToString::to_string),
+            )
+        }
+    };
     eprintln!(
-        "chaos detail: lease/epoch samples={} status samples={} (errors {}) spawn failures={} notes={} restore after the Redis restart: {:?}",
+        "chaos detail: lease/epoch samples={} status samples={} (errors {}) spawn failures={} notes={} {restores}",
         c.samples,
         c.status_samples,
         c.status_errors,
         c.spawn_failures,
         c.notes.len(),
-        c.restore_times
-            .iter()
-            .map(|(id, d)| format!("{id} {} ms", d.as_millis()))
-            .collect::<Vec<_>>()
     );
+    if !c.violations.is_empty() {
+        if let Backend::Sentinel(b) = &c.backend {
+            for s in b.group.iter().flat_map(|g| g.sentinels()) {
+                let log = s.log();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!(
+                    "---- sentinel {} log tail ----\n{}",
+                    s.port(),
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
+            }
+        }
+    }
     // Straight to the process's stderr, past the test harness's capture: CI logs show the
     // summary line whether the test passes or fails.
     {
