@@ -16,7 +16,7 @@
 //! the node acts again only if the lease is there on the new master, or demotes.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use redis::{Connection, Value};
@@ -287,8 +287,17 @@ impl Lease<'_> {
         let mut switches = term.switches;
         let attempt = self.link.run_fenced(&sh.redis, |c, made| {
             switches = made;
-            let held = refresh(&sh.ctx, c)?;
-            Ok(held && !replicated(&sh.ctx, &sh.redis, c)?).map(|unacked| (held, unacked))
+            // A refresh that has not come back by the term's deadline confirms nothing: wait
+            // no longer than that for it, so the term ends (and `leader_lost` is said) on
+            // time even when the master stalls.
+            let left = term.deadline.saturating_duration_since(Instant::now());
+            let bound = left.min(t.command_timeout).max(Duration::from_millis(1));
+            let _ = c.set_read_timeout(Some(bound));
+            let out = refresh(&sh.ctx, c).and_then(|held| {
+                Ok(held && !replicated(&sh.ctx, &sh.redis, c)?).map(|unacked| (held, unacked))
+            });
+            let _ = c.set_read_timeout(Some(t.command_timeout));
+            out
         });
         match attempt.map(|(held, unacked)| {
             if unacked {
