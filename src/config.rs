@@ -616,6 +616,21 @@ fn non_empty(p: std::path::PathBuf) -> Option<std::path::PathBuf> {
     (!p.as_os_str().is_empty()).then_some(p)
 }
 
+/// Every environment variable [`Config::from_env`] (and [`ConfigBuilder::from_env`]) reads.
+pub const ENV_VARS: [&str; 11] = [
+    "REDIS_URL",
+    "SFU_NAMESPACE",
+    "SFU_STAGE",
+    "SFU_BRANCH",
+    "SFU_INSTANCE_ID",
+    "SFU_TLS_CA_FILE",
+    "SFU_TLS_CERT_FILE",
+    "SFU_TLS_KEY_FILE",
+    "SFU_TLS_INSECURE",
+    "SFU_SENTINEL_USER",
+    "SFU_SENTINEL_PASSWORD",
+];
+
 /// Default of [`ConfigBuilder::reap_batch`]: index members per reap batch, tuned with
 /// `examples/perf_report.rs --reap-batch` (README "Performance").
 pub const REAP_BATCH: usize = 500;

@@ -367,19 +367,7 @@ fn init_logging() {
 /// `SFU_STAGE` means `dev`, an empty `SFU_INSTANCE_ID` a generated id). An explicitly empty
 /// flag (`--stage ""`) is still refused.
 fn drop_empty_env() {
-    for var in [
-        "REDIS_URL",
-        "SFU_NAMESPACE",
-        "SFU_STAGE",
-        "SFU_BRANCH",
-        "SFU_INSTANCE_ID",
-        "SFU_TLS_CA_FILE",
-        "SFU_TLS_CERT_FILE",
-        "SFU_TLS_KEY_FILE",
-        "SFU_TLS_INSECURE",
-        "SFU_SENTINEL_USER",
-        "SFU_SENTINEL_PASSWORD",
-    ] {
+    for var in sfu_redis::config::ENV_VARS {
         if std::env::var_os(var).is_some_and(|v| v.to_string_lossy().trim().is_empty()) {
             // Still single-threaded: nothing else reads the environment concurrently.
             std::env::remove_var(var);

@@ -289,3 +289,84 @@ pub(crate) fn stderr_tail(dir: &Path) -> String {
         format!("\nits stderr ends:\n{t}")
     }
 }
+
+/// A child process of the kit (a `redis-server`, a sentinel) with its SIGSTOP mark: the
+/// process control [`crate::devserver::LocalRedis`] and [`crate::sentinel::Sentinel`] share.
+#[derive(Debug, Default)]
+pub(crate) struct Proc {
+    child: Option<Child>,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Proc {
+    /// The process just spawned.
+    pub(crate) fn set(&mut self, child: Child) {
+        self.child = Some(child);
+        self.mark_stopped(false);
+    }
+
+    fn mark_stopped(&self, stopped: bool) {
+        self.stopped
+            .store(stopped, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The child, to poll it while it starts.
+    pub(crate) fn child_mut(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
+    }
+
+    /// SIGKILL (a stopped process too) and reap; nothing when it is not running.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.mark_stopped(false);
+    }
+
+    /// Forgets a process that exited; an error naming `what` when it still runs.
+    pub(crate) fn ensure_exited(&mut self, what: impl FnOnce() -> String) -> Result<()> {
+        if let Some(child) = &mut self.child {
+            match child.try_wait() {
+                Ok(Some(_)) => self.child = None,
+                _ => {
+                    return Err(io(
+                        format!(
+                            "start {} again: it is still running (kill9 it first)",
+                            what()
+                        ),
+                        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP (`stop`) or SIGCONT; an error naming `what` when it is not running.
+    pub(crate) fn pause(&self, stop: bool, what: impl FnOnce() -> String) -> Result<()> {
+        let sig = if stop { "STOP" } else { "CONT" };
+        let pid = self.pid().ok_or_else(|| {
+            io(
+                format!("SIG{sig} {}: not running", what()),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        signal(pid, sig)?;
+        self.mark_stopped(stop);
+        Ok(())
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Running (stopped or not): started, not killed, not exited.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.child.as_ref().is_some_and(|c| alive(c.id()))
+    }
+}

@@ -19,13 +19,12 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sfu_redis::{Error, Result};
 
-use crate::cli::{self, free_port, io, ClientTls, Target};
+use crate::cli::{self, free_port, io, ClientTls, Proc, Target};
 use crate::tls::TestCerts;
 
 /// Ports tried before [`LocalRedis::start`] gives up (a port found free can be taken before
@@ -128,15 +127,13 @@ impl TlsFiles {
 /// A running private `redis-server`.
 #[derive(Debug)]
 pub struct LocalRedis {
-    child: Option<Child>,
+    proc: Proc,
     /// The plaintext port; 0 for a TLS-only server.
     port: u16,
     tls_port: Option<u16>,
     tls: Option<TlsFiles>,
     dir: PathBuf,
     extra: Vec<String>,
-    /// Stopped by [`LocalRedis::sigstop`] (and not continued since).
-    stopped: AtomicBool,
 }
 
 fn new_dir() -> Result<PathBuf> {
@@ -175,13 +172,12 @@ impl LocalRedis {
         loop {
             let dir = new_dir()?;
             let mut server = LocalRedis {
-                child: None,
+                proc: Proc::default(),
                 port: free_port()?,
                 tls_port: None,
                 tls: None,
                 dir,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-                stopped: AtomicBool::new(false),
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -217,13 +213,12 @@ impl LocalRedis {
             let port = if opts.plain_port { free_port()? } else { 0 };
             let tls_port = cli::free_port_not_in(&[port])?;
             let mut server = LocalRedis {
-                child: None,
+                proc: Proc::default(),
                 port,
                 tls_port: Some(tls_port),
                 tls: None,
                 dir,
                 extra: opts.extra.clone(),
-                stopped: AtomicBool::new(false),
             };
             server.tls = Some(TlsFiles::from_certs(&server.dir, certs, &opts)?);
             match server.spawn() {
@@ -278,13 +273,12 @@ impl LocalRedis {
                 None => None,
             };
             let mut server = LocalRedis {
-                child: None,
+                proc: Proc::default(),
                 port,
                 tls_port,
                 tls: None,
                 dir,
                 extra: args.clone(),
-                stopped: AtomicBool::new(false),
             };
             if let Some(tls) = &master.tls {
                 server.tls = Some(tls.recopy(&server.dir)?);
@@ -379,8 +373,7 @@ impl LocalRedis {
                     io("start redis-server", e)
                 }
             })?;
-        self.child = Some(child);
-        self.stopped.store(false, Ordering::SeqCst);
+        self.proc.set(child);
         if self.port == 0 {
             self.wait_ready_tls(log_from)
         } else {
@@ -394,7 +387,7 @@ impl LocalRedis {
         let deadline = Instant::now() + Duration::from_secs(10);
         let addr = SocketAddr::from(([127, 0, 0, 1], self.tls_port.unwrap_or(0)));
         loop {
-            if let Some(child) = &mut self.child {
+            if let Some(child) = self.proc.child_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(io(
                         format!(
@@ -434,7 +427,7 @@ impl LocalRedis {
             source,
         })?;
         loop {
-            if let Some(child) = &mut self.child {
+            if let Some(child) = self.proc.child_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(io(
                         format!("redis-server exited with {status}; log:\n{}", self.log()),
@@ -526,7 +519,7 @@ impl LocalRedis {
 
     /// The server's process id (for SIGSTOP/SIGCONT in fault tests).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.proc.pid()
     }
 
     /// The server's working directory (holds `redis.log`).
@@ -564,20 +557,9 @@ impl LocalRedis {
     /// [`Error::Io`] when it is still running (kill it first), or does not come up within
     /// 10 s (the port was taken meanwhile, say; the message holds the end of its log).
     pub fn start_again(&mut self) -> Result<()> {
-        if let Some(child) = &mut self.child {
-            match child.try_wait() {
-                Ok(Some(_)) => self.child = None,
-                _ => {
-                    return Err(io(
-                        format!(
-                        "start redis-server on port {} again: it is still running (kill9 it first)",
-                        self.port()
-                    ),
-                        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-                    ))
-                }
-            }
-        }
+        let port = self.port();
+        self.proc
+            .ensure_exited(|| format!("redis-server on port {port}"))?;
         self.spawn()
     }
 
@@ -587,10 +569,8 @@ impl LocalRedis {
     /// # Errors
     /// [`Error::Io`] when it is not running or `kill` fails.
     pub fn sigstop(&self) -> Result<()> {
-        let pid = self.running_pid("SIGSTOP")?;
-        cli::signal(pid, "STOP")?;
-        self.stopped.store(true, Ordering::SeqCst);
-        Ok(())
+        self.proc
+            .pause(true, || format!("redis-server on port {}", self.port()))
     }
 
     /// Lets a server stopped by [`LocalRedis::sigstop`] go on (SIGCONT).
@@ -598,37 +578,22 @@ impl LocalRedis {
     /// # Errors
     /// [`Error::Io`] when it is not running or `kill` fails.
     pub fn sigcont(&self) -> Result<()> {
-        let pid = self.running_pid("SIGCONT")?;
-        cli::signal(pid, "CONT")?;
-        self.stopped.store(false, Ordering::SeqCst);
-        Ok(())
+        self.proc
+            .pause(false, || format!("redis-server on port {}", self.port()))
     }
 
     /// True between [`LocalRedis::sigstop`] and [`LocalRedis::sigcont`] (or a kill).
     pub fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
+        self.proc.is_stopped()
     }
 
     /// True when the process runs (stopped or not): started, not killed, not exited.
     pub fn is_alive(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| cli::alive(c.id()))
-    }
-
-    fn running_pid(&self, what: &str) -> Result<u32> {
-        self.pid().ok_or_else(|| {
-            io(
-                format!("{what} redis-server on port {}: not running", self.port()),
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            )
-        })
+        self.proc.is_alive()
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.stopped.store(false, Ordering::SeqCst);
+        self.proc.kill();
     }
 }
 

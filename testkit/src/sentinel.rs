@@ -22,14 +22,13 @@
 //! or sentinel delays it but never hangs it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sfu_redis::{Error, Result};
 
-use crate::cli::{self, io, ClientTls, Target};
+use crate::cli::{self, io, ClientTls, Proc, Target};
 use crate::devserver::{LocalRedis, TlsServer};
 use crate::tls::TestCerts;
 
@@ -113,13 +112,12 @@ impl Default for SentinelOptions {
 /// removed on `Drop`.
 #[derive(Debug)]
 pub struct Sentinel {
-    child: Option<Child>,
+    proc: Proc,
     port: u16,
     dir: PathBuf,
     tls: Option<ClientTls>,
     password: Option<String>,
     quick_timers: bool,
-    stopped: AtomicBool,
 }
 
 impl Sentinel {
@@ -132,13 +130,12 @@ impl Sentinel {
         ));
         std::fs::create_dir_all(&dir).map_err(|e| io(format!("create {}", dir.display()), e))?;
         let mut s = Sentinel {
-            child: None,
+            proc: Proc::default(),
             port,
             dir,
             tls: None,
             password: opts.sentinel_password.clone(),
             quick_timers: opts.quick_timers,
-            stopped: AtomicBool::new(false),
         };
         let conf = s.write_conf(opts, master_port)?;
         std::fs::write(s.conf_path(), conf)
@@ -237,8 +234,7 @@ impl Sentinel {
                     io("start redis-server --sentinel", e)
                 }
             })?;
-        self.child = Some(child);
-        self.stopped.store(false, Ordering::SeqCst);
+        self.proc.set(child);
         self.wait_ready()?;
         if self.quick_timers {
             self.cli_within(
@@ -262,7 +258,7 @@ impl Sentinel {
     fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(child) = &mut self.child {
+            if let Some(child) = self.proc.child_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(io(
                         format!(
@@ -301,7 +297,7 @@ impl Sentinel {
 
     /// The process id, `None` after [`Sentinel::kill9`].
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.proc.pid()
     }
 
     /// The sentinel's dir: `sentinel.conf` (which the sentinel rewrites with what it learns),
@@ -347,11 +343,7 @@ impl Sentinel {
     /// Kills the sentinel with SIGKILL and reaps it; its dir (and the config it rewrote) stay
     /// for [`Sentinel::start_again`]. Nothing happens when it is not running.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.stopped.store(false, Ordering::SeqCst);
+        self.proc.kill();
     }
 
     /// Starts the sentinel again, on the same port, from the config it last rewrote (so it
@@ -362,20 +354,9 @@ impl Sentinel {
     /// [`Error::Io`] when it is still running, or does not come up within 10 s (the message
     /// holds the end of its log).
     pub fn start_again(&mut self) -> Result<()> {
-        if let Some(child) = &mut self.child {
-            match child.try_wait() {
-                Ok(Some(_)) => self.child = None,
-                _ => {
-                    return Err(io(
-                        format!(
-                        "start the sentinel on port {} again: it is still running (kill9 it first)",
-                        self.port
-                    ),
-                        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-                    ))
-                }
-            }
-        }
+        let port = self.port;
+        self.proc
+            .ensure_exited(|| format!("the sentinel on port {port}"))?;
         self.spawn()
     }
 
@@ -386,9 +367,8 @@ impl Sentinel {
     /// # Errors
     /// [`Error::Io`] when it is not running or `kill` fails.
     pub fn sigstop(&self) -> Result<()> {
-        cli::signal(self.running_pid("SIGSTOP")?, "STOP")?;
-        self.stopped.store(true, Ordering::SeqCst);
-        Ok(())
+        self.proc
+            .pause(true, || format!("the sentinel on port {}", self.port))
     }
 
     /// Lets a sentinel stopped by [`Sentinel::sigstop`] go on (SIGCONT).
@@ -396,33 +376,23 @@ impl Sentinel {
     /// # Errors
     /// [`Error::Io`] when it is not running or `kill` fails.
     pub fn sigcont(&self) -> Result<()> {
-        cli::signal(self.running_pid("SIGCONT")?, "CONT")?;
-        self.stopped.store(false, Ordering::SeqCst);
-        Ok(())
+        self.proc
+            .pause(false, || format!("the sentinel on port {}", self.port))
     }
 
     /// True between [`Sentinel::sigstop`] and [`Sentinel::sigcont`] (or a kill).
     pub fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
+        self.proc.is_stopped()
     }
 
     /// True when the process runs (stopped or not).
     pub fn is_alive(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| cli::alive(c.id()))
+        self.proc.is_alive()
     }
 
     /// Alive and not stopped: it answers.
     fn is_running(&self) -> bool {
         self.is_alive() && !self.is_stopped()
-    }
-
-    fn running_pid(&self, what: &str) -> Result<u32> {
-        self.pid().ok_or_else(|| {
-            io(
-                format!("{what} the sentinel on port {}: not running", self.port),
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            )
-        })
     }
 
     /// `SENTINEL GET-MASTER-ADDR-BY-NAME <name>`.
@@ -636,6 +606,16 @@ impl SentinelGroup {
         self.nodes.iter_mut().find(|n| n.port() == port)
     }
 
+    /// The data node on `port`, or an error naming the port.
+    fn node_on(&self, port: u16) -> Result<&LocalRedis> {
+        self.nodes.iter().find(|n| n.port() == port).ok_or_else(|| {
+            io(
+                format!("no data node of the group on port {port}"),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })
+    }
+
     /// Sentinel `i` (start order, as [`SentinelGroup::sentinel_ports`]), to stop, kill or
     /// restart it.
     ///
@@ -802,17 +782,7 @@ impl SentinelGroup {
     /// # Errors
     /// [`Error::Io`] when no data node has that port or the command fails.
     pub fn promote_by_hand(&self, port: u16) -> Result<()> {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port() == port)
-            .ok_or_else(|| {
-                io(
-                    format!("REPLICAOF NO ONE: no data node on port {port}"),
-                    std::io::Error::from(std::io::ErrorKind::NotFound),
-                )
-            })?;
-        let said = node.cli(&["REPLICAOF", "NO", "ONE"])?;
+        let said = self.node_on(port)?.cli(&["REPLICAOF", "NO", "ONE"])?;
         if said == "OK" {
             Ok(())
         } else {
@@ -956,17 +926,7 @@ impl SentinelGroup {
 
     /// The first line of `ROLE` on the data node on `port`.
     fn node_role(&self, port: u16) -> Result<String> {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port() == port)
-            .ok_or_else(|| {
-                io(
-                    format!("no data node of the group on port {port}"),
-                    std::io::Error::from(std::io::ErrorKind::NotFound),
-                )
-            })?;
-        let role = node.cli_within(&["ROLE"], QUERY_TIMEOUT)?;
+        let role = self.node_on(port)?.cli_within(&["ROLE"], QUERY_TIMEOUT)?;
         Ok(role.lines().next().unwrap_or_default().to_owned())
     }
 

@@ -295,10 +295,11 @@ impl Failover {
 enum JobMsg {
     /// Every sentinel names `new`, whose `ROLE` is master.
     Switched { at: Instant, old: u16, new: u16 },
-    /// The group is healthy again (or the error).
+    /// The group is healthy again, `Ok(false)` when the sentinels did not carry a
+    /// `SENTINEL FAILOVER` out (or the error).
     Done {
         at: Instant,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<bool, String>,
     },
 }
 
@@ -426,7 +427,7 @@ fn failover_steps(
     kind: Failover,
     hold: Duration,
     tx: &mpsc::Sender<JobMsg>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<bool, String> {
     let (_, old) = g
         .master_addr()
         .map_err(|e| format!("ask the sentinels for the master: {e}"))?;
@@ -472,6 +473,18 @@ fn failover_steps(
             .sigcont()
             .map_err(|e| format!("SIGCONT the old master: {e}")),
     };
+    if kind == Failover::Command && switched.is_err() {
+        // The sentinels may accept a `SENTINEL FAILOVER` and then abort it (no replica they
+        // deem good yet, say one restarted a moment ago): nothing failed over, which is not
+        // the nodes' doing, as long as the group is healthy on its master.
+        return match g.wait_healthy(HEALTHY_WITHIN) {
+            Ok(master) if master == old => Ok(false),
+            _ => Err(format!(
+                "the sentinels did not promote the replica and the group is not healthy: {}",
+                switched.err().map(|e| e.to_string()).unwrap_or_default()
+            )),
+        };
+    }
     let new = switched.map_err(|e| format!("the sentinels did not promote the replica: {e}"))?;
     back?;
     let healthy = g
@@ -482,7 +495,7 @@ fn failover_steps(
             "the group settled on master {healthy}, not on the promoted {new}"
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1867,10 +1880,14 @@ impl Chaos {
                     b.next_at = Some((at + gap).max(j.started + FAILOVER_SPACING));
                     let lost_group = b.group.is_none();
                     match result {
-                        Ok(()) => self.say(&format!(
+                        Ok(true) => self.say(&format!(
                             "failover {}: group healthy {} ms after the start",
                             j.kind.name(),
                             (at - j.started).as_millis()
+                        )),
+                        Ok(false) => self.note(format!(
+                            "failover {}: the sentinels accepted SENTINEL FAILOVER but did not carry it out; the group stayed healthy on its master",
+                            j.kind.name()
                         )),
                         Err(e) => self.violation(None, format!("failover {}: {e}", j.kind.name())),
                     }

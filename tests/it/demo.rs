@@ -15,21 +15,11 @@ use crate::support::procs::cli_bin;
 /// 10 s; the group's start and failover add a few).
 const WATCHDOG: Duration = Duration::from_secs(150);
 
-/// The settings a developer's shell may hold; each test sets what it means to.
-const SCRUBBED: [&str; 12] = [
-    "REDIS_URL",
-    "SFU_NAMESPACE",
-    "SFU_STAGE",
-    "SFU_BRANCH",
-    "SFU_INSTANCE_ID",
-    "SFU_TLS_CA_FILE",
-    "SFU_TLS_CERT_FILE",
-    "SFU_TLS_KEY_FILE",
-    "SFU_TLS_INSECURE",
-    "SFU_SENTINEL_USER",
-    "SFU_SENTINEL_PASSWORD",
-    "RUST_LOG",
-];
+/// The settings a developer's shell may hold (every variable the library reads, and the log
+/// filter); each test sets what it means to.
+fn scrubbed() -> impl Iterator<Item = &'static str> {
+    sfu_redis::config::ENV_VARS.into_iter().chain(["RUST_LOG"])
+}
 
 struct Run {
     status: ExitStatus,
@@ -70,7 +60,7 @@ fn run_cli(args: &[&str], env: &[(&str, &str)]) -> Run {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in SCRUBBED {
+    for var in scrubbed() {
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().copied());
