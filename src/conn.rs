@@ -198,6 +198,12 @@ impl Redis {
     /// names a reachable master (the message lists what each sentinel answered); the message
     /// names the URL without its password.
     pub fn connect(&self) -> Result<Connection> {
+        self.connect_counted().map(|(con, _)| con)
+    }
+
+    /// [`Redis::connect`], with the master-switch count as this connection's own route left
+    /// it (what a term confirmed over this connection is stamped with).
+    pub(crate) fn connect_counted(&self) -> Result<(Connection, u64)> {
         let wrap = |e: redis::RedisError| {
             Error::redis(format!("connect to Redis at {}", self.safe_url), e)
         };
@@ -259,14 +265,14 @@ impl Redis {
             route.replication_id = r.replid;
             route.replicas = route.replicas.max(r.replicas);
         }
-        self.note_route(route);
-        Ok(con)
+        let switches = self.note_route(route);
+        Ok((con, switches))
     }
 
     /// Counts a master switch when this connection reached another master than the last one:
     /// another replication ID (also behind one address: a managed endpoint, a floating IP),
     /// or, when that is unknown, another address named by the sentinels.
-    fn note_route(&self, route: Route) {
+    fn note_route(&self, route: Route) -> u64 {
         let mut last = self.route.lock();
         let moved = match (&last.replication_id, &route.replication_id) {
             (Some(was), Some(now)) => was != now,
@@ -294,6 +300,7 @@ impl Redis {
         }
         self.note_replicas(route.replicas);
         *last = route;
+        self.master_switches()
     }
 
     /// Records that the master listed `replicas` connected replicas (now).
@@ -344,6 +351,16 @@ impl Redis {
             (Some(named), Some(current)) => named != current,
             _ => false,
         }
+    }
+
+    /// Sentinel URLs: true when any sentinel that answers names another master than the one
+    /// the last connection reached (what a lease write needs before it counts).
+    pub(crate) fn sentinels_disagree(&self) -> bool {
+        let Target::Sentinel(s) = &self.target else {
+            return false;
+        };
+        let current = self.route.lock().master.clone();
+        current.is_some_and(|m| s.any_names_another(&self.dialer, &m))
     }
 
     /// The master name of a sentinel URL.
@@ -442,10 +459,7 @@ impl Link {
         }
         let (con, made) = match &mut self.con {
             Some(c) => c,
-            None => {
-                let con = redis.connect()?;
-                self.con.insert((con, redis.master_switches()))
-            }
+            None => self.con.insert(redis.connect_counted()?),
         };
         let out = f(con, *made);
         if let Err(e) = &out {
@@ -514,8 +528,7 @@ impl Pool {
             let switches = redis.master_switches();
             let taken = self.idle.lock().pop();
             let Some((mut con, since, made)) = taken else {
-                let con = redis.connect()?;
-                return Ok((con, redis.master_switches()));
+                return redis.connect_counted();
             };
             if made != switches {
                 // Made before a failover: the others are older still.
@@ -544,8 +557,7 @@ impl Pool {
         let mut out = f(&mut con);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
             self.idle.lock().clear();
-            con = redis.connect()?;
-            made = redis.master_switches();
+            (con, made) = redis.connect_counted()?;
             out = f(&mut con);
         }
         let keep = match &out {

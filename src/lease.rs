@@ -87,8 +87,16 @@ pub(crate) fn refresh(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
 /// (and the same epoch) while this one leads. A replica the master dropped (its link down
 /// longer than `repl-timeout`) that the sentinels promote later lacks the writes made
 /// meanwhile: the switch fence covers that (the term does not act on the new master until a
-/// refresh there confirms it). Measured cost and the decision: README "Failover".
+/// refresh there confirms it). Through sentinels, a write to a master any of them no longer
+/// names is unconfirmed too (a deposed master takes writes until it is demoted, and then
+/// undoes them).
+/// Measured cost and the decision: README "Failover".
 pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Connection) -> Result<bool> {
+    // Through sentinels: a master they no longer name (a failover in progress, this node's
+    // connection not moved yet) may still take writes, all of which its demotion will undo.
+    if redis.sentinels_disagree() {
+        return Ok(false);
+    }
     let replicas = match crate::sentinel::role(con) {
         Ok(crate::sentinel::Role::Master { replicas }) => replicas,
         // Not a master any more: the write itself was refused or will be lost; the caller's
@@ -238,6 +246,12 @@ impl Lease<'_> {
         let attempt = self.link.run_fenced(&sh.redis, |c, made| {
             switches = made;
             let won = acquire(&sh.ctx, c, max_epoch)?;
+            if matches!(won, Acquire::Won { .. }) && Instant::now() >= deadline(sent, t.lease_ttl) {
+                // The reply came back after the term it would start had already ended (this
+                // process was paused between `sent` and the request): it confirms nothing.
+                let _ = release(&sh.ctx, c);
+                return Ok(Acquire::Held("<late>".into()));
+            }
             if !matches!(won, Acquire::Won { .. }) || replicated(&sh.ctx, &sh.redis, c)? {
                 return Ok(won);
             }
@@ -265,6 +279,8 @@ impl Lease<'_> {
             Ok(Acquire::Held(holder)) => {
                 if holder == "<dataset new>" {
                     log::debug!("the dataset is younger than a lease TTL (fresh or after data loss); waiting to acquire");
+                } else if holder == "<late>" {
+                    log::warn!("won the lease only after the term's deadline (this process was paused?); released it");
                 } else if holder == "<not replicated>" {
                     log::warn!("won the lease but no replica acknowledged it in time; released it, not leading (a failover could have granted a second lease)");
                 } else if holder.starts_with('<') || decode_id(&holder).is_err() {

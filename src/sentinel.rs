@@ -109,6 +109,21 @@ impl Sentinels {
         &self.ep.master
     }
 
+    /// True when some sentinel that answers names another master than `master` (`host:port`):
+    /// during a failover the sentinels disagree for a moment, and a master any of them no
+    /// longer names may be deposed (it takes writes until its demotion undoes them). Asks
+    /// each sentinel once (each bounded by the timeout); a sentinel that does not answer or
+    /// does not know the name is not counted.
+    pub(crate) fn any_names_another(&self, dialer: &Dialer, master: &str) -> bool {
+        self.ep.sentinels.iter().any(|(host, port)| {
+            self.open_sentinel(dialer, host, *port)
+                .and_then(|mut con| self.master_addr(&mut con))
+                .ok()
+                .flatten()
+                .is_some_and(|(h, p)| show_addr(&h, p) != master)
+        })
+    }
+
     /// The master (`host:port`) the preferred sentinel (the one that answered last) names
     /// now, over a connection kept for these probes; `None` when it cannot tell (down, does
     /// not know the name: the next connect's discovery deals with that). The heartbeat asks
