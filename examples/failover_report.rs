@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
 use serde_json::{json, Value as Json};
-use sfu_redis::conn::server_time_ms;
 use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, Event, Node, Timings};
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
@@ -364,7 +363,8 @@ fn run(a: &Args) -> Result<Json, String> {
                     let clock = c
                         .con
                         .as_mut()
-                        .and_then(|con| server_time_ms(con).ok())
+                        .and_then(|con| redis::cmd("TIME").query::<(i64, i64)>(con).ok())
+                        .map(|(s, us)| s * 1000 + us / 1000)
                         .ok_or("read the new master's clock")?;
                     promoted = Some((at, c.port, clock));
                     master = Some(Probe::new(c.port));

@@ -79,7 +79,7 @@ fn median_of(v: &[Duration]) -> Duration {
 
 /// CPU time (user + system, µs) the Redis server process has used so far, from `INFO cpu`:
 /// the server-side cost of a measurement is the difference of two readings.
-fn server_cpu_us(con: &mut redis::Connection) -> u64 {
+fn server_cpu_us(con: &mut sfu_redis::conn::Conn) -> u64 {
     let info: String = redis::cmd("INFO").arg("cpu").query(con).expect("INFO");
     info.lines()
         .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
@@ -100,7 +100,7 @@ fn median(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
 /// sends PING in a loop: the reap's duration and the sorted PING round trips.
 fn reap_with_pings(
     leader: &Node,
-    fab: &mut redis::Connection,
+    fab: &mut sfu_redis::conn::Conn,
     direct: &str,
     rooms: usize,
 ) -> (Duration, Vec<Duration>) {
@@ -209,8 +209,8 @@ struct Bench {
     url: String,
     direct: String,
     ks: sfu_redis::keys::KeySpace,
-    fab: redis::Connection,
-    via: redis::Connection,
+    fab: sfu_redis::conn::Conn,
+    via: sfu_redis::conn::Conn,
 }
 
 impl Bench {

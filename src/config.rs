@@ -587,10 +587,10 @@ impl ConfigBuilder {
         } else if let Some(f) = self.tls.first_set() {
             return Err(Error::config(
                 f,
-                format!("is set but {safe} is plaintext; TLS settings apply to rediss:// and rediss+sentinel:// URLs"),
+                format!("is set but {safe} is plaintext; TLS settings apply to rediss://, rediss+sentinel:// and rediss+cluster:// URLs"),
             ));
         }
-        if let (Some(f), Endpoint::Direct { .. }) = (sentinel_field, &ep) {
+        if let (Some(f), Endpoint::Direct { .. } | Endpoint::Cluster(_)) = (sentinel_field, &ep) {
             return Err(Error::config(
                 f,
                 format!("is set but {safe} is not a sentinel URL (redis+sentinel://host1:port1,.../<master-name>)"),
@@ -652,7 +652,7 @@ pub fn default_instance_id() -> String {
 }
 
 /// The URL schemes redis-rs accepts; only these are echoed in a placeholder.
-const KNOWN_SCHEMES: [&str; 11] = [
+const KNOWN_SCHEMES: [&str; 15] = [
     "redis",
     "rediss",
     "valkey",
@@ -664,6 +664,10 @@ const KNOWN_SCHEMES: [&str; 11] = [
     "rediss+sentinel",
     "valkey+sentinel",
     "valkeys+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+    "valkey+cluster",
+    "valkeys+cluster",
 ];
 
 /// `url` with every password replaced by `***`, for logs and messages
@@ -689,14 +693,18 @@ pub fn redact_url(url: &str) -> String {
         Some(s) if KNOWN_SCHEMES.contains(&s) => format!("<{s}:// URL not shown: {why}>"),
         _ => format!("<Redis URL not shown: {why}>"),
     };
-    if endpoint::is_sentinel_url(url) {
+    if endpoint::is_sentinel_url(url) || endpoint::is_cluster_url(url) {
         let scheme = url
             .trim()
             .split_once("://")
             .map(|(s, _)| s.to_ascii_lowercase());
-        return endpoint::redact_sentinel(url).unwrap_or_else(|| {
-            placeholder(scheme.as_deref(), "it does not parse as a sentinel URL")
-        });
+        let kind = if endpoint::is_cluster_url(url) {
+            "it does not parse as a cluster URL"
+        } else {
+            "it does not parse as a sentinel URL"
+        };
+        return endpoint::redact_multi_host(url)
+            .unwrap_or_else(|| placeholder(scheme.as_deref(), kind));
     }
     let mut u = match url::Url::parse(url) {
         Ok(u) => u,

@@ -17,18 +17,24 @@
 //!   times a new connection reached another master: the heartbeat then restores what the node
 //!   holds (writes the last moment before a failover can be lost: replication is
 //!   asynchronous).
-//! - **Cluster** (`redis+cluster://h1,h2,...`, next): a `ClusterConnection` variant next to
-//!   the single-node connection, behind the same `Link::run` / `Pool::run`, `call` and `exec`
-//!   functions: `exec` splits a pipeline per node (every script already touches one slot) and
-//!   reassembles the replies in order; redirections and retries stay inside the command
-//!   timeout.
+//! - **Cluster** (`redis+cluster://h1,h2,...`): a [`Conn`] is either one connection or a
+//!   cluster connection (the crate's cluster module: one connection per master, every command
+//!   sent to the master of its key's slot, a pipeline split per master and its replies put
+//!   back in order, redirections followed within the command timeout), behind the same
+//!   `Link::run` / `Pool::run`, `call` and `exec` functions. A failover in the slot map (a
+//!   replica now master of some slots) counts as a master switch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use redis::{Connection, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
+use std::sync::Arc;
 
+use redis::{
+    Connection, ConnectionLike, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value,
+};
+
+use crate::cluster::{Cluster, ClusterConn};
 use crate::config::{redact_url, Config};
 use crate::dial::Dialer;
 use crate::endpoint::{self, Endpoint};
@@ -79,6 +85,111 @@ pub struct Redis {
 enum Target {
     Direct(redis::Client),
     Sentinel(Sentinels),
+    Cluster(Arc<Cluster>),
+}
+
+/// A connection of the library: to one server (standalone, or the master the sentinels name)
+/// or to a Redis Cluster (one connection per master, each command routed by its key's hash
+/// slot; see the crate's cluster module). It is a [`redis::ConnectionLike`]: commands,
+/// pipelines and scripts are sent through it as through a driver connection. Timeouts are set
+/// and the scripts preloaded on every server connection it holds.
+pub struct Conn(Inner);
+
+enum Inner {
+    One(Connection),
+    Cluster(Box<ClusterConn>),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Inner::One(_) => f.write_str("Conn(one server)"),
+            Inner::Cluster(c) => write!(f, "Conn({c:?})"),
+        }
+    }
+}
+
+impl Conn {
+    /// True for a connection to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.0, Inner::Cluster(_))
+    }
+
+    /// The masters of a cluster connection's slot map (`host:port`), in address order; empty
+    /// for one server.
+    pub fn cluster_masters(&self) -> Vec<String> {
+        match &self.0 {
+            Inner::One(_) => Vec::new(),
+            Inner::Cluster(c) => c
+                .slot_map()
+                .masters()
+                .iter()
+                .map(|(h, p)| endpoint::show_addr(h, *p))
+                .collect(),
+        }
+    }
+
+    /// Sets the read timeout of the server connection(s) this connection holds now.
+    pub(crate) fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {
+        match &mut self.0 {
+            Inner::One(c) => c.set_read_timeout(dur),
+            Inner::Cluster(c) => c.set_read_timeout(dur),
+        }
+    }
+
+    /// Runs `f` on the connection to every master (one server: on it); the results in
+    /// master order.
+    pub(crate) fn each_master<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+    ) -> RedisResult<Vec<T>> {
+        match &mut self.0 {
+            Inner::One(c) => Ok(vec![f(c)?]),
+            Inner::Cluster(c) => c.each_master(f),
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        match &mut self.0 {
+            Inner::One(c) => c.req_packed_command(cmd),
+            Inner::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match &mut self.0 {
+            Inner::One(c) => c.req_packed_commands(cmd, offset, count),
+            Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Inner::One(c) => c.get_db(),
+            Inner::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match &mut self.0 {
+            Inner::One(c) => c.check_connection(),
+            Inner::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match &self.0 {
+            Inner::One(c) => c.is_open(),
+            Inner::Cluster(c) => c.is_open(),
+        }
+    }
 }
 
 /// Shows the URL without its password (and without a user info that may be one), the
@@ -176,6 +287,9 @@ impl Redis {
                 })?)
             }
             Endpoint::Sentinel(ep) => Target::Sentinel(Sentinels::new(ep, auth)),
+            Endpoint::Cluster(ep) => {
+                Target::Cluster(Arc::new(Cluster::new(ep, dialer.clone(), timeout, reload)))
+            }
         };
         Ok(Redis {
             target,
@@ -197,17 +311,21 @@ impl Redis {
     /// ACL, TLS verification), when a standalone server is a replica, or when no sentinel
     /// names a reachable master (the message lists what each sentinel answered); the message
     /// names the URL without its password.
-    pub fn connect(&self) -> Result<Connection> {
+    pub fn connect(&self) -> Result<Conn> {
         self.connect_counted().map(|(con, _)| con)
     }
 
     /// [`Redis::connect`], with the master-switch count as this connection's own route left
     /// it (what a term confirmed over this connection is stamped with).
-    pub(crate) fn connect_counted(&self) -> Result<(Connection, u64)> {
+    pub(crate) fn connect_counted(&self) -> Result<(Conn, u64)> {
         let wrap = |e: redis::RedisError| {
             Error::redis(format!("connect to Redis at {}", self.safe_url), e)
         };
         let (mut con, route) = match &self.target {
+            Target::Cluster(c) => {
+                let con = c.connect().map_err(wrap)?;
+                return Ok((Conn(Inner::Cluster(Box::new(con))), self.master_switches()));
+            }
             Target::Direct(client) => {
                 let con = self.dialer.open(client).map_err(|e| {
                     if e.is_timeout() && self.dialer.is_tls() {
@@ -252,6 +370,13 @@ impl Redis {
         let replication = preload(&mut con, true).map_err(wrap)?;
         let mut route = route.unwrap_or_default();
         if let Some(r) = replication {
+            if r.cluster {
+                return Err(wrap(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the server is a Redis Cluster node",
+                    "most keys would get MOVED replies here: use redis+cluster://host:port (any nodes of the cluster, comma-separated)".to_owned(),
+                ))));
+            }
             if r.role != "master" {
                 return Err(wrap(redis::RedisError::from((
                     redis::ErrorKind::Client,
@@ -266,7 +391,7 @@ impl Redis {
             route.replicas = route.replicas.max(r.replicas);
         }
         let switches = self.note_route(route);
-        Ok((con, switches))
+        Ok((Conn(Inner::One(con)), switches))
     }
 
     /// Counts a master switch when this connection reached another master than the last one:
@@ -330,14 +455,29 @@ impl Redis {
         self.route.lock().clone()
     }
 
-    /// How many times a new connection reached another master than the one before.
+    /// How many times a new connection reached another master than the one before (a
+    /// cluster: failovers seen in the slot map).
     pub fn master_switches(&self) -> u64 {
-        self.switches.load(Ordering::Relaxed)
+        let cluster = match &self.target {
+            Target::Cluster(c) => c.failovers(),
+            _ => 0,
+        };
+        self.switches.load(Ordering::Relaxed) + cluster
+    }
+
+    /// Whether this connector speaks to a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
     }
 
     /// When a connection last found another master (see [`Redis::master_switches`]).
     pub fn switched_at(&self) -> Option<Instant> {
-        *self.switched_at.lock()
+        let own = *self.switched_at.lock();
+        let cluster = match &self.target {
+            Target::Cluster(c) => c.failed_over_at(),
+            _ => None,
+        };
+        own.max(cluster)
     }
 
     /// Sentinel URLs: true when the sentinels name another master than the one the last
@@ -367,7 +507,7 @@ impl Redis {
     pub fn master_name(&self) -> Option<&str> {
         match &self.target {
             Target::Sentinel(s) => Some(s.master_name()),
-            Target::Direct(_) => None,
+            Target::Direct(_) | Target::Cluster(_) => None,
         }
     }
 
@@ -401,7 +541,7 @@ impl Redis {
 /// at the old master, which may still accept writes until the sentinels demote it).
 pub(crate) struct Link {
     /// The connection and [`Redis::master_switches`] when it was made.
-    con: Option<(Connection, u64)>,
+    con: Option<(Conn, u64)>,
 }
 
 impl std::fmt::Debug for Link {
@@ -426,7 +566,7 @@ impl Link {
     pub(crate) fn run<T>(
         &mut self,
         redis: &Redis,
-        mut f: impl FnMut(&mut Connection) -> Result<T>,
+        mut f: impl FnMut(&mut Conn) -> Result<T>,
     ) -> Result<T> {
         self.run_fenced(redis, |con, _| f(con))
     }
@@ -439,7 +579,7 @@ impl Link {
     pub(crate) fn run_fenced<T>(
         &mut self,
         redis: &Redis,
-        mut f: impl FnMut(&mut Connection, u64) -> Result<T>,
+        mut f: impl FnMut(&mut Conn, u64) -> Result<T>,
     ) -> Result<T> {
         let out = self.run_once(redis, &mut f);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
@@ -451,7 +591,7 @@ impl Link {
     fn run_once<T>(
         &mut self,
         redis: &Redis,
-        f: &mut impl FnMut(&mut Connection, u64) -> Result<T>,
+        f: &mut impl FnMut(&mut Conn, u64) -> Result<T>,
     ) -> Result<T> {
         let switches = redis.master_switches();
         if self.con.as_ref().is_some_and(|(_, seen)| *seen != switches) {
@@ -496,7 +636,7 @@ fn is_not_master(e: &redis::RedisError) -> bool {
 pub(crate) struct Pool {
     /// Idle connections, when each was put back, and [`Redis::master_switches`] when each was
     /// made (one made before a failover is dropped).
-    idle: Mutex<Vec<(Connection, Instant, u64)>>,
+    idle: Mutex<Vec<(Conn, Instant, u64)>>,
     max_idle: usize,
 }
 
@@ -523,7 +663,7 @@ impl Pool {
 
     /// An idle connection that answers, or a new one; with the master switch count it was
     /// made under.
-    fn checkout(&self, redis: &Redis) -> Result<(Connection, u64)> {
+    fn checkout(&self, redis: &Redis) -> Result<(Conn, u64)> {
         loop {
             let switches = redis.master_switches();
             let taken = self.idle.lock().pop();
@@ -551,7 +691,7 @@ impl Pool {
     pub(crate) fn run<T>(
         &self,
         redis: &Redis,
-        mut f: impl FnMut(&mut Connection) -> Result<T>,
+        mut f: impl FnMut(&mut Conn) -> Result<T>,
     ) -> Result<T> {
         let (mut con, mut made) = self.checkout(redis)?;
         let mut out = f(&mut con);
@@ -617,22 +757,28 @@ pub(crate) fn jitter(d: Duration) -> Duration {
 /// Loads every script into the server's script cache (`SCRIPT LOAD`, pipelined), and with
 /// `role` asks the server's `ROLE` in the same round trip (`None` when it was refused, for
 /// example by the ACL).
-fn preload(con: &mut Connection, info: bool) -> RedisResult<Option<Replication>> {
+fn preload<C: ConnectionLike>(con: &mut C, info: bool) -> RedisResult<Option<Replication>> {
     let mut pipe = redis::pipe();
     for s in SCRIPTS.all() {
         pipe.load_script(s);
     }
     if info {
         pipe.cmd("INFO").arg("replication");
+        pipe.cmd("INFO").arg("cluster");
     }
     pipe.ignore_errors();
     let mut replies: Vec<RedisResult<Value>> = pipe.query(con)?;
     let replication = if info {
-        replies
-            .pop()
-            .and_then(|r| r.ok())
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .map(|text| Replication::parse(&text))
+        let text = |r: Option<RedisResult<Value>>| {
+            r.and_then(|r| r.ok())
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
+        };
+        let cluster = text(replies.pop()).unwrap_or_default();
+        text(replies.pop()).map(|t| {
+            let mut r = Replication::parse(&t);
+            r.cluster = cluster.lines().any(|l| l.trim_end() == "cluster_enabled:1");
+            r
+        })
     } else {
         None
     };
@@ -642,8 +788,8 @@ fn preload(con: &mut Connection, info: bool) -> RedisResult<Option<Replication>>
     Ok(replication)
 }
 
-/// Reloads every script (after `NOSCRIPT`).
-fn reload(con: &mut Connection) -> RedisResult<()> {
+/// Reloads every script (after `NOSCRIPT`; on every new node connection of a cluster).
+fn reload<C: ConnectionLike>(con: &mut C) -> RedisResult<()> {
     preload(con, false).map(|_| ())
 }
 
@@ -656,6 +802,8 @@ struct Replication {
     role: String,
     replicas: usize,
     replid: Option<String>,
+    /// `INFO cluster` says `cluster_enabled:1`.
+    cluster: bool,
 }
 
 impl Replication {
@@ -674,6 +822,7 @@ impl Replication {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0),
             replid: field("master_replid").filter(|id| !id.is_empty()),
+            cluster: false,
         }
     }
 }
@@ -689,10 +838,7 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 /// kept, since it may be the only record of what it deleted (issue 11: no clean-up that only a
 /// lost reply knows). A pipeline with ignored commands is sent whole again (each is
 /// idempotent). An `Err` means a round trip itself failed (I/O, timeout).
-pub(crate) fn exec(
-    con: &mut Connection,
-    pipe: &mut Pipeline,
-) -> RedisResult<Vec<RedisResult<Value>>> {
+pub(crate) fn exec(con: &mut Conn, pipe: &mut Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
     if pipe.is_empty() {
         return Ok(Vec::new());
     }
@@ -733,7 +879,7 @@ pub(crate) fn exec(
 
 /// Sends one script invocation (reloading on `NOSCRIPT`) and decodes its reply.
 pub(crate) fn call<T: FromRedisValue>(
-    con: &mut Connection,
+    con: &mut Conn,
     op: &'static str,
     inv: &ScriptInvocation<'_>,
 ) -> Result<T> {
@@ -759,21 +905,32 @@ pub(crate) fn decode<T: FromRedisValue>(op: &'static str, r: RedisResult<Value>)
 ///
 /// # Errors
 /// [`Error::Redis`] when the call fails; [`Error::BadData`] for a reply that is not `TIME`'s.
-pub fn server_time_ms(con: &mut Connection) -> Result<i64> {
+pub fn server_time_ms<C: ConnectionLike>(con: &mut C) -> Result<i64> {
     let reply = redis::cmd("TIME")
         .query::<Value>(con)
         .map_err(|e| Error::redis("read server time", e))?;
     time_reply_ms(&reply)
 }
 
-/// Redis server time in microseconds (the start of a clean-up of an earlier life).
-pub(crate) fn server_time_us(con: &mut Connection) -> Result<i64> {
-    let reply = redis::cmd("TIME")
-        .query::<Value>(con)
+/// Redis server time in microseconds (the start of a clean-up: of an earlier life, of a
+/// reap). On a cluster, the earliest of every master's clock: a room's `pinned_us` comes from
+/// the clock of the master holding it, and a write made after this call must count as newer
+/// on every master, whatever the skew between their clocks (invariant 1: a new life's room is
+/// never taken for a leftover).
+pub(crate) fn server_time_us(con: &mut Conn) -> Result<i64> {
+    let replies = con
+        .each_master(|c| redis::cmd("TIME").query::<Value>(c))
         .map_err(|e| Error::redis("read server time", e))?;
-    redis::from_redis_value_ref::<(i64, i64)>(&reply)
-        .map(|(s, us)| s * 1_000_000 + us)
-        .map_err(|e| Error::bad_data("read server time", format!("unexpected TIME reply: {e}")))
+    let mut earliest = None;
+    for reply in replies {
+        let us = redis::from_redis_value_ref::<(i64, i64)>(&reply)
+            .map(|(s, us)| s * 1_000_000 + us)
+            .map_err(|e| {
+                Error::bad_data("read server time", format!("unexpected TIME reply: {e}"))
+            })?;
+        earliest = Some(earliest.map_or(us, |e: i64| e.min(us)));
+    }
+    earliest.ok_or_else(|| Error::bad_data("read server time", "no master answered TIME"))
 }
 
 /// `TIME`'s reply (seconds, microseconds), e.g. from a pipeline, as server ms.

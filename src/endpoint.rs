@@ -8,8 +8,10 @@
 //! | `rediss://[user:pass@]host:port[/db]` | one server over TLS |
 //! | `redis+sentinel://[user:pass@]h1:p1,h2:p2,.../<master-name>[/db]` | the master a set of sentinels names; the user info authenticates to the data nodes |
 //! | `rediss+sentinel://...` | the same, with TLS to the sentinels and to the data nodes |
+//! | `redis+cluster://[user:pass@]h1:p1,h2:p2,...` | a Redis Cluster; the hosts are seeds (any nodes of it: the slot map names the rest), the user info authenticates to every node; database 0 only |
+//! | `rediss+cluster://...` | the same, over TLS to every node |
 //!
-//! A sentinel's port defaults to 26379. Hosts may be IPv6 literals in brackets
+//! A sentinel's port defaults to 26379, a cluster seed's to 6379. Hosts may be IPv6 literals in brackets
 //! (`[::1]:26379`). The sentinels' own credentials, when they need any, are configured apart
 //! (`sentinel_user`, `sentinel_password`): a URL carries one user info.
 
@@ -26,6 +28,31 @@ pub(crate) enum Endpoint {
     Direct { info: ConnectionInfo, tls: bool },
     /// The master named by a set of sentinels.
     Sentinel(SentinelEndpoint),
+    /// A Redis Cluster reached through seed nodes.
+    Cluster(ClusterEndpoint),
+}
+
+/// `redis+cluster://` / `rediss+cluster://`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ClusterEndpoint {
+    /// `(host, port)` of each seed node, in the URL's order.
+    pub seeds: Vec<(String, u16)>,
+    /// TLS to every node.
+    pub tls: bool,
+    /// Credentials of every node (the URL's user info), percent-decoded.
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for ClusterEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterEndpoint")
+            .field("seeds", &self.seeds)
+            .field("tls", &self.tls)
+            .field("user", &self.user.as_ref().map(|_| "***"))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// `redis+sentinel://` / `rediss+sentinel://`.
@@ -63,6 +90,7 @@ impl Endpoint {
         match self {
             Endpoint::Direct { tls, .. } => *tls,
             Endpoint::Sentinel(s) => s.tls,
+            Endpoint::Cluster(c) => c.tls,
         }
     }
 
@@ -73,6 +101,8 @@ impl Endpoint {
             Endpoint::Direct { tls: true, .. } => "tls",
             Endpoint::Sentinel(SentinelEndpoint { tls: false, .. }) => "sentinel",
             Endpoint::Sentinel(SentinelEndpoint { tls: true, .. }) => "sentinel+tls",
+            Endpoint::Cluster(ClusterEndpoint { tls: false, .. }) => "cluster",
+            Endpoint::Cluster(ClusterEndpoint { tls: true, .. }) => "cluster+tls",
         }
     }
 }
@@ -93,10 +123,22 @@ pub(crate) fn is_sentinel_url(url: &str) -> bool {
     )
 }
 
+/// True when `url` is a cluster URL (`redis+cluster://`, `rediss+cluster://`, or the
+/// `valkey` spellings).
+pub(crate) fn is_cluster_url(url: &str) -> bool {
+    matches!(
+        scheme_of(url).as_deref(),
+        Some("redis+cluster" | "rediss+cluster" | "valkey+cluster" | "valkeys+cluster")
+    )
+}
+
 /// Parses `url`. The error is a sentence for people that holds no password.
 pub(crate) fn parse(url: &str) -> Result<Endpoint, String> {
     if is_sentinel_url(url) {
         return parse_sentinel(url.trim()).map(Endpoint::Sentinel);
+    }
+    if is_cluster_url(url) {
+        return parse_cluster(url.trim()).map(Endpoint::Cluster);
     }
     if cfg!(not(feature = "tls")) && matches!(scheme_of(url).as_deref(), Some("rediss" | "valkeys"))
     {
@@ -125,18 +167,32 @@ pub(crate) fn parse(url: &str) -> Result<Endpoint, String> {
     Ok(Endpoint::Direct { info, tls })
 }
 
-/// `[redis|rediss]+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]...]/<master-name>[/db]`.
-fn parse_sentinel(url: &str) -> Result<SentinelEndpoint, String> {
-    const SHAPE: &str =
-        "expected redis+sentinel://[user:password@]host1:port1,host2:port2,.../<master-name>[/db]";
+/// The parts every multi-host URL (sentinel, cluster) shares: TLS, the hosts, the user info
+/// (percent-decoded) and the path after the first `/`.
+struct MultiHost<'a> {
+    tls: bool,
+    hosts: Vec<(String, u16)>,
+    user: Option<String>,
+    password: Option<String>,
+    path: &'a str,
+}
+
+/// `scheme://[user[:pass]@]h1[:p1][,h2[:p2]...][/path]`; `kind` names the URL in errors,
+/// `port` is the hosts' default port.
+fn parse_multi<'a>(
+    url: &'a str,
+    kind: &str,
+    port: u16,
+    shape: &str,
+) -> Result<MultiHost<'a>, String> {
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| format!("no `://` after the scheme; {SHAPE}"))?;
+        .ok_or_else(|| format!("no `://` after the scheme; {shape}"))?;
     let tls = scheme.to_ascii_lowercase().starts_with("rediss")
         || scheme.to_ascii_lowercase().starts_with("valkeys");
     if rest.contains(['?', '#']) {
         return Err(format!(
-            "a sentinel URL takes no query or fragment (percent-encode `?` and `#` in a password); {SHAPE}"
+            "a {kind} URL takes no query or fragment (percent-encode `?` and `#` in a password); {shape}"
         ));
     }
     let (authority, path) = match rest.find('/') {
@@ -149,7 +205,7 @@ fn parse_sentinel(url: &str) -> Result<SentinelEndpoint, String> {
     };
     if path.contains('@') {
         return Err(format!(
-            "it holds an `@` after the hosts (percent-encode `@`, `/`, `?` and `#` in a password); {SHAPE}"
+            "it holds an `@` after the hosts (percent-encode `@`, `/`, `?` and `#` in a password); {shape}"
         ));
     }
     let (user, password) = match userinfo {
@@ -164,10 +220,54 @@ fn parse_sentinel(url: &str) -> Result<SentinelEndpoint, String> {
             (Some(u).filter(|u| !u.is_empty()), p)
         }
     };
-    let sentinels = hosts
+    let hosts = hosts
         .split(',')
-        .map(host_port)
+        .map(|h| host_port(h, kind, port))
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(MultiHost {
+        tls,
+        hosts,
+        user,
+        password,
+        path,
+    })
+}
+
+/// `[redis|rediss]+cluster://[user[:pass]@]h1[:p1][,h2[:p2]...][/0]`.
+fn parse_cluster(url: &str) -> Result<ClusterEndpoint, String> {
+    const SHAPE: &str = "expected redis+cluster://[user:password@]host1:port1,host2:port2,...";
+    let m = parse_multi(url, "cluster", 6379, SHAPE)?;
+    if !matches!(m.path, "" | "0" | "0/") {
+        return Err(format!(
+            "a Redis Cluster has database 0 only (the path {:?} is not allowed); {SHAPE}",
+            m.path
+        ));
+    }
+    if cfg!(not(feature = "tls")) && m.tls {
+        return Err(
+            "this build of sfu-redis has no TLS support (cargo feature `tls`, on by default)"
+                .into(),
+        );
+    }
+    Ok(ClusterEndpoint {
+        seeds: m.hosts,
+        tls: m.tls,
+        user: m.user,
+        password: m.password,
+    })
+}
+
+/// `[redis|rediss]+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]...]/<master-name>[/db]`.
+fn parse_sentinel(url: &str) -> Result<SentinelEndpoint, String> {
+    const SHAPE: &str =
+        "expected redis+sentinel://[user:password@]host1:port1,host2:port2,.../<master-name>[/db]";
+    let MultiHost {
+        tls,
+        hosts: sentinels,
+        user,
+        password,
+        path,
+    } = parse_multi(url, "sentinel", SENTINEL_PORT, SHAPE)?;
     let mut segments = path.split('/');
     let master = decode("master name", segments.next().unwrap_or(""))?;
     if master.is_empty() {
@@ -202,57 +302,65 @@ fn decode(what: &str, raw: &str) -> Result<String, String> {
         .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
 }
 
-/// `host[:port]` or `[v6]:port` of one sentinel.
-fn host_port(s: &str) -> Result<(String, u16), String> {
+/// `host[:port]` or `[v6]:port` of one sentinel or seed (`kind`), `default` when it names no
+/// port.
+fn host_port(s: &str, kind: &str, default: u16) -> Result<(String, u16), String> {
     let s = s.trim();
     if s.is_empty() {
-        return Err("a sentinel address is empty (two commas, or none before the `/`)".into());
+        return Err(format!(
+            "a {kind} address is empty (two commas, or none before the `/`)"
+        ));
     }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("sentinel address {s:?}: `[` without `]`"))?;
-        match after {
-            "" => (h, None),
-            a => (
-                h,
-                Some(a.strip_prefix(':').ok_or_else(|| {
-                    format!("sentinel address {s:?}: expected `:port` after `]`")
-                })?),
-            ),
-        }
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, _)) if h.contains(':') => {
-                return Err(format!(
-                    "sentinel address {s:?}: an IPv6 address goes in brackets ([::1]:26379)"
-                ))
+    let (host, port) =
+        if let Some(rest) = s.strip_prefix('[') {
+            let (h, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{kind} address {s:?}: `[` without `]`"))?;
+            match after {
+                "" => (h, None),
+                a => (
+                    h,
+                    Some(a.strip_prefix(':').ok_or_else(|| {
+                        format!("{kind} address {s:?}: expected `:port` after `]`")
+                    })?),
+                ),
             }
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
-    };
+        } else {
+            match s.rsplit_once(':') {
+                Some((h, _)) if h.contains(':') => {
+                    return Err(format!(
+                        "{kind} address {s:?}: an IPv6 address goes in brackets ([::1]:{default})"
+                    ))
+                }
+                Some((h, p)) => (h, Some(p)),
+                None => (s, None),
+            }
+        };
     if host.is_empty() || host.contains(['/', '@', ' ']) {
-        return Err(format!("sentinel address {s:?}: bad host"));
+        return Err(format!("{kind} address {s:?}: bad host"));
     }
     let port = match port {
-        None => SENTINEL_PORT,
+        None => default,
         Some(p) => p
             .parse::<u16>()
             .ok()
             .filter(|p| *p > 0)
-            .ok_or_else(|| format!("sentinel address {s:?}: port {p:?} is not 1 to 65535"))?,
+            .ok_or_else(|| format!("{kind} address {s:?}: port {p:?} is not 1 to 65535"))?,
     };
     Ok((host.to_owned(), port))
 }
 
-/// A sentinel URL with its password replaced by `***` (and a user info without `:` hidden
-/// whole, as `redact_url` does), or `None` when it does not parse (the caller shows a
-/// placeholder then).
-pub(crate) fn redact_sentinel(url: &str) -> Option<String> {
+/// A sentinel or cluster URL with its password replaced by `***` (and a user info without
+/// `:` hidden whole, as `redact_url` does), or `None` when it does not parse (the caller
+/// shows a placeholder then).
+pub(crate) fn redact_multi_host(url: &str) -> Option<String> {
     // Only a URL that parses is shown: everything after its authority is then a master name
     // and a db.
-    parse_sentinel(url.trim()).ok()?;
+    if is_cluster_url(url) {
+        parse_cluster(url.trim()).ok()?;
+    } else {
+        parse_sentinel(url.trim()).ok()?;
+    }
     let (scheme, rest) = url.trim().split_once("://")?;
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let authority = &rest[..authority_end];
@@ -358,15 +466,54 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_parse_and_bad_ones_name_the_problem() {
+        let Ok(Endpoint::Cluster(c)) =
+            parse("redis+cluster://u:p%40ss@10.0.0.1:7000,[::1],h3:7002")
+        else {
+            panic!("not a cluster endpoint");
+        };
+        assert_eq!(
+            c.seeds,
+            vec![
+                ("10.0.0.1".to_owned(), 7000),
+                ("::1".to_owned(), 6379),
+                ("h3".to_owned(), 7002)
+            ]
+        );
+        assert_eq!(c.user.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert!(!c.tls);
+        assert!(matches!(
+            parse("rediss+cluster://h:1/0"),
+            Ok(Endpoint::Cluster(ClusterEndpoint { tls: true, .. }))
+        ));
+        for (url, want) in [
+            ("redis+cluster://h1:1/2", "database 0 only"),
+            ("redis+cluster://h1:1,,h2", "cluster address is empty"),
+            ("redis+cluster://h1:99999", "not 1 to 65535"),
+            ("redis+cluster://u:s3cret@h1?x=1", "no query"),
+            ("redis+cluster://fe80::1:7000", "in brackets ([::1]:6379)"),
+        ] {
+            let e = parse(url).expect_err(url);
+            assert!(e.contains(want), "{url}: {e}");
+            assert!(!e.contains("s3cret"), "{url}: {e}");
+        }
+        assert_eq!(
+            redact_multi_host("redis+cluster://u:s3cret@h1:1,h2:2").as_deref(),
+            Some("redis+cluster://u:***@h1:1,h2:2")
+        );
+    }
+
+    #[test]
     fn sentinel_redaction_hides_the_password() {
         assert_eq!(
-            redact_sentinel("redis+sentinel://u:s3cret@h1:1,h2:2/m/0").as_deref(),
+            redact_multi_host("redis+sentinel://u:s3cret@h1:1,h2:2/m/0").as_deref(),
             Some("redis+sentinel://u:***@h1:1,h2:2/m/0")
         );
         assert_eq!(
-            redact_sentinel("rediss+sentinel://s3cret@h1/m").as_deref(),
+            redact_multi_host("rediss+sentinel://s3cret@h1/m").as_deref(),
             Some("rediss+sentinel://***@h1/m")
         );
-        assert_eq!(redact_sentinel("redis+sentinel://u:s3cret@h1"), None);
+        assert_eq!(redact_multi_host("redis+sentinel://u:s3cret@h1"), None);
     }
 }

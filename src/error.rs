@@ -225,6 +225,23 @@ impl fmt::Display for Error {
 }
 
 /// What to do about a TLS failure, from the driver's (rustls') message.
+/// A driver error in a few words for people (`timed out`, `connection refused`,
+/// `authentication failed (...)`, else its text): what a list of per-node answers shows. The
+/// driver's errors carry no password.
+pub(crate) fn reason(e: &redis::RedisError) -> String {
+    if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_connection_refusal() {
+        "connection refused".to_owned()
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        format!("authentication failed ({e})")
+    } else {
+        e.to_string()
+    }
+}
+
 fn tls_hint(msg: &str) -> Option<&'static str> {
     Some(
         if msg.contains("NotValidForName") || msg.contains("not valid for name") {

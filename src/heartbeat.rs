@@ -16,9 +16,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use redis::Connection;
 
-use crate::conn::{self, Backoff, Link};
+use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind};
@@ -63,7 +62,7 @@ pub(crate) struct Beaten {
 
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
-pub(crate) fn beat(sh: &Shared, con: &mut Connection, mode: BeatMode) -> Result<Beaten> {
+pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
     let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));

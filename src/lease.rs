@@ -19,9 +19,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use redis::{Connection, Value};
+use redis::Value;
 
-use crate::conn::{self, jitter, Backoff, Link, Redis};
+use crate::conn::{self, jitter, Backoff, Conn, Link, Redis};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::decode_id;
@@ -45,7 +45,7 @@ pub(crate) enum Acquire {
 
 /// Tries to take the lease (`SET NX PX` + epoch `INCR`, `lease_acquire.lua`); epochs start
 /// above `max_epoch`, the highest this node has seen.
-pub(crate) fn acquire(ctx: &Ctx, con: &mut Connection, max_epoch: u64) -> Result<Acquire> {
+pub(crate) fn acquire(ctx: &Ctx, con: &mut Conn, max_epoch: u64) -> Result<Acquire> {
     let op = "acquire lease";
     let mut inv = SCRIPTS.lease_acquire.prepare_invoke();
     inv.key(ctx.keys.leader())
@@ -71,7 +71,7 @@ pub(crate) fn acquire(ctx: &Ctx, con: &mut Connection, max_epoch: u64) -> Result
 }
 
 /// Extends the lease if it still holds our id. `Ok(false)`: it does not.
-pub(crate) fn refresh(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
+pub(crate) fn refresh(ctx: &Ctx, con: &mut Conn) -> Result<bool> {
     let mut inv = SCRIPTS.lease_refresh.prepare_invoke();
     inv.key(ctx.keys.leader())
         .arg(&ctx.me)
@@ -91,7 +91,7 @@ pub(crate) fn refresh(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
 /// names is unconfirmed too (a deposed master takes writes until it is demoted, and then
 /// undoes them).
 /// Measured cost and the decision: README "Failover".
-pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Connection) -> Result<bool> {
+pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<bool> {
     // Through sentinels: a master they no longer name (a failover in progress, this node's
     // connection not moved yet) may still take writes, all of which its demotion will undo.
     if redis.sentinels_disagree() {
@@ -148,7 +148,7 @@ pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Connection) -> Resu
 pub(crate) const REPLICA_GRACE_LEASES: u32 = 10;
 
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.
-pub(crate) fn release(ctx: &Ctx, con: &mut Connection) -> Result<bool> {
+pub(crate) fn release(ctx: &Ctx, con: &mut Conn) -> Result<bool> {
     let mut inv = SCRIPTS.lease_release.prepare_invoke();
     inv.key(ctx.keys.leader()).arg(&ctx.me);
     Ok(conn::call::<i64>(con, "release lease", &inv)? == 1)

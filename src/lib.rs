@@ -24,6 +24,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod audit;
+mod cluster;
 pub mod config;
 pub mod conn;
 mod dial;

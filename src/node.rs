@@ -389,9 +389,10 @@ impl Node {
         {
             Ok(u) => u,
             Err(e) => {
-                if !e.outcome_known() {
+                if !e.outcome_known() || matches!(e, Error::Redis { .. }) {
                     // The index entry, and maybe the record, may have been written although
-                    // the host is told the call failed: the heartbeat settles it.
+                    // the host is told the call failed (or its clean-up after a refusal
+                    // failed): the heartbeat settles it.
                     self.local.mark_uncertain_upsert(&room.raw, &peer.raw);
                     // If it landed, it superseded the guest's previous peer here.
                     if let Some(g) = &guest {

@@ -5,9 +5,9 @@
 //! record is written (`{R}`), and leaves other instances' indexes only after their record was
 //! deleted.
 
-use redis::{Connection, ScriptInvocation, Value};
+use redis::{ScriptInvocation, Value};
 
-use crate::conn;
+use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, encode_id, peer_member, IdKind, KeySpace, RoomKeys};
 use crate::scripts::SCRIPTS;
@@ -39,7 +39,7 @@ pub struct Upserted {
 /// Upserts peer `peer` of `room` (wire forms) for this instance; returns its generation.
 pub(crate) fn upsert(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     room: &str,
     room_id: &str,
     peer: &str,
@@ -57,7 +57,31 @@ pub(crate) fn upsert(
         .arg(&member)
         .query::<()>(con)
         .map_err(|e| Error::redis(op, e))?;
-    let reply: Vec<Value> = conn::call(con, op, &inv)?;
+    let reply: Vec<Value> = match conn::call(con, op, &inv) {
+        Ok(r) => r,
+        Err(e) => {
+            if e.outcome_known() {
+                // Refused (OOM, WRONGTYPE, ...): the script did not run, and on a cluster
+                // the index took the entry on another master. The entry is right only if
+                // the record already names this instance (an earlier upsert): derived from
+                // the record, not from a reply (invariant 4). If this fails too, the caller
+                // settles it on a later heartbeat.
+                let ours: Option<String> = redis::cmd("HGET")
+                    .arg(&keys.record)
+                    .arg("instance")
+                    .query(con)
+                    .map_err(|e| Error::redis(op, e))?;
+                if ours.as_deref() != Some(ctx.me.as_str()) {
+                    redis::cmd("SREM")
+                        .arg(&index)
+                        .arg(&member)
+                        .query::<()>(con)
+                        .map_err(|e| Error::redis(op, e))?;
+                }
+            }
+            return Err(e);
+        }
+    };
     let text = |i: usize| -> Result<String> {
         match reply.get(i) {
             Some(v) => redis::from_redis_value_ref(v)
@@ -153,7 +177,7 @@ impl UpsertKeys {
 /// records were written.
 pub(crate) fn restore(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     peers: &[(String, String, LocalPeer)],
 ) -> Result<usize> {
     let op = "restore peers";
@@ -233,7 +257,7 @@ pub(crate) fn restore(
 /// Removes peer `peer` of `room` (wire forms) if its record still has `generation`.
 pub(crate) fn remove(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     (room, room_id): (&str, &str),
     (peer, peer_id): (&str, &str),
     generation: u64,
@@ -273,7 +297,7 @@ pub(crate) fn remove(
 /// second: [`unindex_gone`]). Returns whether a record was deleted.
 pub(crate) fn drop_unheld(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     room: (&str, &str),
     peer: (&str, &str),
 ) -> Result<bool> {
@@ -310,7 +334,7 @@ pub(crate) fn drop_unheld(
 /// node's own knowledge of what it had, never from the reply of the script that deleted them.
 pub(crate) fn unindex_gone(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     room: &str,
     peers: &[String],
 ) -> Result<Vec<bool>> {
@@ -364,11 +388,11 @@ mod tests {
             .build()
             .unwrap();
         let ctx = Ctx::from_config(&cfg).unwrap();
-        let mut con = redis::Client::open(server.url())
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
             .unwrap()
-            .get_connection()
+            .connect()
             .unwrap();
-        let index = |con: &mut Connection| -> Vec<String> {
+        let index = |con: &mut Conn| -> Vec<String> {
             redis::cmd("SMEMBERS")
                 .arg(ctx.keys.instance_peers(&ctx.me))
                 .query(con)
@@ -418,9 +442,9 @@ mod tests {
             Ctx::from_config(&cfg("a")).unwrap(),
             Ctx::from_config(&cfg("b")).unwrap(),
         );
-        let mut con = redis::Client::open(server.url())
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
             .unwrap()
-            .get_connection()
+            .connect()
             .unwrap();
         crate::rooms::pin(&a, &Local::default(), &mut con, "r", "r", false).unwrap();
         crate::rooms::pin(&b, &Local::default(), &mut con, "s", "s", false).unwrap();

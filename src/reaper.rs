@@ -17,9 +17,8 @@
 use std::time::Instant;
 
 use crossbeam_channel::{after, select, Receiver};
-use redis::Connection;
 
-use crate::conn::{self, Backoff, Link};
+use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
@@ -51,7 +50,7 @@ pub struct ReapCounts {
 
 /// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
 /// server time, this instance excluded.
-pub(crate) fn candidates(ctx: &Ctx, con: &mut Connection) -> Result<Vec<String>> {
+pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn) -> Result<Vec<String>> {
     let mut inv = SCRIPTS.candidates.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
@@ -76,7 +75,15 @@ pub(crate) fn candidates(ctx: &Ctx, con: &mut Connection) -> Result<Vec<String>>
 
 /// Phase two for one candidate: `Some(t0)` (server microseconds) if it is really dead (now
 /// marked as being reaped).
-pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Option<i64>> {
+/// On a cluster, `t0` is the earliest of every master's clock read just before the re-check
+/// (a room's `pinned_us` is its own master's time: a new life's pin, which follows the
+/// re-check, is newer than `t0` on every master whatever their skew; invariant 1).
+pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<i64>> {
+    let before = if con.is_cluster() {
+        Some(conn::server_time_us(con)?)
+    } else {
+        None
+    };
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
@@ -89,12 +96,13 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Connection, dead: &str) -> Result<Optio
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
-    Ok((status == "dead").then_some(now_us))
+    let t0 = before.map_or(now_us, |b| b.min(now_us));
+    Ok((status == "dead").then_some(t0))
 }
 
 /// The next `SSCAN` page of an instance's index (`cursor`: about
 /// [`crate::ConfigBuilder::reap_batch`] members a page) as text (see [`utf8_members`]).
-fn index_page(con: &mut Connection, op: &'static str, cursor: &mut Cursor) -> Result<Vec<String>> {
+fn index_page(con: &mut Conn, op: &'static str, cursor: &mut Cursor) -> Result<Vec<String>> {
     let items = cursor
         .next_page(con)
         .map_err(|e| Error::redis(op, e))?
@@ -112,7 +120,7 @@ fn index_scan(index: &str, batch: usize) -> Cursor {
 /// crate and names nothing it could reap: it is removed from the index (and logged) rather
 /// than stopping the reap.
 fn utf8_members(
-    con: &mut Connection,
+    con: &mut Conn,
     op: &'static str,
     index: &str,
     raw: Vec<Vec<u8>>,
@@ -146,11 +154,7 @@ fn utf8_members(
 /// when the reap stops early (lease lost, shutdown, an error), the clean-up already owed is
 /// still sent, best effort: it only removes index entries of records the scripts deleted, and
 /// a redo of the reap could not find them again (the room is gone).
-pub(crate) fn reap_rooms(
-    r: &Reap<'_>,
-    con: &mut Connection,
-    counts: &mut ReapCounts,
-) -> Result<()> {
+pub(crate) fn reap_rooms(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
     let mut cleanup = Cleanup::default();
     let out = reap_room_batches(r, con, counts, &mut cleanup);
     if cleanup.len > 0 {
@@ -236,7 +240,7 @@ struct Cleanup {
 fn remove_own_entries(
     r: &Reap<'_>,
     local: &Local,
-    con: &mut Connection,
+    con: &mut Conn,
     mut pipe: redis::Pipeline,
     rooms: Vec<String>,
     peers: Vec<String>,
@@ -287,7 +291,7 @@ fn remove_own_entries(
 
 fn reap_room_batches(
     r: &Reap<'_>,
-    con: &mut Connection,
+    con: &mut Conn,
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
 ) -> Result<()> {
@@ -465,11 +469,7 @@ fn room_replies(
 }
 
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
-pub(crate) fn reap_peers(
-    r: &Reap<'_>,
-    con: &mut Connection,
-    counts: &mut ReapCounts,
-) -> Result<()> {
+pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
     let op = "reap peers";
     let index = r.ctx.keys.instance_peers(r.dead);
     let mut cursor = index_scan(&index, r.ctx.reap_batch);
@@ -500,7 +500,7 @@ pub(crate) fn reap_peers(
 /// to remove from the index: records reaped, gone or moved, and malformed members.
 fn reap_peer_batch(
     r: &Reap<'_>,
-    con: &mut Connection,
+    con: &mut Conn,
     members: Vec<String>,
     counts: &mut ReapCounts,
 ) -> Result<Vec<String>> {
@@ -567,7 +567,7 @@ fn reap_peer_batch(
 pub(crate) fn reap_instance(
     ctx: &Ctx,
     counters: &Counters,
-    con: &mut Connection,
+    con: &mut Conn,
     dead: &str,
     leading: &dyn Fn() -> bool,
 ) -> Result<Option<ReapCounts>> {
@@ -613,7 +613,7 @@ pub(crate) fn clean_own_leftovers(
     ctx: &Ctx,
     counters: &Counters,
     local: &Local,
-    con: &mut Connection,
+    con: &mut Conn,
     t0: i64,
 ) -> Result<ReapCounts> {
     let mut counts = ReapCounts::default();
@@ -756,9 +756,9 @@ mod tests {
         // No node: the reap batches take their small context directly.
         let ctx = Ctx::from_config(&cfg).unwrap();
         let counters = Counters::default();
-        let mut con = redis::Client::open(server.url())
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
             .unwrap()
-            .get_connection()
+            .connect()
             .unwrap();
         let rooms: Vec<String> = (0..300).map(|r| format!("room-{r}")).collect();
         let mut pipe = redis::pipe();

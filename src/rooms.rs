@@ -5,9 +5,9 @@
 //! the pin (`{R}`), and cleaned after the room is deleted, so a crash in between leaves at most
 //! an index entry pointing at nothing, never a room that no index reaches.
 
-use redis::{Connection, Pipeline};
+use redis::Pipeline;
 
-use crate::conn;
+use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, encode_id, peer_member, IdKind, KeySpace};
 use crate::scripts::SCRIPTS;
@@ -56,7 +56,7 @@ impl PinOutcome {
 pub(crate) fn pin(
     ctx: &Ctx,
     local: &Local,
-    con: &mut Connection,
+    con: &mut Conn,
     room: &str,
     room_id: &str,
     owned: bool,
@@ -96,7 +96,7 @@ pub(crate) fn pin(
     out
 }
 
-fn try_pin(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<PinOutcome> {
+fn try_pin(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<PinOutcome> {
     let op = "pin room";
     let rk = ctx.keys.room(room);
     let ttl = ctx.timings.pin_ttl.as_millis() as u64;
@@ -138,7 +138,7 @@ fn try_pin(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<PinOutcome> {
 }
 
 /// Deletes `room` (wire form) and its peers if this instance owns it.
-pub(crate) fn close(ctx: &Ctx, con: &mut Connection, room: &str, room_id: &str) -> Result<()> {
+pub(crate) fn close(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Result<()> {
     let op = "close room";
     let rk = ctx.keys.room(room);
     let mut cursor = "0".to_owned();
@@ -178,7 +178,7 @@ pub(crate) fn close(ctx: &Ctx, con: &mut Connection, room: &str, room_id: &str) 
 }
 
 /// The instance named by the room's pin, if any.
-pub(crate) fn owner(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<Option<String>> {
+pub(crate) fn owner(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<String>> {
     let op = "read room owner";
     let v: Option<String> = redis::cmd("GET")
         .arg(ctx.keys.room(room).owner)
@@ -191,7 +191,7 @@ pub(crate) fn owner(ctx: &Ctx, con: &mut Connection, room: &str) -> Result<Optio
 /// (`removed` = `[peer, instance, peer, instance, ...]`, wire form). Index after record.
 pub(crate) fn unindex_peers(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     room: &str,
     removed: &[String],
 ) -> Result<()> {
@@ -318,7 +318,7 @@ pub(crate) enum Refreshed {
 /// `restore`); their replies are returned beside the outcomes.
 pub(crate) fn refresh_pins(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     rooms: &[String],
     restore: bool,
     ahead: &Pipeline,
@@ -374,7 +374,7 @@ pub(crate) fn refresh_pins(
 /// `pin_refresh.lua` for each of `wires` (caller's id, wire form), in one pipelined round trip.
 fn refresh_pins_scripted(
     ctx: &Ctx,
-    con: &mut Connection,
+    con: &mut Conn,
     wires: Vec<(String, String)>,
     restore: bool,
 ) -> Result<Vec<(String, Refreshed)>> {
@@ -438,7 +438,7 @@ mod tests {
         Ctx::from_config(&cfg).unwrap()
     }
 
-    fn rooms_of(con: &mut Connection, ctx: &Ctx) -> Vec<String> {
+    fn rooms_of(con: &mut Conn, ctx: &Ctx) -> Vec<String> {
         redis::cmd("SMEMBERS")
             .arg(ctx.keys.instance_rooms(&ctx.me))
             .query(con)
@@ -451,9 +451,9 @@ mod tests {
     #[test]
     fn pin_and_close_check_the_owner_without_a_node() {
         let server = LocalRedis::start().expect("start redis-server");
-        let mut con = redis::Client::open(server.url())
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
             .unwrap()
-            .get_connection()
+            .connect()
             .unwrap();
         let (a, b) = (ctx(&server.url(), "a"), ctx(&server.url(), "b"));
         let local = Local::default();

@@ -27,12 +27,15 @@
 //! # }
 //! ```
 //!
-//! This module is a leaf: it imports no other module of the crate, and returns the driver's
-//! [`redis::RedisResult`] so each caller names its own operation in its errors.
+//! This module is a leaf: it imports no other module of the crate, takes any driver
+//! connection ([`redis::ConnectionLike`]: a [`crate::conn::Conn`], a `redis::Connection`), and
+//! returns the driver's [`redis::RedisResult`] so each caller names its own operation in its
+//! errors. On a cluster connection a key-space `SCAN` walks every master in turn (its cursor
+//! names the master).
 
 use std::collections::VecDeque;
 
-use redis::{Connection, FromRedisValue, Pipeline, RedisResult, Value};
+use redis::{ConnectionLike, FromRedisValue, Pipeline, RedisResult, Value};
 
 /// `COUNT` of every `SCAN`, `SSCAN`, `HSCAN` and `ZSCAN` call unless [`Scan::count`] says
 /// otherwise: 1000 items per page.
@@ -236,7 +239,7 @@ impl Cursor {
     ///
     /// # Errors
     /// The call failed (I/O, an error reply such as `WRONGTYPE`) or the reply is not a page.
-    pub fn next_page(&mut self, con: &mut Connection) -> RedisResult<Option<Vec<Value>>> {
+    pub fn next_page<C: ConnectionLike>(&mut self, con: &mut C) -> RedisResult<Option<Vec<Value>>> {
         let Some(c) = &self.next else {
             return Ok(None);
         };
@@ -250,7 +253,7 @@ impl Cursor {
 ///
 /// # Errors
 /// As [`Cursor::next_page`], or a type error for an item that is not a string.
-pub fn collect(con: &mut Connection, scan: Scan) -> RedisResult<Vec<Vec<u8>>> {
+pub fn collect<C: ConnectionLike>(con: &mut C, scan: Scan) -> RedisResult<Vec<Vec<u8>>> {
     let mut cursor = Cursor::new(scan);
     let mut out = Vec::new();
     while let Some(items) = cursor.next_page(con)? {
@@ -300,7 +303,7 @@ impl Pager {
     ///
     /// # Errors
     /// The round trip itself failed (I/O, timeout).
-    pub fn next(&mut self, con: &mut Connection) -> RedisResult<Option<Vec<PagerPage>>> {
+    pub fn next<C: ConnectionLike>(&mut self, con: &mut C) -> RedisResult<Option<Vec<PagerPage>>> {
         if self.pending.is_empty() {
             return Ok(None);
         }

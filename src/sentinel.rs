@@ -18,7 +18,7 @@ use redis::{Connection, RedisConnectionInfo, Value};
 
 use crate::dial::Dialer;
 use crate::endpoint::{show_addr, SentinelEndpoint};
-use crate::error::{Error, Result};
+use crate::error::{reason, Error, Result};
 
 /// Credentials of the sentinels themselves (`sentinel_user`, `sentinel_password`).
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -308,7 +308,7 @@ pub(crate) enum Role {
 }
 
 /// Sends `ROLE`.
-pub(crate) fn role(con: &mut Connection) -> redis::RedisResult<Role> {
+pub(crate) fn role<C: redis::ConnectionLike>(con: &mut C) -> redis::RedisResult<Role> {
     let v: Value = redis::cmd("ROLE").query(con)?;
     Ok(parse_role(&v))
 }
@@ -332,21 +332,6 @@ pub(crate) fn parse_role(v: &Value) -> Role {
         Role::Master { replicas }
     } else {
         Role::Other(name)
-    }
-}
-
-/// A short reason for a failed step (the driver's message holds no password).
-fn reason(e: &redis::RedisError) -> String {
-    if e.is_timeout() {
-        "timed out".to_owned()
-    } else if e.is_connection_refusal() {
-        "connection refused".to_owned()
-    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
-    {
-        format!("authentication failed ({e})")
-    } else {
-        e.to_string()
     }
 }
 

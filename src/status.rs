@@ -15,11 +15,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use redis::{Connection, RedisResult, Value};
+use redis::{RedisResult, Value};
 use serde_json::{json, Value as Json};
 
 use crate::config::Config;
-use crate::conn::{self, Redis};
+use crate::conn::{self, Conn, Redis};
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{Cursor, Scan};
@@ -243,7 +243,7 @@ struct Member {
     problems: Vec<String>,
 }
 
-fn exec(con: &mut Connection, pipe: &mut redis::Pipeline, n: usize) -> Result<Vec<Reply>> {
+fn exec(con: &mut Conn, pipe: &mut redis::Pipeline, n: usize) -> Result<Vec<Reply>> {
     let replies = conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))?;
     if replies.len() != n {
         return Err(Error::bad_data(
@@ -306,7 +306,7 @@ fn member_bytes(v: Value) -> Option<Vec<u8>> {
 /// its `TYPE` read in the same round trip. A wrong-typed key or an unexpected reply is a
 /// problem of the fleet (and the instances read so far are kept).
 fn scan_members(
-    con: &mut Connection,
+    con: &mut Conn,
     key: &str,
     problems: &mut Vec<String>,
 ) -> Result<BTreeMap<Vec<u8>, f64>> {
@@ -380,7 +380,7 @@ fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
     Some(format!("{key}: the score of {id:?} {what}"))
 }
 
-fn read(config: &Config, con: &mut Connection) -> Result<FleetStatus> {
+fn read(config: &Config, con: &mut Conn) -> Result<FleetStatus> {
     let ks = config.keys();
     let stale = config.timings().stale_threshold;
     let mut problems = Vec::new();
@@ -422,7 +422,7 @@ struct Head {
     epoch_known: bool,
 }
 
-fn read_head(con: &mut Connection, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
+fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
     let (leader_key, epoch_key) = (ks.leader(), ks.epoch());
     let mut pipe = redis::pipe();
     pipe.cmd("TIME")
@@ -572,7 +572,7 @@ fn members(zset: &str, scanned: BTreeMap<Vec<u8>, f64>, now: i64) -> Vec<Member>
 /// Each member's heartbeat key and index counts, [`STATUS_BATCH`] members per round trip, and
 /// its state; each status stays paired with its member (for the leader's liveness).
 fn read_instances(
-    con: &mut Connection,
+    con: &mut Conn,
     ks: &KeySpace,
     mut members: Vec<Member>,
     now: i64,

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use redis::Connection;
+use sfu_redis::conn::Conn as Connection;
 use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::{Config, ConfigBuilder, Node, Timings};

@@ -67,7 +67,7 @@ impl Samples {
 }
 
 /// Keys of `ks` (the `{ctl}` keys aside): what a reap must leave at 0.
-fn data_keys(con: &mut redis::Connection, ks: &KeySpace) -> usize {
+fn data_keys(con: &mut sfu_redis::conn::Conn, ks: &KeySpace) -> usize {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(ks.scan_pattern())
         .query(con)
@@ -77,9 +77,9 @@ fn data_keys(con: &mut redis::Connection, ks: &KeySpace) -> usize {
 
 /// Times `f` on each side, `runs` times, alternating, with the server CPU of each call.
 fn alternate(
-    fab: &mut redis::Connection,
+    fab: &mut sfu_redis::conn::Conn,
     runs: usize,
-    mut setup: impl FnMut(&mut redis::Connection, usize),
+    mut setup: impl FnMut(&mut sfu_redis::conn::Conn, usize),
     mut f: impl FnMut(usize) -> Duration,
 ) -> [Samples; 2] {
     let mut out = [Samples::default(), Samples::default()];

@@ -1,10 +1,8 @@
 //! Repair of an orphaned room: `audit_delete_room.lua` with the owner CAS of what both scans
 //! saw, then the index entries of what it deleted.
 
-use redis::Connection;
-
 use super::repair::Outcome;
-use crate::conn;
+use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::{peer_member, KeySpace};
 use crate::rooms::PEER_BATCH;
@@ -22,7 +20,7 @@ pub(super) struct RoomSeenByScan<'a> {
 /// in their instances' peer indexes and the room in its last owner's room index.
 pub(super) fn delete_room(
     ks: &KeySpace,
-    con: &mut Connection,
+    con: &mut Conn,
     seen: &RoomSeenByScan<'_>,
     records: &[String],
 ) -> Result<Outcome> {
@@ -58,7 +56,7 @@ const DELETE_OP: &str = "audit: delete orphaned room";
 /// script's status and next cursor.
 fn delete_room_call(
     ks: &KeySpace,
-    con: &mut Connection,
+    con: &mut Conn,
     seen: &RoomSeenByScan<'_>,
     cursor: &str,
     peers: &[String],

@@ -88,13 +88,11 @@ mod snapshot;
 
 use std::time::Duration;
 
-use redis::Connection;
-
 use self::findings::{in_both, Finding, Findings};
 use self::read::Scan;
 use self::repair::{repair, Entry};
 use crate::config::Config;
-use crate::conn::Redis;
+use crate::conn::{Conn, Redis};
 use crate::error::{Error, Result};
 use crate::keys::KeySpace;
 
@@ -198,9 +196,8 @@ fn check_settle(options: &AuditOptions, timeout: Duration) -> Result<()> {
 /// ```no_run
 /// # fn main() -> sfu_redis::Result<()> {
 /// let keys = sfu_redis::keys::KeySpace::new("sfu", "dev", "main")?;
-/// let mut con = redis::Client::open("redis://127.0.0.1/")
-///     .and_then(|c| c.get_connection())
-///     .expect("connect");
+/// let redis = sfu_redis::conn::Redis::new("redis://127.0.0.1/", std::time::Duration::from_secs(2))?;
+/// let mut con = redis.connect()?; // redis+cluster:// too: every master is scanned
 /// for p in sfu_redis::audit::scan(&keys, &mut con)? {
 ///     eprintln!("{} at {}: {}", p.kind, p.key, p.detail);
 /// }
@@ -211,7 +208,7 @@ fn check_settle(options: &AuditOptions, timeout: Duration) -> Result<()> {
 /// # Errors
 /// [`Error::Redis`] when a call fails (I/O, timeout); wrong-typed keys and bad values are
 /// problems, not errors.
-pub fn scan(keys: &KeySpace, con: &mut Connection) -> Result<Vec<Problem>> {
+pub fn scan(keys: &KeySpace, con: &mut Conn) -> Result<Vec<Problem>> {
     Ok(find(keys, con)?
         .into_values()
         .map(Finding::into_problem)
@@ -219,7 +216,7 @@ pub fn scan(keys: &KeySpace, con: &mut Connection) -> Result<Vec<Problem>> {
 }
 
 /// One full scan of the prefix: every finding, keyed by identity.
-fn find(ks: &KeySpace, con: &mut Connection) -> Result<Findings> {
+fn find(ks: &KeySpace, con: &mut Conn) -> Result<Findings> {
     let mut s = Scan {
         ks,
         con,

@@ -1,11 +1,11 @@
 //! Reading helpers of the audit: the scan in progress ([`Scan`]), pipelined replies, pages of
 //! many collections (through the crate's one pager, [`crate::scan`]), text and ids.
 
-use redis::{Connection, FromRedisValue, RedisResult, Value};
+use redis::{FromRedisValue, RedisResult, Value};
 
 use super::findings::{self, Findings, Fix};
 use super::{ProblemKind, OP};
-use crate::conn;
+use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{items_as, Pager, Scan as ScanOf};
@@ -14,7 +14,7 @@ use crate::scan::{items_as, Pager, Scan as ScanOf};
 /// (one file of this folder each) is a method of it.
 pub(super) struct Scan<'a> {
     pub(super) ks: &'a KeySpace,
-    pub(super) con: &'a mut Connection,
+    pub(super) con: &'a mut Conn,
     pub(super) out: Findings,
 }
 
@@ -67,10 +67,7 @@ pub(super) fn pager(keys: Vec<String>, scan: fn(String) -> ScanOf) -> Pager {
     Pager::new(keys.into_iter().map(scan).collect())
 }
 
-pub(super) fn exec(
-    con: &mut Connection,
-    pipe: &mut redis::Pipeline,
-) -> Result<Vec<RedisResult<Value>>> {
+pub(super) fn exec(con: &mut Conn, pipe: &mut redis::Pipeline) -> Result<Vec<RedisResult<Value>>> {
     conn::exec(con, pipe).map_err(|e| Error::redis(OP, e))
 }
 

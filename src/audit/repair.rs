@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use redis::{Connection, Pipeline, RedisResult, Value};
+use redis::{Pipeline, RedisResult, Value};
 
 use super::delete_room::{delete_room, RoomSeenByScan};
 use super::findings::{Finding, Fix, Verify};
 use super::read::{exec, get, room_names};
 use super::{BATCH, OP};
-use crate::conn;
 use crate::conn::Redis;
+use crate::conn::{self, Conn};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::KeySpace;
 use crate::scripts::SCRIPTS;
@@ -52,7 +52,7 @@ impl Entry {
 pub(super) fn repair(
     ks: &KeySpace,
     redis: &Redis,
-    mut con: Connection,
+    mut con: Conn,
     entries: &mut [Entry],
     settle: Duration,
 ) -> Result<()> {
@@ -103,7 +103,7 @@ fn select(entries: &[Entry], want: impl Fn(&Fix) -> bool) -> Vec<usize> {
 /// Runs the fixes of entries `idx`, [`BATCH`] per pipelined round trip: `cmd` appends one
 /// fix's command, `judge` turns its reply into the entry's outcome.
 fn batched(
-    con: &mut Connection,
+    con: &mut Conn,
     entries: &mut [Entry],
     idx: &[usize],
     cmd: impl Fn(&mut Pipeline, &Fix),
@@ -211,7 +211,7 @@ fn enqueue_outcome(r: RedisResult<Value>) -> Outcome {
 
 /// Deletes every orphaned room (one at a time); a refusal for bad data is the entry's
 /// outcome, any other error stops the repair.
-fn delete_rooms(ks: &KeySpace, con: &mut Connection, entries: &mut [Entry]) -> Result<()> {
+fn delete_rooms(ks: &KeySpace, con: &mut Conn, entries: &mut [Entry]) -> Result<()> {
     for e in entries.iter_mut() {
         if let Some(Fix::DeleteRoom {
             room,
@@ -267,7 +267,7 @@ fn put_back(
 /// back the entries that became valid.
 fn put_back_chunk(
     ks: &KeySpace,
-    con: &mut Connection,
+    con: &mut Conn,
     entries: &mut [Entry],
     chunk: &[usize],
 ) -> Result<()> {

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use redis::{Connection, RedisResult};
+use redis::{ConnectionLike, RedisResult};
 use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace};
 
 /// Rooms per pipelined round trip when fabricating, and keys per pipelined round trip when
@@ -87,11 +87,12 @@ fn wire(kind: IdKind, id: &str) -> String {
 /// `updated_ms` half a second before the score, plus a `name` host field), the room's peer
 /// set, guest pointers and guest states, and both instance indexes (index first, record
 /// second, as the library writes); then its sorted-set entry with no heartbeat key. [`BATCH`]
-/// rooms per pipeline, each pipeline atomic. Returns the keys written, each room's five room
+/// rooms per pipeline (not atomic: on a cluster the rooms are on several masters; the
+/// sorted-set entry that makes the instance a candidate is written last, apart). Returns the keys written, each room's five room
 /// keys and then its peer records, room after room, and last the two index keys (the shape
 /// the benchmarks' floors expect).
 pub fn fabricate_dead(
-    con: &mut Connection,
+    con: &mut impl ConnectionLike,
     ks: &KeySpace,
     dead: &DeadInstance<'_>,
     rooms: &[FakeRoom],
@@ -100,7 +101,6 @@ pub fn fabricate_dead(
     let mut keys = Vec::new();
     for chunk in rooms.chunks(BATCH) {
         let mut pipe = redis::pipe();
-        pipe.atomic();
         for room in chunk {
             let r = wire(IdKind::Room, &room.id);
             pipe.sadd(ks.instance_rooms(&i), &r).ignore();
@@ -216,7 +216,7 @@ pub enum Val {
 /// Every key matching `pattern` with its whole content: `SCAN MATCH` (never `KEYS`), then the
 /// types and the contents pipelined [`BATCH`] keys per round trip. A key that expires or
 /// empties meanwhile is left out. Fallible, so it can run while Redis restarts or nodes write.
-pub fn dump(con: &mut Connection, pattern: &str) -> RedisResult<BTreeMap<String, Val>> {
+pub fn dump(con: &mut impl ConnectionLike, pattern: &str) -> RedisResult<BTreeMap<String, Val>> {
     let mut keys = BTreeSet::new();
     let mut cursor = 0u64;
     loop {
@@ -242,7 +242,7 @@ pub fn dump(con: &mut Connection, pattern: &str) -> RedisResult<BTreeMap<String,
 }
 
 fn dump_chunk(
-    con: &mut Connection,
+    con: &mut impl ConnectionLike,
     keys: &[String],
     out: &mut BTreeMap<String, Val>,
 ) -> RedisResult<()> {

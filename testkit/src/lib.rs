@@ -19,6 +19,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod cli;
+pub mod cluster;
 pub mod data;
 pub mod devserver;
 pub mod faultproxy;

@@ -861,7 +861,7 @@ struct Chaos {
     probe_port: Option<u16>,
     hold_until: Instant,
     leader_now: Option<String>,
-    probe: Option<Connection>,
+    probe: Option<sfu_redis::conn::Conn>,
     next_sample: Instant,
     next_status: Instant,
     max_epoch_sampled: u64,
@@ -1018,7 +1018,7 @@ impl Chaos {
     /// A direct connection to Redis for sampling and dumps (not through any proxy); in
     /// failover mode to the master the sentinels name now (asked each time; a connection to
     /// an earlier master is dropped).
-    fn probe(&mut self) -> Option<&mut Connection> {
+    fn probe(&mut self) -> Option<&mut sfu_redis::conn::Conn> {
         let url = match &mut self.backend {
             Backend::Single(s) => s.url(),
             Backend::Sentinel(b) => {
@@ -1031,11 +1031,10 @@ impl Chaos {
             }
         };
         if self.probe.is_none() {
-            let con = redis::Client::open(url)
+            let con = sfu_redis::conn::Redis::new(&url, Duration::from_secs(2))
                 .ok()?
-                .get_connection_with_timeout(Duration::from_secs(1))
+                .connect()
                 .ok()?;
-            con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
             self.probe = Some(con);
         }
         self.probe.as_mut()
@@ -1670,7 +1669,7 @@ impl Chaos {
         let Backend::Single(s) = &mut self.backend else {
             unreachable!("the restart is a fault of the single-server run");
         };
-        s.redis.restart().expect("restart redis-server");
+        s.redis_mut().restart().expect("restart redis-server");
         let back = Instant::now();
         self.restarts += 1;
         self.restart = Some((began, back));

@@ -295,7 +295,7 @@ fn start_error_text(url: &str) -> Option<(String, String)> {
 #[test]
 fn password_never_shows_in_errors() {
     // (LocalRedis's readiness PING cannot authenticate, so the password is set afterwards.)
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("requirepass")
@@ -313,8 +313,8 @@ fn password_never_shows_in_errors() {
         format!("redis://user:{SECRET}@127.0.0.1:99999"),
         format!("redis://:{SECRET}@[not-a-host"),
         format!("redis://:{SECRET}@127.0.0.1:{closed}/notadb"),
-        format!("redis://:{SECRET}x@127.0.0.1:{}", s.redis.port()),
-        format!("redis://default:{SECRET}x@127.0.0.1:{}", s.redis.port()),
+        format!("redis://:{SECRET}x@127.0.0.1:{}", s.redis().port()),
+        format!("redis://default:{SECRET}x@127.0.0.1:{}", s.redis().port()),
         format!("not a url {SECRET}"),
     ];
     for url in &urls {
@@ -325,14 +325,14 @@ fn password_never_shows_in_errors() {
     // The wrong password is reported as such (the kind says Redis, not config).
     let e = Node::start(
         Config::builder()
-            .redis_url(format!("redis://:wrong@127.0.0.1:{}", s.redis.port()))
+            .redis_url(format!("redis://:wrong@127.0.0.1:{}", s.redis().port()))
             .build()
             .unwrap(),
     )
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Redis, "{e}");
     // The right password works, and the node's stats never show it.
-    let url = format!("redis://:{SECRET}@127.0.0.1:{}", s.redis.port());
+    let url = format!("redis://:{SECRET}@127.0.0.1:{}", s.redis().port());
     let n = Node::start(Config::builder().redis_url(&url).build().unwrap()).unwrap();
     n.pin_room("r").unwrap();
     no_secret("stats", &format!("{:?}", n.stats()));

@@ -42,7 +42,7 @@ fn lost_or_reaped_self(e: &Event) -> bool {
 // registered at the stall's start (so ordered after the victim) marks the end of the round.
 #[test]
 fn live_instance_stalled_shorter_than_the_window_keeps_everything() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let mut lt = Timings::fast();
     lt.two_phase_delay = Duration::from_secs(3);
@@ -111,7 +111,7 @@ fn live_instance_stalled_shorter_than_the_window_keeps_everything() {
 // pause) marks the end of the first round that could have reaped the victim.
 #[test]
 fn client_pause_shorter_than_the_window_reaps_nothing() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let ks = ks(STAGE);
     let mut lt = Timings::fast();
     lt.stale_threshold = Duration::from_millis(1200);
@@ -193,7 +193,7 @@ fn client_pause_shorter_than_the_window_reaps_nothing() {
 // refresh would resurrect the reaped rooms.
 #[test]
 fn zombie_reports_its_rooms_lost_and_never_writes_them_back() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let (_leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
     let proxy = s.proxy();
@@ -267,7 +267,7 @@ fn zombie_reports_its_rooms_lost_and_never_writes_them_back() {
 // its heartbeat or the lease would never come back.
 #[test]
 fn redis_restart_without_data_restores_heartbeats_pins_and_leadership() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let (a, mut alog) = s.leader(STAGE, "inst-a", Timings::fast());
     let b = s.node(STAGE, "inst-b");
@@ -281,7 +281,7 @@ fn redis_restart_without_data_restores_heartbeats_pins_and_leadership() {
             .unwrap()
     };
     let before = token(&s).expect("a dataset token");
-    s.redis.restart().expect("restart redis-server");
+    s.redis_mut().restart().expect("restart redis-server");
     wait_for(LONG, "heartbeats, pins and indexes restored", || {
         let mut con = s.con();
         let ok = ["inst-a", "inst-b"].iter().all(|i| {
@@ -343,7 +343,7 @@ fn redis_restart_without_data_restores_heartbeats_pins_and_leadership() {
 // heartbeat, lease or reaper thread exited on errors or backed off without a cap.
 #[test]
 fn every_worker_resumes_after_redis_was_unreachable() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let proxy = s.proxy();
     let start =
@@ -413,11 +413,11 @@ fn every_worker_resumes_after_redis_was_unreachable() {
 // come back after a restart without persistence.
 #[test]
 fn redis_restart_without_data_restores_peer_records() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let (a, _alog) = s.leader(STAGE, "inst-a", Timings::fast());
     populate(&a, &["a-room"]);
-    s.redis.restart().expect("restart redis-server");
+    s.redis_mut().restart().expect("restart redis-server");
     wait_for(LONG, "the pin restored", || {
         exists(&s, &ks.room("a-room").owner).then_some(())
     });
@@ -436,7 +436,7 @@ fn redis_restart_without_data_restores_peer_records() {
 // left the connection open (the client would time out after 2 s instead of failing at once).
 #[test]
 fn the_fault_proxy_loses_one_reply_after_the_request_ran() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let proxy = s.proxy();
     let open = || {
         let con = redis::Client::open(proxy.url())

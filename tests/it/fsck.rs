@@ -258,11 +258,18 @@ fn live_churn_is_never_a_problem_and_repair_keeps_live_data() {
             );
         }
     }
-    assert!(
-        s.index_problems(&ks).is_empty(),
-        "{:#?}",
-        s.index_problems(&ks)
-    );
+    // Indexes exact: at once, or within a few heartbeats when a call of the churn timed out
+    // on this loaded machine (its outcome unknown, the node settles it on a later tick:
+    // issue 11, README "Failures"). An entry that never goes fails here.
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let problems = s.index_problems(&ks);
+        if problems.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{problems:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_clean(&run(&s, STAGE, false));
 }
 

@@ -9,6 +9,7 @@ mod support;
 
 mod bad_data;
 mod chaos;
+mod cluster;
 mod cluster_processes;
 mod config;
 mod demo;

@@ -502,7 +502,7 @@ fn leader_never_reaps_itself() {
         let url = s.url();
         let ks = ks.clone();
         std::thread::spawn(move || {
-            let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let mut con = support::con_to(&url);
             while !stop.load(Ordering::Relaxed) {
                 let _: () = redis::pipe()
                     .atomic()

@@ -83,7 +83,7 @@ impl Vip {
 }
 
 fn addr(s: &Server) -> SocketAddr {
-    format!("127.0.0.1:{}", s.redis.port()).parse().unwrap()
+    format!("127.0.0.1:{}", s.redis().port()).parse().unwrap()
 }
 
 // Protects: invariant 6 ("every worker resumes within two ticks") through a failover.
@@ -97,8 +97,8 @@ fn addr(s: &Server) -> SocketAddr {
 // read-only old master and the node would never heartbeat there within the 3 s (15 ticks).
 #[test]
 fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
-    let old = Server::start();
-    let new = Server::start();
+    let old = Server::start_with(&[]); // one server: the fault freezes it or fails it over
+    let new = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let vip = Vip::start(addr(&old));
     let a = Node::start(config_for(&vip.url(), FO, "inst-a", Timings::fast())).unwrap();
     a.pin_room("room").unwrap();
@@ -109,8 +109,8 @@ fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
     // the new master.
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
-        .arg(new.redis.port())
-        .query(&mut old.con())
+        .arg(new.redis().port())
+        .query(&mut old.raw_con())
         .unwrap();
     vip.switch(addr(&new));
 
@@ -133,7 +133,7 @@ fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
         let z: Option<f64> = redis::cmd("ZSCORE")
             .arg(ks.heartbeats())
             .arg("inst-a")
-            .query(&mut new.con())
+            .query(&mut new.raw_con())
             .unwrap();
         registered = z.is_some();
         std::thread::sleep(Duration::from_millis(50));
@@ -157,12 +157,12 @@ fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
 // reaps A's rooms and peers while A still serves them (`reaped_a` is Some, the room is gone).
 #[test]
 fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
-    let old = Server::start();
-    let new = Server::start();
+    let old = Server::start_with(&[]); // one server: the fault freezes it or fails it over
+    let new = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
-        .arg(old.redis.port())
-        .query(&mut new.con())
+        .arg(old.redis().port())
+        .query(&mut new.raw_con())
         .unwrap();
     let vip = Vip::start(addr(&old));
     let a = Node::start(config_for(&vip.url(), FO, "inst-a", Timings::fast())).unwrap();
@@ -173,7 +173,7 @@ fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
     wait_for(LONG, "replicated", || {
         redis::cmd("EXISTS")
             .arg(ks.room("a-room").meta)
-            .query::<bool>(&mut new.con())
+            .query::<bool>(&mut new.raw_con())
             .ok()
             .filter(|e| *e)
     });
@@ -181,12 +181,12 @@ fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
-        .query(&mut new.con())
+        .query(&mut new.raw_con())
         .unwrap();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
-        .arg(new.redis.port())
-        .query(&mut old.con())
+        .arg(new.redis().port())
+        .query(&mut old.raw_con())
         .unwrap();
     vip.switch(addr(&new));
     // A new instance joins after the failover (fresh connections: the new master).
@@ -195,7 +195,7 @@ fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
     let reaped_a = lb.try_wait(Duration::from_secs(8), |e| reaped(e, "inst-a"));
     let a_room_left: bool = redis::cmd("EXISTS")
         .arg(ks.room("a-room").meta)
-        .query(&mut new.con())
+        .query(&mut new.raw_con())
         .unwrap();
     assert!(
         reaped_a.is_none() && a_room_left,
@@ -214,7 +214,7 @@ struct FrozenRedis(u32);
 
 impl FrozenRedis {
     fn new(s: &Server) -> FrozenRedis {
-        let pid = s.redis.pid().unwrap();
+        let pid = s.redis().pid().unwrap();
         send_signal(pid, "STOP");
         FrozenRedis(pid)
     }
@@ -244,7 +244,7 @@ fn send_signal(pid: u32, sig: &str) {
 // unbounded wait (or a retry loop) would block shutdown for as long as Redis stays frozen.
 #[test]
 fn shutdown_while_redis_is_frozen_returns_within_3s() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let (leader, _log) = s.leader(BF, "a", Timings::fast());
     leader.pin_room("r").unwrap();
     let frozen = FrozenRedis::new(&s);
@@ -265,7 +265,7 @@ fn shutdown_while_redis_is_frozen_returns_within_3s() {
 // it, start would hang on the first reply for as long as Redis stays frozen.
 #[test]
 fn start_against_a_frozen_redis_fails_within_3s() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let frozen = FrozenRedis::new(&s);
     let t = Instant::now();
     let r = Node::start(s.config(BF, "b"));
@@ -285,7 +285,7 @@ fn start_against_a_frozen_redis_fails_within_3s() {
 // after the restart gets a smaller token than the term before it (e2 <= e1).
 #[test]
 fn epoch_never_goes_backwards_after_redis_loses_its_data() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(BF);
     // Many terms have passed already.
     let _: () = redis::cmd("SET")
@@ -303,7 +303,7 @@ fn epoch_never_goes_backwards_after_redis_loses_its_data() {
     let Event::LeaderAcquired { epoch: e1 } = first else {
         unreachable!()
     };
-    s.redis.restart().unwrap();
+    s.redis_mut().restart().unwrap();
     let (_, second) = wait_any(&mut [&mut la, &mut lb], LONG, "term after restart", |e| {
         matches!(e, Event::LeaderAcquired { .. })
     });
@@ -328,12 +328,12 @@ fn epoch_never_goes_backwards_after_redis_loses_its_data() {
 // lease at once while a still believes it leads until its next refresh (overlap samples > 0).
 #[test]
 fn no_two_nodes_lead_at_once_after_redis_loses_the_lease() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let (a, _la) = s.leader(BF, "a", Timings::fast());
     let b = s.node(BF, "b");
     let mut both_at_once = 0u32;
     for _ in 0..5 {
-        s.redis.restart().unwrap();
+        s.redis_mut().restart().unwrap();
         let until = Instant::now() + Duration::from_millis(1500);
         while Instant::now() < until {
             if a.is_leader() && b.is_leader() {
@@ -373,7 +373,7 @@ fn script_flush_storm_keeps_everything_working() {
     let st = Arc::clone(&stop);
     let url = s.url();
     let flusher = std::thread::spawn(move || {
-        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let mut con = support::con_to(&url);
         while !st.load(std::sync::atomic::Ordering::Relaxed) {
             let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
             std::thread::sleep(Duration::from_millis(3));
@@ -416,7 +416,7 @@ fn script_flush_storm_keeps_everything_working() {
 // take over at all (b_led).
 #[test]
 fn blackholed_leader_never_overlaps_with_the_next() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), BF, "a", Timings::fast())).unwrap();
     let mut la = EventLog::new(&a);
@@ -481,7 +481,7 @@ fn wrong_typed_epoch_is_repaired_and_a_leader_is_elected() {
 // never be reaped.
 #[test]
 fn reaping_resumes_after_redis_restarts_mid_reap() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(BF);
     let (leader, mut log) = s.leader(BF, "leader", Timings::fast());
     let now = s.server_ms();
@@ -494,7 +494,7 @@ fn reaping_resumes_after_redis_restarts_mid_reap() {
         let n: i64 = redis::cmd("SCARD").arg(&idx).query(&mut s.con()).unwrap();
         (n < 3000).then_some(())
     });
-    s.redis.restart().unwrap();
+    s.redis_mut().restart().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let now = s.server_ms();
     s.fabricate_dead(
@@ -519,7 +519,7 @@ fn reaping_resumes_after_redis_restarts_mid_reap() {
 // that never comes.
 #[test]
 fn shutdown_while_blackholed_returns_within_3s() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), BF, "a", Timings::fast())).unwrap();
     let mut la = EventLog::new(&a);
@@ -549,7 +549,7 @@ fn shutdown_while_blackholed_returns_within_3s() {
 // is one command_timeout plus 150 ms, and the error must be a timeout that says so.
 #[test]
 fn pin_room_on_a_frozen_redis_fails_within_one_command_timeout() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: the fault freezes it or fails it over
     let a = s.node(BF, "t");
     a.pin_room("r").unwrap(); // a pooled connection exists
     let frozen = FrozenRedis::new(&s);
@@ -615,7 +615,7 @@ fn wait_for_exact_indexes(s: &Server, ks: &sfu_redis::keys::KeySpace) {
 // (stats().rooms != 0) or report it lost (RoomLost) at its next refresh.
 #[test]
 fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "a", Timings::fast())).unwrap());
@@ -654,7 +654,7 @@ fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
 // a record that no index reaches, never reaped.
 #[test]
 fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "w", Timings::fast())).unwrap());
@@ -690,7 +690,7 @@ fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
 // ("a newer generation exists"), a lie; without forgetting, stats().peers stays 1.
 #[test]
 fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "b", Timings::fast())).unwrap());
@@ -722,7 +722,7 @@ fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
 // the entry `r/p` stays in this instance's peer index with no record, until a reap or fsck.
 #[test]
 fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "u", Timings::fast())).unwrap());
@@ -753,7 +753,7 @@ fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
 // reaches.
 #[test]
 fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), RT, "v", Timings::fast())).unwrap();
@@ -786,7 +786,7 @@ fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
 // peer back: a client that disconnected reappears in the room.
 #[test]
 fn removed_peer_stays_removed_after_a_later_data_loss() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Arc::new(Node::start(config_for(&proxy.url(), RT, "c", Timings::fast())).unwrap());
@@ -795,7 +795,7 @@ fn removed_peer_stays_removed_after_a_later_data_loss() {
     a.upsert_peer("r", "kept-peer", None, &[]).unwrap();
     let a2 = Arc::clone(&a);
     let _ = run_and_lose_the_reply(&proxy, move || a2.remove_peer("r", "gone-peer", generation));
-    s.redis.restart().unwrap();
+    s.redis_mut().restart().unwrap();
     let peer_key = ks.peer("r", "kept-peer");
     wait_for(LONG, "restore after data loss", || {
         redis::cmd("EXISTS")
@@ -822,7 +822,7 @@ fn removed_peer_stays_removed_after_a_later_data_loss() {
 // the room and the peer for good.
 #[test]
 fn data_loss_with_the_restored_reply_lost_still_restores_everything() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks("lostreply");
     let proxy = s.proxy();
     let node = Node::start(config_for(&proxy.url(), "lostreply", "n", Timings::fast())).unwrap();
@@ -882,7 +882,7 @@ fn data_loss_with_the_restored_reply_lost_still_restores_everything() {
 // state. Before, the entry stayed in e's index until e died (the audit reported it).
 #[test]
 fn a_superseded_peer_of_another_instance_leaves_its_index_after_a_lost_reply() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let e = s.node(RT, "e");
     e.pin_room("r").unwrap();
@@ -997,7 +997,7 @@ fn a_node_puts_back_its_stripped_entries_and_drops_dangling_ones() {
 // would find it too, later.
 #[test]
 fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), RT, "sadd", Timings::fast())).unwrap();

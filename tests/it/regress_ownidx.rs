@@ -128,7 +128,7 @@ fn a_non_utf8_member_in_the_leaders_own_index_does_not_stop_reaping() {
 /// node holds. The instance then crashes and is reaped whole.
 #[test]
 fn zombie_clean_up_racing_a_re_pin_leaves_no_orphan() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RB);
     let (_leader, mut log) = s.leader(RB, "leader", Timings::fast());
     let proxy = s.proxy();
@@ -190,7 +190,7 @@ fn zombie_clean_up_racing_a_re_pin_leaves_no_orphan() {
 /// whose record no longer names this instance.
 #[test]
 fn an_own_peer_superseded_by_an_upsert_with_a_lost_reply_is_forgotten() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RB);
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), RB, "a", Timings::fast())).unwrap();
@@ -213,7 +213,7 @@ fn an_own_peer_superseded_by_an_upsert_with_a_lost_reply_is_forgotten() {
 /// removed meanwhile is handed to the next tick's settlements.
 #[test]
 fn host_calls_never_wait_for_a_hung_tick() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let proxy = s.proxy();
     let a = Node::start(config_for(&proxy.url(), RB, "a", Timings::fast())).unwrap();
     let rooms: Vec<String> = (0..32).map(|i| format!("r{i}")).collect();

@@ -91,7 +91,7 @@ fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
 // finds it, and its metadata names the dead instance forever (both lists below non-empty).
 #[test]
 fn close_racing_pin_on_one_node_keeps_the_room_indexed_and_reapable() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let (leader, mut log) = s.leader(RACE, "keeper", Timings::fast());
     let proxy = s.proxy();
@@ -149,7 +149,7 @@ fn close_racing_pin_on_one_node_keeps_the_room_indexed_and_reapable() {
 // a record missing from the instance's peer index.
 #[test]
 fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(5));
@@ -192,7 +192,7 @@ fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
 // the live p1 record: index_problems reports it.
 #[test]
 fn supersede_racing_upsert_of_the_superseded_peer_keeps_indexes_exact() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(5));
@@ -305,7 +305,7 @@ fn hammering_one_node_from_many_threads_keeps_indexes_exact() {
 // room's peer set but not those records, and keys of the closed room remain (listed below).
 #[test]
 fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(2));
@@ -374,7 +374,7 @@ fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
 // room the node has pinned: after the reap the room's keys still name the dead node.
 #[test]
 fn pin_room_timing_out_after_it_ran_leaves_nothing_after_the_reap() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let (leader, mut log) = s.leader(RACE, "keeper", Timings::fast());
     let proxy = s.proxy();
@@ -603,7 +603,7 @@ const LIFE: &str = "life";
 #[test]
 fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
     const ROOMS: usize = 300;
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(LIFE);
     let names: Vec<String> = (0..ROOMS).map(|i| format!("r{i:03}")).collect();
     let peers: Vec<[(&str, Option<&str>); 1]> = (0..ROOMS).map(|_| [("p1", Some("g1"))]).collect();

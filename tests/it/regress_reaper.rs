@@ -142,7 +142,7 @@ fn a_non_utf8_member_in_the_heartbeats_zset_does_not_stop_reaping() {
 // count would still fall between 0.5 s and 2 s after the loss.
 #[test]
 fn reaper_stops_deleting_a_big_room_once_it_loses_the_lease() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(10));
@@ -232,7 +232,7 @@ fn reaper_stops_deleting_a_big_room_once_it_loses_the_lease() {
 // whole room to be reaped (many seconds); the bound is 2 s (a couple of command timeouts).
 #[test]
 fn shutdown_during_a_big_room_reap_returns_within_2s() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(STAGE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(10));

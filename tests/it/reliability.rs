@@ -46,7 +46,7 @@ fn assert_terms_disjoint(terms: &mut [(String, TermRecord)]) {
 /// local deadline (or with a deadline counted from the reply instead of the request) the cut-off
 /// leader's term would still run when the next one starts.
 fn partitioned_leader(dir: Direction) {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let proxy = s.proxy();
     let stage = "partition";
     let t = Timings::fast();
@@ -286,7 +286,7 @@ fn redis_unreachable_for_a_minute_then_every_worker_resumes() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let stage = "outage";
     let t = Timings::fast();
     let nodes: Vec<Node> = (0..3).map(|i| s.node(stage, &format!("n{i}"))).collect();
@@ -301,7 +301,7 @@ fn redis_unreachable_for_a_minute_then_every_worker_resumes() {
     wait_for(LONG, "a leader", || {
         nodes.iter().any(|n| n.is_leader()).then_some(())
     });
-    let pid = s.redis.pid().expect("server pid");
+    let pid = s.redis().pid().expect("server pid");
     signal(pid, "STOP");
     std::thread::sleep(Duration::from_secs(secs));
     let errors: Vec<u64> = nodes.iter().map(|n| n.stats().redis_errors).collect();
@@ -419,7 +419,7 @@ fn clock_skew_of_ten_minutes_either_way_changes_nothing() {
 /// another stage it gets a clear permission error (not a crash, not a hang).
 #[test]
 fn acl_user_limited_to_its_stage() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let mut con = s.con();
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
@@ -431,7 +431,7 @@ fn acl_user_limited_to_its_stage() {
         .arg("+@all")
         .query(&mut con)
         .unwrap();
-    let port = s.redis.port();
+    let port = s.redis().port();
     let url = format!("redis://sfu-acl:acl-s3cret@127.0.0.1:{port}");
     let node = Node::start(config_for(&url, "acl", "allowed", Timings::fast())).unwrap();
     node.pin_room("r").unwrap();
@@ -467,7 +467,7 @@ fn acl_user_limited_to_its_stage() {
 /// debug logging, whether the password is wrong, the server unreachable, or all is well.
 #[test]
 fn password_never_appears_in_binary_output() {
-    let s = Server::start();
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let mut con = s.con();
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
@@ -475,7 +475,7 @@ fn password_never_appears_in_binary_output() {
         .arg(">right-pw-XYZZY")
         .query(&mut con)
         .unwrap();
-    let port = s.redis.port();
+    let port = s.redis().port();
     let run = |url: &str, args: &[&str], secret: &str| {
         let mut child = Command::new(support::procs::cli_bin())
             .args(args)

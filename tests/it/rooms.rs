@@ -286,7 +286,7 @@ fn refused_pin_refresh_is_reported_not_taken_for_a_refresh() {
         .arg("-pexpire")
         .query(&mut s.con())
         .unwrap();
-    let url = s.url().replace("redis://", "redis://nopex:pw@");
+    let url = s.url().replacen("://", "://nopex:pw@", 1);
     let a = sfu_redis::Node::start(config_for(
         &url,
         STAGE,

@@ -33,7 +33,12 @@ fn mentions(problems: &[String], needles: &[&str]) -> bool {
         .any(|p| needles.iter().all(|n| p.contains(n)))
 }
 
-fn zadd(con: &mut redis::Connection, key: &str, score: impl redis::ToRedisArgs, member: &[u8]) {
+fn zadd(
+    con: &mut impl redis::ConnectionLike,
+    key: &str,
+    score: impl redis::ToRedisArgs,
+    member: &[u8],
+) {
     let _: () = redis::cmd("ZADD")
         .arg(key)
         .arg(score)
@@ -42,7 +47,7 @@ fn zadd(con: &mut redis::Connection, key: &str, score: impl redis::ToRedisArgs, 
         .unwrap();
 }
 
-fn hset(con: &mut redis::Connection, key: &str) {
+fn hset(con: &mut impl redis::ConnectionLike, key: &str) {
     let _: () = redis::cmd("HSET")
         .arg(key)
         .arg("f")
@@ -51,7 +56,7 @@ fn hset(con: &mut redis::Connection, key: &str) {
         .unwrap();
 }
 
-fn set_px(con: &mut redis::Connection, key: &str, value: &str, px: u64) {
+fn set_px(con: &mut impl redis::ConnectionLike, key: &str, value: &str, px: u64) {
     let _: () = redis::cmd("SET")
         .arg(key)
         .arg(value)

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
-use redis::Connection;
 use sfu_redis::audit::{self, Problem};
+use sfu_redis::conn::Conn;
 use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::scan::{self, Scan};
@@ -175,7 +175,7 @@ struct Demo {
     signal: Receiver<()>,
     /// The demo's connection; made again ([`Demo::reconnect`]) after a failover and before
     /// the checks, so that it reads the master the sentinels name now.
-    con: Connection,
+    con: Conn,
     checks: Vec<Check>,
     leader_polls: u64,
     most_leaders: usize,
@@ -466,13 +466,13 @@ fn conclude(mut demo: Demo, backend: Backend, start: Instant) -> Result<(), Fail
     }
 }
 
-fn query<T: redis::FromRedisValue>(con: &mut Connection, cmd: &redis::Cmd) -> Result<T, String> {
+fn query<T: redis::FromRedisValue>(con: &mut Conn, cmd: &redis::Cmd) -> Result<T, String> {
     cmd.query(con).map_err(redis_failed)
 }
 
 /// Every key under `keys`' prefix, through the library's pager (`SCAN MATCH P:*`, never
 /// `KEYS`).
-fn scan_keys(con: &mut Connection, keys: &KeySpace) -> Result<Vec<String>, String> {
+fn scan_keys(con: &mut Conn, keys: &KeySpace) -> Result<Vec<String>, String> {
     let names = scan::collect(con, Scan::keys(keys.scan_pattern())).map_err(redis_failed)?;
     Ok(names
         .into_iter()
@@ -491,7 +491,7 @@ fn in_rooms(keys: &KeySpace, p: &Problem, rooms: &[String]) -> bool {
 }
 
 /// Deletes every key under the demo's prefix; returns how many.
-fn cleanup(con: &mut Connection, keys: &KeySpace) -> Result<usize, String> {
+fn cleanup(con: &mut Conn, keys: &KeySpace) -> Result<usize, String> {
     let all = scan_keys(con, keys)?;
     for chunk in all.chunks(UNLINK_BATCH) {
         let _: i64 = query(con, redis::cmd("UNLINK").arg(chunk))?;

@@ -17,41 +17,120 @@ use std::time::{Duration, Instant};
 use sfu_redis::audit::{self, ProblemKind};
 use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace, ParsedKey};
 use sfu_redis::{Config, Event, Node, Timings};
+use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::data;
 pub use sfu_redis_testkit::data::{references, Val};
 use sfu_redis_testkit::devserver::LocalRedis;
 pub use sfu_redis_testkit::faultproxy::{Direction, FaultProxy};
 
-/// A private server for one test; prints its log if the test panics.
+/// A private Redis for one test: one server, or a Redis Cluster of 3 masters; prints the
+/// log(s) if the test panics.
+///
+/// `Server::start()` follows `SFU_TEST_TOPOLOGY`: unset or `standalone` starts one
+/// `redis-server`, `cluster` starts a cluster (`sfu_redis_testkit::cluster::LocalCluster`, 3
+/// masters, no replicas) whose URL is `redis+cluster://...`. So one test body runs on both
+/// (`.ci/run` runs the modules that apply a second time with `SFU_TEST_TOPOLOGY=cluster`).
+/// A test that needs one server's process (restart, pause, its port) uses
+/// [`Server::start_with`] or [`Server::redis`], which are standalone only.
 pub struct Server {
-    pub redis: LocalRedis,
+    backend: Backend,
+}
+
+enum Backend {
+    One(LocalRedis),
+    Cluster(LocalCluster),
+}
+
+/// True when `SFU_TEST_TOPOLOGY=cluster`.
+pub fn cluster_topology() -> bool {
+    std::env::var("SFU_TEST_TOPOLOGY").is_ok_and(|t| t.eq_ignore_ascii_case("cluster"))
 }
 
 impl Server {
     pub fn start() -> Server {
+        if cluster_topology() {
+            return Self::cluster(3, 0);
+        }
         Self::start_with(&[])
     }
 
-    /// A server started with extra `redis-server` arguments (not `--requirepass`: the
+    /// One server started with extra `redis-server` arguments (not `--requirepass`: the
     /// readiness check of `LocalRedis` cannot authenticate; use `CONFIG SET requirepass`).
     pub fn start_with(args: &[&str]) -> Server {
         let _ = env_logger::builder().is_test(true).try_init();
         Server {
-            redis: LocalRedis::start_with(args).expect("start redis-server"),
+            backend: Backend::One(LocalRedis::start_with(args).expect("start redis-server")),
+        }
+    }
+
+    /// A Redis Cluster of `masters` masters with `replicas` replicas each.
+    pub fn cluster(masters: usize, replicas: usize) -> Server {
+        let _ = env_logger::builder().is_test(true).try_init();
+        Server {
+            backend: Backend::Cluster(
+                LocalCluster::start(masters, replicas).expect("start a Redis Cluster"),
+            ),
         }
     }
 
     pub fn url(&self) -> String {
-        self.redis.url()
+        match &self.backend {
+            Backend::One(r) => r.url(),
+            Backend::Cluster(c) => c.url(),
+        }
+    }
+
+    /// The one server (standalone only: panics on a cluster).
+    pub fn redis(&self) -> &LocalRedis {
+        match &self.backend {
+            Backend::One(r) => r,
+            Backend::Cluster(_) => panic!("this test needs one server, not a cluster"),
+        }
+    }
+
+    /// The one server, mutably (restart).
+    pub fn redis_mut(&mut self) -> &mut LocalRedis {
+        match &mut self.backend {
+            Backend::One(r) => r,
+            Backend::Cluster(_) => panic!("this test needs one server, not a cluster"),
+        }
+    }
+
+    /// The cluster (`None` for one server).
+    pub fn nodes(&self) -> Option<&LocalCluster> {
+        match &self.backend {
+            Backend::One(_) => None,
+            Backend::Cluster(c) => Some(c),
+        }
+    }
+
+    /// The cluster, mutably (kill -9 of a node).
+    pub fn nodes_mut(&mut self) -> Option<&mut LocalCluster> {
+        match &mut self.backend {
+            Backend::One(_) => None,
+            Backend::Cluster(c) => Some(c),
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.backend, Backend::Cluster(_))
     }
 
     /// A fault-injecting TCP proxy in front of this server (`sfu_redis_testkit::faultproxy`).
     pub fn proxy(&self) -> FaultProxy {
-        FaultProxy::start(("127.0.0.1", self.redis.port())).expect("start fault proxy")
+        FaultProxy::start(("127.0.0.1", self.redis().port())).expect("start fault proxy")
     }
 
-    pub fn con(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+    /// A connection of the library's connector (`sfu_redis::conn::Redis`: scripts preloaded;
+    /// on a cluster, every command routed by its slot and `SCAN` over every master).
+    pub fn con(&self) -> sfu_redis::conn::Conn {
+        con_to(&self.url())
+    }
+
+    /// A plain driver connection to the one server, whatever its role (a replica too: the
+    /// library's connector refuses those). Standalone only.
+    pub fn raw_con(&self) -> redis::Connection {
+        redis::Client::open(self.redis().url())
             .unwrap()
             .get_connection()
             .expect("connect to test redis")
@@ -88,10 +167,12 @@ impl Server {
 
     /// Every key of the server (tests use small data sets).
     pub fn keys(&self, pattern: &str) -> Vec<String> {
-        let mut keys: Vec<String> = redis::cmd("KEYS")
-            .arg(pattern)
-            .query(&mut self.con())
-            .unwrap();
+        let mut keys: Vec<String> =
+            sfu_redis::scan::collect(&mut self.con(), sfu_redis::scan::Scan::keys(pattern))
+                .unwrap()
+                .into_iter()
+                .map(|k| String::from_utf8(k).unwrap())
+                .collect();
         keys.sort();
         keys
     }
@@ -183,11 +264,12 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!(
-                "---- redis-server log ({}) ----\n{}",
-                self.url(),
-                self.redis.log()
-            );
+            match &self.backend {
+                Backend::One(r) => {
+                    eprintln!("---- redis-server log ({}) ----\n{}", self.url(), r.log())
+                }
+                Backend::Cluster(c) => eprintln!("---- Redis Cluster {} ({c:?}) ----", self.url()),
+            }
         }
     }
 }
@@ -204,6 +286,14 @@ pub fn config_for(url: &str, stage: &str, instance: &str, t: Timings) -> Config 
         .timings(t)
         .build()
         .expect("valid config")
+}
+
+/// A connection of the library's connector to `url` (a cluster URL too).
+pub fn con_to(url: &str) -> sfu_redis::conn::Conn {
+    sfu_redis::conn::Redis::new(url, Duration::from_secs(5))
+        .unwrap()
+        .connect()
+        .expect("connect to test redis")
 }
 
 /// The key space of stage `stage` (`sfu:<stage>:main`).

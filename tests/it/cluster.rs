@@ -1,0 +1,497 @@
+//! Redis Cluster (`redis+cluster://`): every operation on a real 3-master cluster
+//! (`sfu_redis_testkit::cluster::LocalCluster`), rooms spread over every master, and the
+//! wrong URL for the server named clearly. The modules that also run whole on a cluster
+//! (`SFU_TEST_TOPOLOGY=cluster`, `.ci/run`) cover the rest.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sfu_redis::conn::Redis;
+use sfu_redis::{Config, Event, Node, PinOutcome, Timings};
+use support::*;
+
+const STAGE: &str = "c";
+
+/// Keys of the stage on each master (`SCAN` of that master alone).
+fn keys_per_master(s: &Server, pattern: &str) -> BTreeMap<u16, usize> {
+    let c = s.nodes().expect("a cluster");
+    c.master_ports()
+        .into_iter()
+        .map(|port| {
+            let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let keys =
+                sfu_redis::scan::collect(&mut con, sfu_redis::scan::Scan::keys(pattern)).unwrap();
+            (port, keys.len())
+        })
+        .collect()
+}
+
+// Build item 1 end to end: a node on a cluster pins, upserts, removes and closes (scripts on
+// room slots and on the `{ctl}` slot, pipelines split per master), crashes, and the leader
+// reaps every key it left on every master; the leader's room is untouched and the audit
+// (scanning every master) finds nothing wrong.
+#[test]
+fn a_node_on_a_cluster_works_and_is_reaped_from_every_master() {
+    let s = Server::cluster(3, 0);
+    let ks = ks(STAGE);
+    let (leader, mut log) = s.leader(STAGE, "keeper", Timings::fast());
+    assert_eq!(leader.pin_room("keeper-room").unwrap(), PinOutcome::Pinned);
+    leader
+        .upsert_peer("keeper-room", "keeper-peer", None, &[])
+        .unwrap();
+    let keeper_before = room_view(&s, STAGE, &["keeper-room"], &["keeper"]);
+
+    let victim = s.node(STAGE, "victim");
+    let rooms: Vec<String> = (0..40).map(|i| format!("vroom-{i}")).collect();
+    let mut generation = 0;
+    for r in &rooms {
+        assert_eq!(victim.pin_room(r).unwrap(), PinOutcome::Pinned);
+        victim
+            .upsert_peer(
+                r,
+                &format!("{r}-p1"),
+                Some(&format!("{r}-g")),
+                &[("k", "v")],
+            )
+            .unwrap();
+        let g = victim
+            .upsert_peer(r, &format!("{r}-p2"), None, &[])
+            .unwrap();
+        if r == "vroom-0" {
+            generation = g;
+        }
+    }
+    assert!(victim
+        .remove_peer("vroom-0", "vroom-0-p2", generation)
+        .unwrap());
+    victim.close_room("vroom-1").unwrap();
+    victim.heartbeat_now().unwrap();
+    // Every master holds some of the victim's rooms.
+    let spread = keys_per_master(&s, "sfu:c:main:room:*");
+    assert!(spread.values().all(|n| *n > 0), "{spread:?}");
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+
+    victim.simulate_crash();
+    let e = log.wait(LONG, "victim reaped", |e| reaped(e, "victim"));
+    assert_eq!(
+        e,
+        Event::InstanceReaped {
+            dead: "victim".into(),
+            rooms: 39,
+            peers: 40 * 2 - 1 - 2,
+            skipped_rooms: 0
+        }
+    );
+    let left = references(&s.dump("*"), &["victim".into(), "vroom-".into()]);
+    assert!(left.is_empty(), "leftovers on the cluster: {left:#?}");
+    assert_eq!(
+        room_view(&s, STAGE, &["keeper-room"], &["keeper"]),
+        keeper_before
+    );
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}
+
+// Build item 4: 1,000 rooms on 3 masters; each master holds at least 20% of the room keys
+// (the `{<room>}` hash tag spreads them; only the control plane is one slot).
+#[test]
+fn a_thousand_rooms_spread_over_every_master() {
+    let s = Server::cluster(3, 0);
+    let node = s.node(STAGE, "spread");
+    for i in 0..1000 {
+        node.pin_room(&format!("room-{i}")).unwrap();
+    }
+    let spread = keys_per_master(&s, "sfu:c:main:room:*:owner");
+    let total: usize = spread.values().sum();
+    assert_eq!(total, 1000, "{spread:?}");
+    for (port, n) in &spread {
+        assert!(
+            *n * 5 >= total,
+            "master {port} holds {n} of {total} room pins (< 20%): {spread:?}"
+        );
+    }
+    eprintln!("cluster spread of 1000 rooms (pins per master): {spread:?}");
+}
+
+fn connect_error(url: &str) -> String {
+    Redis::new(url, Duration::from_secs(2))
+        .and_then(|r| r.connect().map(|_| ()))
+        .expect_err("connect must fail")
+        .to_string()
+}
+
+// Bad input: a cluster URL at a standalone server says "not a cluster node" (and to use
+// redis://); a standalone URL at a cluster node says to use redis+cluster://; a node started
+// from either URL fails clearly, nothing else is touched.
+#[test]
+fn the_wrong_url_for_the_topology_is_named() {
+    let one = Server::start_with(&[]);
+    let port = one.redis().port();
+    let e = connect_error(&format!("redis+cluster://127.0.0.1:{port}"));
+    assert!(e.contains("is not a cluster node"), "{e}");
+    assert!(e.contains(&format!("redis://127.0.0.1:{port}")), "{e}");
+
+    let c = Server::cluster(3, 0);
+    let node_port = c.nodes().unwrap().master_ports()[0];
+    let e = connect_error(&format!("redis://127.0.0.1:{node_port}"));
+    assert!(e.contains("Redis Cluster node"), "{e}");
+    assert!(e.contains("redis+cluster://"), "{e}");
+
+    let cfg = Config::builder()
+        .redis_url(Some(format!("redis://127.0.0.1:{node_port}")))
+        .stage(STAGE)
+        .instance_id("wrong")
+        .timings(Timings::fast())
+        .build()
+        .unwrap();
+    let e = Node::start(cfg)
+        .expect_err("a standalone URL at a cluster node")
+        .to_string();
+    assert!(e.contains("redis+cluster://"), "{e}");
+    assert_eq!(c.keys("sfu:*"), Vec::<String>::new());
+
+    // A cluster with slots nobody serves: the map is refused, naming the uncovered slots.
+    let e = connect_error("redis+cluster://127.0.0.1:1");
+    assert!(e.contains("127.0.0.1:1") && e.contains("refused"), "{e}");
+}
+
+// A standalone URL keeps working exactly as before, and a cluster URL reaches every master:
+// the connector says which (its masters, its transport).
+#[test]
+fn a_cluster_connection_knows_its_masters() {
+    let s = Server::cluster(3, 0);
+    let redis = Redis::new(&s.url(), Duration::from_secs(2)).unwrap();
+    assert!(redis.is_cluster());
+    assert_eq!(redis.transport(), "cluster");
+    let con = redis.connect().unwrap();
+    assert!(con.is_cluster());
+    let mut want: Vec<String> = s
+        .nodes()
+        .unwrap()
+        .master_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    want.sort();
+    assert_eq!(con.cluster_masters(), want);
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// Timings of the fault tests: a 500 ms heartbeat, a 2 s TTL (stale after 3 s, re-checked
+/// 4 s later: longer than a cluster failover with `cluster-node-timeout 1000`), 300 ms
+/// command timeout.
+fn fault_timings() -> Timings {
+    let mut t = Timings::from_heartbeat(ms(500), ms(2000));
+    t.command_timeout = ms(300);
+    t
+}
+
+/// The slot of `key` as the cluster computes it.
+fn keyslot(s: &Server, key: &str) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+/// A master other than `port`.
+fn other_master(s: &Server, port: u16) -> u16 {
+    s.nodes()
+        .unwrap()
+        .master_ports()
+        .into_iter()
+        .find(|p| *p != port)
+        .expect("another master")
+}
+
+/// Events that must never happen to a live node.
+fn assert_never_lost(what: &str, logs: &mut [(&str, &mut EventLog)]) {
+    for (id, log) in logs.iter_mut() {
+        for e in log.drain() {
+            assert!(
+                !matches!(
+                    e,
+                    Event::InstanceReaped { .. }
+                        | Event::RoomLost { .. }
+                        | Event::ReapedSelf { .. }
+                ),
+                "{what}: {id} saw {e:?}"
+            );
+        }
+    }
+}
+
+/// Terms of every node never overlap and no epoch repeats.
+fn assert_terms_exclusive(what: &str, nodes: &[(&str, &Node)]) {
+    let terms: Vec<(&str, sfu_redis::TermRecord)> = nodes
+        .iter()
+        .flat_map(|(id, n)| n.terms().into_iter().map(move |t| (*id, t)))
+        .collect();
+    for (i, (a, ta)) in terms.iter().enumerate() {
+        for (b, tb) in &terms[i + 1..] {
+            let end = |t: &sfu_redis::TermRecord| t.ended().unwrap_or_else(std::time::Instant::now);
+            assert!(
+                a == b || end(ta) <= tb.started || end(tb) <= ta.started,
+                "{what}: terms overlap: {a} {ta:?} and {b} {tb:?}"
+            );
+        }
+    }
+    let epochs: std::collections::BTreeSet<u64> = terms.iter().map(|(_, t)| t.epoch).collect();
+    assert_eq!(
+        epochs.len(),
+        terms.len(),
+        "{what}: an epoch repeats: {terms:?}"
+    );
+}
+
+/// Polls until the audit finds nothing.
+fn wait_clean(s: &Server, what: &str) {
+    let ks = ks(STAGE);
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let problems = s.index_problems(&ks);
+        if problems.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {problems:#?}"
+        );
+        std::thread::sleep(ms(100));
+    }
+}
+
+// Build item 2: a master paused (SIGSTOP) fails the calls on its slots within the command
+// timeout, while rooms on the other masters keep working; after SIGCONT the paused master's
+// rooms work again. Fails if a call waits on the paused master past the timeout (the crate's
+// own cluster client retries for minutes) or if one master's stall fails the others' rooms.
+#[test]
+fn a_paused_master_fails_its_slots_in_time_and_the_others_keep_working() {
+    let s = Server::cluster(3, 0);
+    let node = s.node_with(STAGE, "p", fault_timings());
+    // Two rooms on different masters, neither holding `{ctl}`.
+    let ctl = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &ks(STAGE).leader()))
+        .unwrap();
+    let mut by_master: BTreeMap<u16, String> = BTreeMap::new();
+    for i in 0.. {
+        let room = format!("pr-{i}");
+        let m = s
+            .nodes()
+            .unwrap()
+            .master_of_slot(keyslot(&s, &ks(STAGE).room(&room).owner))
+            .unwrap();
+        if m != ctl {
+            by_master.entry(m).or_insert(room);
+        }
+        if by_master.len() == 2 {
+            break;
+        }
+    }
+    let mut rooms = by_master.into_iter();
+    let (paused, stalled_room) = rooms.next().unwrap();
+    let (_, live_room) = rooms.next().unwrap();
+    node.pin_room(&stalled_room).unwrap();
+    node.pin_room(&live_room).unwrap();
+
+    s.nodes().unwrap().pause(paused);
+    let t = std::time::Instant::now();
+    let out = node.upsert_peer(&stalled_room, "p1", None, &[]);
+    let took = t.elapsed();
+    s.nodes().unwrap().resume(paused);
+    assert!(
+        out.is_err(),
+        "an upsert on a paused master succeeded: {out:?}"
+    );
+    // Generous: the bound is one command timeout (300 ms) plus connection set-up.
+    assert!(
+        took < Duration::from_secs(3),
+        "the call on the paused master took {took:?}"
+    );
+
+    s.nodes().unwrap().pause(paused);
+    let live = node.upsert_peer(&live_room, "p2", None, &[]);
+    s.nodes().unwrap().resume(paused);
+    assert!(live.is_ok(), "a room on a running master failed: {live:?}");
+    wait_for(LONG, "the paused master's room works again", || {
+        node.upsert_peer(&stalled_room, "p1", None, &[]).ok()
+    });
+    wait_clean(&s, "after the pause");
+}
+
+// Build item 3, migrations: while two nodes run, (1) the slot of a room is migrated halfway
+// (the source MIGRATING, the target IMPORTING, some keys moved: ASK replies) and the room's
+// owner upserts into it and ticks, then the migration is finished (MOVED); (2) the `{ctl}`
+// slot (heartbeats, lease, indexes) moves to another master. No room is lost, no live instance
+// reaped, the leader's terms never overlap, and the audit is clean.
+#[test]
+fn live_slot_migrations_of_a_room_and_of_ctl_lose_nothing() {
+    let s = Server::cluster(3, 0);
+    let ks = ks(STAGE);
+    let (a, mut log_a) = s.leader(STAGE, "ma", fault_timings());
+    let b = s.node_with(STAGE, "mb", fault_timings());
+    let mut log_b = EventLog::new(&b);
+    for i in 0..10 {
+        a.pin_room(&format!("a-{i}")).unwrap();
+        b.pin_room(&format!("b-{i}")).unwrap();
+        b.upsert_peer(&format!("b-{i}"), "p0", Some("g0"), &[("k", "v")])
+            .unwrap();
+    }
+    let cluster = s.nodes().unwrap();
+
+    // (1) A room's slot, half migrated.
+    let slot = keyslot(&s, &ks.room("b-3").owner);
+    let from = cluster.master_of_slot(slot).unwrap();
+    let to = other_master(&s, from);
+    let moved = cluster
+        .begin_migration(slot, to, 2)
+        .expect("begin the migration");
+    assert!(moved >= 1, "no key moved");
+    // A script whose keys are split between the two masters gets TRYAGAIN until the
+    // migration ends: retried within the command timeout, then a clear error; nothing else
+    // fails meanwhile and nothing is lost.
+    let t = std::time::Instant::now();
+    match b.upsert_peer("b-3", "p1", None, &[]) {
+        Ok(_) => {}
+        Err(e) => assert!(e.to_string().contains("TryAgain"), "{e}"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    b.upsert_peer("b-5", "p1", None, &[])
+        .expect("a room on another slot meanwhile");
+    b.heartbeat_now().expect("a tick during the migration");
+    cluster
+        .finish_migration(slot, to)
+        .expect("finish the migration");
+    b.upsert_peer("b-3", "p1", None, &[])
+        .expect("upsert once the migration ended");
+    assert_eq!(cluster.master_of_slot(slot), Some(to));
+    b.upsert_peer("b-3", "p2", None, &[])
+        .expect("upsert after the migration (MOVED)");
+    b.heartbeat_now().expect("a tick after the migration");
+
+    // (2) The control plane's slot.
+    let ctl = keyslot(&s, &ks.leader());
+    let from = cluster.master_of_slot(ctl).unwrap();
+    let to = other_master(&s, from);
+    cluster.migrate_slot(ctl, to).expect("migrate {ctl}");
+    b.heartbeat_now().expect("a tick after {ctl} moved");
+    b.upsert_peer("b-4", "p1", None, &[])
+        .expect("upsert after {ctl} moved");
+    // The lease lives on: a leader again (the same one: its refresh follows the MOVED).
+    std::thread::sleep(fault_timings().lease_ttl);
+    wait_for(LONG, "a leader after {ctl} moved", || {
+        (a.is_leader() || b.is_leader()).then_some(())
+    });
+    assert_never_lost("migrations", &mut [("ma", &mut log_a), ("mb", &mut log_b)]);
+    assert_terms_exclusive("migrations", &[("ma", &a), ("mb", &b)]);
+    for i in 0..10 {
+        assert_eq!(
+            b.room_owner(&format!("b-{i}")).unwrap().as_deref(),
+            Some("mb")
+        );
+        assert_eq!(
+            a.room_owner(&format!("a-{i}")).unwrap().as_deref(),
+            Some("ma")
+        );
+    }
+    wait_clean(&s, "after the migrations");
+}
+
+// Build item 3, failover: kill -9 of the master holding `{ctl}` (each master has a replica).
+// The replica is promoted; every node heartbeats there again, what the nodes hold is there
+// (restored if the last writes were lost), no live instance is reaped, no room lost, terms
+// never overlap and a term started after the kill has a higher epoch; the audit ends clean.
+#[test]
+fn kill9_of_the_ctl_master_keeps_the_lease_safe_and_restores() {
+    let mut s = Server::cluster(3, 1);
+    let ks = ks(STAGE);
+    let (a, mut log_a) = s.leader(STAGE, "fa", fault_timings());
+    let b = s.node_with(STAGE, "fb", fault_timings());
+    let mut log_b = EventLog::new(&b);
+    for i in 0..10 {
+        a.pin_room(&format!("fa-{i}")).unwrap();
+        b.pin_room(&format!("fb-{i}")).unwrap();
+        b.upsert_peer(&format!("fb-{i}"), "p", Some("g"), &[])
+            .unwrap();
+    }
+    let before = a.terms().iter().map(|t| t.epoch).max().unwrap_or(0);
+    let ctl = keyslot(&s, &ks.leader());
+    let old = s.nodes().unwrap().master_of_slot(ctl).unwrap();
+    let fault_at = std::time::Instant::now();
+    s.nodes_mut().unwrap().kill9(old);
+    wait_for(LONG, "a new master of {ctl}", || {
+        s.nodes()
+            .unwrap()
+            .master_of_slot(ctl)
+            .filter(|p| *p != old)
+            .filter(|_| s.nodes().unwrap().wait_ok(ms(100)))
+    });
+    let promoted = fault_at.elapsed();
+    // Both nodes heartbeat on the new master.
+    let now = sfu_redis::conn::server_time_ms(&mut s.con()).unwrap();
+    wait_for(LONG, "both nodes heartbeating after the failover", || {
+        ["fa", "fb"]
+            .iter()
+            .all(|id| {
+                redis::cmd("ZSCORE")
+                    .arg(ks.heartbeats())
+                    .arg(*id)
+                    .query::<Option<f64>>(&mut s.con())
+                    .ok()
+                    .flatten()
+                    .is_some_and(|score| score as i64 > now)
+            })
+            .then_some(())
+    });
+    wait_for(LONG, "a leader after the failover", || {
+        (a.is_leader() || b.is_leader()).then_some(())
+    });
+    eprintln!(
+        "cluster failover of {{ctl}}: promoted after {:.2} s, both nodes heartbeating and a leader after {:.2} s",
+        promoted.as_secs_f64(),
+        fault_at.elapsed().as_secs_f64()
+    );
+    for i in 0..10 {
+        let room = format!("fb-{i}");
+        wait_for(LONG, "fb's rooms and peers on the new masters", || {
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(ks.room(&room).owner)
+                .query(&mut s.con())
+                .ok()?;
+            let inst: Option<String> = redis::cmd("HGET")
+                .arg(ks.peer(&room, "p"))
+                .arg("instance")
+                .query(&mut s.con())
+                .ok()?;
+            (owner.as_deref() == Some("fb") && inst.as_deref() == Some("fb")).then_some(())
+        });
+    }
+    assert_never_lost("failover", &mut [("fa", &mut log_a), ("fb", &mut log_b)]);
+    assert_terms_exclusive("failover", &[("fa", &a), ("fb", &b)]);
+    for (id, n) in [("fa", &a), ("fb", &b)] {
+        for t in n.terms() {
+            if t.started > fault_at {
+                assert!(
+                    t.epoch > before,
+                    "{id}: epoch {} after the kill is not above {before}",
+                    t.epoch
+                );
+            }
+        }
+    }
+    wait_clean(&s, "after the failover");
+}
