@@ -25,7 +25,13 @@
 //! ```sh
 //! cargo run --release --example perf_report -- --tls    # plaintext vs TLS, one server
 //! cargo run --release --example perf_report -- --wait   # WAIT 1 on a replicated master
+//! cargo run --release --example perf_report -- --cluster  # 3-master cluster vs one server
 //! ```
+//!
+//! `--cluster` (`examples/perf/cluster.rs`): the reap (`--rooms` rooms x 4 peers, median of
+//! `--runs`) and the tick (`--rooms` pinned rooms) on a private 3-master Redis Cluster and on
+//! one standalone server, alternating; each master's share of the reap's server CPU, the
+//! cluster reap's speed relative to the standalone one, the tick's round trips per master.
 //!
 //! `--tls` (`examples/perf/tls.rs`): the reap (`--rooms` rooms x 4 peers, median of `--runs`)
 //! and the tick (`--rooms` pinned rooms, median of 3 x `--runs`) over the plaintext port and
@@ -37,6 +43,8 @@
 //! what `WAIT` returns and how long it blocks while the replica is SIGSTOPped
 //! (`--stopped-samples`, default 3).
 
+#[path = "perf/cluster.rs"]
+mod cluster;
 #[path = "../benches/common/mod.rs"]
 mod common;
 #[path = "perf/tls.rs"]
@@ -385,6 +393,10 @@ fn main() {
     let flag = |name: &str| std::env::args().any(|a| a == name);
     if flag("--tls") {
         tls::report(&a);
+        return;
+    }
+    if flag("--cluster") {
+        cluster::report(&a);
         return;
     }
     if flag("--wait") {

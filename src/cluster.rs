@@ -76,6 +76,25 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 /// A node's address.
 pub(crate) type Addr = (String, u16);
 
+/// Round trips sent to each node (`host:port`) by every cluster connection of this process
+/// (feature `testing`: what `perf_report --cluster` counts per tick).
+#[cfg(feature = "testing")]
+pub(crate) static ROUND_TRIPS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
+/// Counts one round trip to `addr` (feature `testing`; nothing otherwise).
+fn count_trip(addr: &Addr) {
+    #[cfg(feature = "testing")]
+    {
+        *ROUND_TRIPS
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .entry(show_addr(&addr.0, addr.1))
+            .or_default() += 1;
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = addr;
+}
+
 /// Who serves each slot, from `CLUSTER SLOTS`.
 #[derive(Debug, Clone)]
 pub(crate) struct SlotMap {
@@ -103,6 +122,11 @@ impl SlotMap {
         &self.nodes
     }
 
+    /// Replicas listed for every master.
+    pub(crate) fn replica_count(&self) -> usize {
+        self.replicas.iter().map(Vec::len).sum()
+    }
+
     /// Slots nobody serves.
     pub(crate) fn uncovered(&self) -> usize {
         self.owner.iter().filter(|o| **o == NONE).count()
@@ -121,16 +145,16 @@ impl SlotMap {
         self.owner[slot as usize] = i as u16;
     }
 
-    /// True when some slot's master now is a node that was a replica of that slot's master in
-    /// `before`: a failover (a replica promoted), whose new master may lack the last writes
-    /// (replication is asynchronous). A slot that moved to another master is a migration: its
-    /// keys moved with it.
+    /// True when some slot's master now is a node that was no master in `before` (a replica
+    /// promoted: a failover, whose new master may lack the last writes, replication being
+    /// asynchronous; or a node new to the map). A slot that moved to another master that was
+    /// one already is a migration: its keys moved with it.
     fn failover_since(&self, before: &SlotMap) -> bool {
         (0..SLOTS).any(|s| {
-            let (Some(now), Some(&was)) = (self.master(s as u16), before.owner.get(s)) else {
+            let (Some(now), Some(was)) = (self.master(s as u16), before.master(s as u16)) else {
                 return false;
             };
-            was != NONE && before.replicas[was as usize].contains(now)
+            now != was && !before.nodes.contains(now)
         })
     }
 
@@ -503,6 +527,7 @@ impl ClusterConn {
         let mut said = Vec::new();
         for addr in tried {
             let shown = show_addr(&addr.0, addr.1);
+            count_trip(&addr);
             let reply = match self.nodes.get_mut(&addr) {
                 Some(con) => redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(con),
                 None => self.cluster.open(&addr).and_then(|mut con| {
@@ -592,6 +617,7 @@ impl ClusterConn {
                 Some(a) => (a, true),
                 None => (self.owner(slot)?, false),
             };
+            count_trip(&addr);
             let con = self.node(&addr)?;
             reply = if ask {
                 let mut b = redis::cmd("ASKING").get_packed_command();
@@ -648,6 +674,7 @@ impl ClusterConn {
         for a in &args[2..] {
             cmd.arg(*a);
         }
+        count_trip(addr);
         let reply = self.node(addr)?.req_command(&cmd)?;
         let Value::Array(mut parts) = reply else {
             return Ok(reply);
@@ -672,6 +699,7 @@ impl ClusterConn {
         let masters = self.map.nodes.clone();
         let mut first = None;
         for addr in &masters {
+            count_trip(addr);
             let v = self.node(addr)?.req_packed_command(bytes)?;
             if matches!(v, Value::ServerError(_)) {
                 return Ok(v);
@@ -694,6 +722,7 @@ impl ClusterConn {
         let masters = self.map.nodes.clone();
         let mut out = Vec::with_capacity(masters.len());
         for addr in &masters {
+            count_trip(addr);
             out.push(f(self.node(addr)?)?);
         }
         Ok(out)
@@ -738,6 +767,7 @@ impl ClusterConn {
                 Some(s) => self.owner(s)?,
                 None => self.default_node()?,
             };
+            count_trip(&addr);
             let out = self.node(&addr)?.req_packed_commands(bytes, offset, count);
             return self.mark_broken(out);
         }
@@ -778,6 +808,7 @@ impl ClusterConn {
             for &i in idx {
                 buf.extend_from_slice(cmds[i].bytes);
             }
+            count_trip(addr);
             let out = self.node(addr)?.send_packed_command(&buf);
             self.mark_broken(out)?;
             sent.push((addr.clone(), idx.clone()));
@@ -824,6 +855,7 @@ impl ConnectionLike for ClusterConn {
             Route::Scan => self.scan(&cmd.args),
             Route::Near => {
                 let addr = self.default_node()?;
+                count_trip(&addr);
                 self.node(&addr)?.req_packed_command(bytes)
             }
             Route::Refused => Err(cluster_error(

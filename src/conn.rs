@@ -137,6 +137,26 @@ impl Conn {
         }
     }
 
+    /// The replicas the slot map lists for all masters (0 for one server).
+    pub fn cluster_replicas(&self) -> usize {
+        match &self.0 {
+            Inner::One(_) => 0,
+            Inner::Cluster(c) => c.slot_map().replica_count(),
+        }
+    }
+
+    /// The master (`host:port`) that serves `key`'s hash slot on a cluster; `None` for one
+    /// server.
+    pub fn cluster_master_of(&self, key: &str) -> Option<String> {
+        match &self.0 {
+            Inner::One(_) => None,
+            Inner::Cluster(c) => c
+                .slot_map()
+                .master(crate::cluster::slot(key.as_bytes()))
+                .map(|(h, p)| endpoint::show_addr(h, *p)),
+        }
+    }
+
     /// Runs `f` on the connection to every master (one server: on it); the results in
     /// master order.
     pub(crate) fn each_master<T>(
@@ -898,6 +918,17 @@ pub(crate) fn call<T: FromRedisValue>(
 pub(crate) fn decode<T: FromRedisValue>(op: &'static str, r: RedisResult<Value>) -> Result<T> {
     let v = r.map_err(|e| Error::redis(op, e))?;
     redis::from_redis_value(v).map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))
+}
+
+/// Round trips every cluster connection of this process has sent to each node
+/// (`host:port`) so far: what `perf_report --cluster` counts per tick. Feature `testing`.
+#[cfg(feature = "testing")]
+pub fn cluster_round_trips() -> std::collections::BTreeMap<String, u64> {
+    crate::cluster::ROUND_TRIPS
+        .lock()
+        .as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+        .unwrap_or_default()
 }
 
 /// Redis server time (`TIME`), in ms. Liveness uses server time only (docs/DESIGN.md "Server

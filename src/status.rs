@@ -147,7 +147,7 @@ pub struct FleetStatus {
 pub struct RouteStatus {
     /// The URL without its password.
     pub url: String,
-    /// `plain`, `tls`, `sentinel` or `sentinel+tls`.
+    /// `plain`, `tls`, `sentinel`, `sentinel+tls`, `cluster` or `cluster+tls`.
     pub transport: String,
     /// Sentinel URLs: the master name.
     pub master_name: Option<String>,
@@ -156,8 +156,14 @@ pub struct RouteStatus {
     /// Sentinel URLs: the sentinel that named it (`host:port`), `None` if every sentinel
     /// failed and the last known master was used.
     pub sentinel: Option<String>,
-    /// Replicas connected to the server (its `ROLE`; 0 when unknown).
+    /// Replicas connected to the server (its `ROLE`; 0 when unknown); on a cluster, the
+    /// replicas its slot map lists for all masters.
     pub replicas: usize,
+    /// Cluster URLs: every master (`host:port`, address order); empty otherwise.
+    pub masters: Vec<String>,
+    /// Cluster URLs: the master serving the control plane's slot (`{ctl}`: heartbeats,
+    /// lease, indexes).
+    pub ctl_master: Option<String>,
 }
 
 impl FleetStatus {
@@ -178,6 +184,8 @@ impl FleetStatus {
                 "master": self.route.master,
                 "sentinel": self.route.sentinel,
                 "replicas": self.route.replicas,
+                "masters": self.route.masters,
+                "ctl_master": self.route.ctl_master,
             },
             "instances": self.instances.iter().map(|i| json!({
                 "id": i.id,
@@ -227,7 +235,13 @@ pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
         master_name: redis.master_name().map(str::to_owned),
         master: route.master,
         sentinel: route.via,
-        replicas: route.replicas,
+        replicas: if con.is_cluster() {
+            con.cluster_replicas()
+        } else {
+            route.replicas
+        },
+        masters: con.cluster_masters(),
+        ctl_master: con.cluster_master_of(&config.keys().leader()),
     };
     Ok(status)
 }

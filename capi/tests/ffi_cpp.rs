@@ -393,3 +393,51 @@ fn example_host_over_tls_through_sentinels() {
         assert!(!r.describe().contains(secret), "{}", r.describe());
     }
 }
+
+/// The C++ host on a Redis Cluster (`redis+cluster://` in `redis_url`): its rooms and peers
+/// land on the masters of their slots, the host stops cleanly, and the cluster then holds its
+/// rooms (read back through the library's cluster connection).
+#[test]
+fn example_host_on_a_redis_cluster() {
+    let server = Server::cluster(3, 0);
+    let r = run(
+        host(),
+        &[
+            "--redis-url",
+            &server.url(),
+            "--stage",
+            "cpp-cluster",
+            "--instance",
+            "cpp-cluster",
+            "--timings",
+            "fast",
+            "--rooms",
+            "c1,c2,c3,c4",
+            "--peers",
+            "2",
+            "--run-ms",
+            "1500",
+        ],
+        false,
+        &[],
+    );
+    let out = r.stdout();
+    assert!(
+        r.output.status.success()
+            && out.contains("pinned c1 pinned")
+            && out.contains("pinned c4 pinned")
+            && out.contains("\"event\":\"ready\"")
+            && out.contains("\"event\":\"stopped\""),
+        "{}",
+        r.describe()
+    );
+    let ks = KeySpace::new("sfu", "cpp-cluster", "main").unwrap();
+    for room in ["c1", "c2", "c3", "c4"] {
+        let meta: Option<String> = redis::cmd("HGET")
+            .arg(ks.room(room).meta)
+            .arg("owner")
+            .query(&mut server.con())
+            .unwrap();
+        assert_eq!(meta.as_deref(), Some("cpp-cluster"), "room {room}");
+    }
+}

@@ -55,7 +55,7 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Run three in-process instances, crash two of them and watch the survivor clean up;
     /// checks the result and exits non-zero if a check fails. With --sentinel, through Redis
-    /// Sentinel, failing the master over in between.
+    /// Sentinel, failing the master over in between; with --cluster, on a Redis Cluster.
     Demo(demo::DemoArgs),
 }
 
@@ -63,8 +63,9 @@ enum Command {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RedisArgs {
     /// Redis URL: redis://[user:password@]host:port[/db], rediss://... (TLS),
-    /// redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db] or
-    /// rediss+sentinel://...; empty means memory-only mode.
+    /// redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db],
+    /// rediss+sentinel://..., redis+cluster://[user:password@]host1:port1,host2:port2,... or
+    /// rediss+cluster://...; empty means memory-only mode.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     pub redis_url: Option<String>,
     #[command(flatten)]

@@ -110,6 +110,12 @@ pub(crate) fn print_table(
                     .map(|s| format!("sentinel {s}"))
                     .unwrap_or_else(|| "the last known master (no sentinel answered)".into())
             ),
+            _ if !st.route.masters.is_empty() => format!(
+                ", {} masters {}, control plane on {}",
+                st.route.masters.len(),
+                st.route.masters.join(" "),
+                st.route.ctl_master.as_deref().unwrap_or("no master")
+            ),
             _ => String::new(),
         };
         writeln!(

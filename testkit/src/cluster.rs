@@ -21,18 +21,42 @@
 //! Nodes run with `cluster-node-timeout 1000` (a dead master is failed over within a few
 //! seconds), `cluster-require-full-coverage yes`, `cluster-replica-validity-factor 0` (a
 //! replica always may take over, however long its link was down), `repl-diskless-sync-delay
-//! 0`, no persistence, `protected-mode no`. Every check talks to the nodes with a plain
-//! `redis` connection per query (connect within 1 s, replies within 2 s) and skips nodes that
-//! are killed or SIGSTOPped, so that a stopped node never hangs the harness.
+//! 0`, no persistence, `protected-mode no`. Every check talks to the nodes with a `redis`
+//! connection per query (connect within 1 s, replies within 2 s) and skips nodes that are
+//! killed or SIGSTOPped, so that a stopped node never hangs the harness.
+//!
+//! [`LocalCluster::start_tls`] starts a TLS-only cluster: every node with `--port 0
+//! --tls-port <port>` (certificates of a [`TestCerts`], `tls-auth-clients no`),
+//! `--tls-cluster yes` (cluster bus and `MIGRATE` over TLS; `CLUSTER SLOTS`, `CLUSTER NODES`
+//! and redirections name the TLS ports) and `--tls-replication yes`. Its ports are TLS ports,
+//! its [`LocalCluster::url`] is `rediss+cluster://...`, and the checks speak TLS, trusting
+//! the test CA, on one connection per node kept between queries rather than one per query
+//! (a new TLS client is slow in a debug build), with the same time limits.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use sfu_redis_testkit::cluster::LocalCluster;
+//! use sfu_redis_testkit::tls::TestCerts;
+//!
+//! let certs = Arc::new(TestCerts::generate().map_err(std::io::Error::other)?);
+//! let cluster = LocalCluster::start_tls(3, 0, Arc::clone(&certs))?;
+//! let url = cluster.url(); // rediss+cluster://127.0.0.1:<tls port 1>,...; trust certs.ca()
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
+use std::collections::HashMap;
 use std::io;
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use redis::Value;
 
 use crate::cli;
-use crate::devserver::LocalRedis;
+use crate::devserver::{LocalRedis, TlsServer};
+use crate::tls::TestCerts;
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -72,6 +96,8 @@ pub struct LocalCluster {
     nodes: Vec<LocalRedis>,
     /// How many of `nodes` were created masters.
     masters: usize,
+    /// How the harness reaches the nodes (TLS for a [`LocalCluster::start_tls`] cluster).
+    dial: Dial,
 }
 
 /// A run of slots `start..=end` and the port of the master serving them.
@@ -106,6 +132,39 @@ impl LocalCluster {
     /// failed `redis-cli --cluster create` (its output and the ends of the nodes' logs), or
     /// a cluster that does not settle in time (what was still wrong, and the logs' ends).
     pub fn start(masters: usize, replicas: usize) -> io::Result<LocalCluster> {
+        Self::start_nodes(masters, replicas, None)
+    }
+
+    /// Like [`LocalCluster::start`], every node TLS only: started with
+    /// [`LocalRedis::start_tls`] (`--port 0`, `--tls-port <port>`, the certificates of
+    /// `certs`, copied into each node's dir, `--tls-auth-clients no`), plus `--tls-cluster yes`
+    /// (the cluster bus, at the TLS port + 10000, speaks TLS, as does `MIGRATE` between
+    /// nodes, and `CLUSTER SLOTS` / `CLUSTER NODES` name the TLS ports) and
+    /// `--tls-replication yes` (replicas sync over TLS); joined with `redis-cli --tls --cacert
+    /// <ca> --cluster create ...`.
+    ///
+    /// Every port of the cluster ([`LocalCluster::ports`], [`LocalCluster::master_ports`],
+    /// [`LocalCluster::master_of_slot`], the `to` of [`LocalCluster::migrate_slot`]) is then a
+    /// TLS port; [`LocalCluster::url`] is `rediss+cluster://...` (trust [`TestCerts::ca`];
+    /// no client certificate is needed). The harness's own checks speak TLS, trusting
+    /// `certs.ca()` (read once here: `certs` may be dropped once this returns).
+    ///
+    /// # Errors
+    /// As [`LocalCluster::start`]; also when `certs.ca()` cannot be read or a node cannot
+    /// copy the certificates.
+    pub fn start_tls(
+        masters: usize,
+        replicas: usize,
+        certs: Arc<TestCerts>,
+    ) -> io::Result<LocalCluster> {
+        Self::start_nodes(masters, replicas, Some(&certs))
+    }
+
+    fn start_nodes(
+        masters: usize,
+        replicas: usize,
+        certs: Option<&TestCerts>,
+    ) -> io::Result<LocalCluster> {
         if masters < 3 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -114,7 +173,7 @@ impl LocalCluster {
         }
         let total = masters * (1 + replicas);
         let timeout = NODE_TIMEOUT_MS.to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -130,45 +189,79 @@ impl LocalCluster {
             "--protected-mode",
             "no",
         ];
+        let dial = match certs {
+            None => Dial::default(),
+            Some(certs) => {
+                args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                let ca = std::fs::read(certs.ca()).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("read the test CA {}: {e}", certs.ca().display()),
+                    )
+                })?;
+                Dial {
+                    ca: Some(ca),
+                    idle: Mutex::default(),
+                }
+            }
+        };
         let mut cluster = LocalCluster {
             nodes: Vec::with_capacity(total),
             masters,
+            dial,
+        };
+        let kind = if certs.is_some() {
+            "redis-server --cluster-enabled yes --tls-cluster yes, TLS only"
+        } else {
+            "redis-server --cluster-enabled yes"
         };
         for i in 0..total {
             // LocalRedis retries other ports when one (or its bus port) is taken.
-            let node = LocalRedis::start_with(&args).map_err(|e| {
+            let node = match certs {
+                None => LocalRedis::start_with(&args),
+                Some(certs) => LocalRedis::start_tls(
+                    certs,
+                    TlsServer {
+                        extra: args.iter().map(|a| (*a).to_owned()).collect(),
+                        ..TlsServer::default()
+                    },
+                ),
+            }
+            .map_err(|e| {
                 from_kit(
-                    format!(
-                        "start cluster node {} of {total} (redis-server --cluster-enabled yes)",
-                        i + 1
-                    ),
+                    format!("start cluster node {} of {total} ({kind})", i + 1),
                     e,
                 )
             })?;
             cluster.nodes.push(node);
         }
         let deadline = Instant::now() + START_TIMEOUT;
-        cluster.create(replicas, deadline)?;
+        cluster.create(replicas, certs.map(|c| c.ca()), deadline)?;
         cluster.wait_settled(deadline)?;
         cluster.order_masters_first()?;
         Ok(cluster)
     }
 
-    /// `redis-cli --cluster create` over every node.
-    fn create(&self, replicas: usize, deadline: Instant) -> io::Result<()> {
+    /// `redis-cli --cluster create` over every node (`--tls --cacert <ca>` with `ca`).
+    fn create(&self, replicas: usize, ca: Option<PathBuf>, deadline: Instant) -> io::Result<()> {
         let addrs: Vec<String> = self
             .ports()
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         let mut cmd = Command::new("redis-cli");
+        let mut tls = String::new();
+        if let Some(ca) = &ca {
+            cmd.arg("--tls").arg("--cacert").arg(ca);
+            tls = format!(" --tls --cacert {}", ca.display());
+        }
         cmd.args(["--cluster", "create"]).args(&addrs).args([
             "--cluster-replicas",
             &replicas.to_string(),
             "--cluster-yes",
         ]);
         let what = format!(
-            "redis-cli --cluster create {} --cluster-replicas {replicas} --cluster-yes",
+            "redis-cli{tls} --cluster create {} --cluster-replicas {replicas} --cluster-yes",
             addrs.join(" ")
         );
         let done = cli::run(
@@ -217,7 +310,7 @@ impl LocalCluster {
     fn order_masters_first(&mut self) -> io::Result<()> {
         let mut is_master = Vec::with_capacity(self.nodes.len());
         for port in self.ports() {
-            is_master.push(role(port)?.0 == "master");
+            is_master.push(self.dial.role(port)?.0 == "master");
         }
         let found = is_master.iter().filter(|m| **m).count();
         if found != self.masters {
@@ -235,13 +328,24 @@ impl LocalCluster {
     }
 
     /// The cluster's URL: `redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,...`, the ports of
-    /// the masters as created (start order), whatever their role now.
+    /// the masters as created (start order), whatever their role now; for a TLS cluster
+    /// ([`LocalCluster::start_tls`]) `rediss+cluster://...` with the TLS ports.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.nodes[..self.masters]
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let scheme = if self.is_tls() {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
+        format!("{scheme}://{}", hosts.join(","))
+    }
+
+    /// True for a cluster started with [`LocalCluster::start_tls`].
+    pub fn is_tls(&self) -> bool {
+        self.dial.ca.is_some()
     }
 
     /// Every node's data port: the masters as created, then the replicas, in start order
@@ -259,7 +363,7 @@ impl LocalCluster {
         for node in self.nodes.iter().filter(|n| n.is_alive()) {
             let port = node.port();
             if !node.is_stopped() {
-                if role(port).is_ok_and(|(r, _)| r == "master") {
+                if self.dial.role(port).is_ok_and(|(r, _)| r == "master") {
                     masters.push(port);
                 }
                 continue;
@@ -267,7 +371,7 @@ impl LocalCluster {
             let nodes = view.get_or_insert_with(|| {
                 self.answering()
                     .into_iter()
-                    .find_map(|p| query::<String>(p, &cluster_cmd(&["NODES"])).ok())
+                    .find_map(|p| self.dial.query::<String>(p, &cluster_cmd(&["NODES"])).ok())
             });
             let flagged = nodes.as_deref().is_some_and(|text| {
                 parse_nodes(text)
@@ -292,7 +396,9 @@ impl LocalCluster {
         }
         let mut named: Vec<u16> = Vec::new();
         for port in self.answering() {
-            let Ok(map) = slot_map(port) else { continue };
+            let Ok(map) = self.dial.slot_map(port) else {
+                continue;
+            };
             if let Some(owner) = owner_in(&map, slot) {
                 if owner == port {
                     return Some(port);
@@ -313,6 +419,7 @@ impl LocalCluster {
     /// When no node of the cluster has that port.
     pub fn kill9(&mut self, port: u16) {
         self.node_mut(port).kill9();
+        self.dial.forget(port);
     }
 
     /// Stops the node on `port` with SIGSTOP: it keeps its connections but answers nothing,
@@ -427,7 +534,7 @@ impl LocalCluster {
                 format!("migrate slot {slot} to the node on port {to}: it is killed or stopped"),
             ));
         }
-        let (r, _) = role(to)?;
+        let (r, _) = self.dial.role(to)?;
         if r != "master" {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -436,11 +543,13 @@ impl LocalCluster {
                 ),
             ));
         }
-        let from_id = query::<String>(from, &cluster_cmd(&["MYID"]))?;
-        let to_id = query::<String>(to, &cluster_cmd(&["MYID"]))?;
+        let from_id = self.dial.query::<String>(from, &cluster_cmd(&["MYID"]))?;
+        let to_id = self.dial.query::<String>(to, &cluster_cmd(&["MYID"]))?;
         let s = slot.to_string();
-        expect_ok(to, &cluster_cmd(&["SETSLOT", &s, "IMPORTING", &from_id]))?;
-        expect_ok(from, &cluster_cmd(&["SETSLOT", &s, "MIGRATING", &to_id]))?;
+        self.dial
+            .expect_ok(to, &cluster_cmd(&["SETSLOT", &s, "IMPORTING", &from_id]))?;
+        self.dial
+            .expect_ok(from, &cluster_cmd(&["SETSLOT", &s, "MIGRATING", &to_id]))?;
         Ok(Migration {
             slot,
             from,
@@ -458,7 +567,7 @@ impl LocalCluster {
         while moved < limit {
             let batch = MIGRATE_BATCH.min(limit - moved);
             let list = cluster_cmd(&["GETKEYSINSLOT", &s, &batch.to_string()]);
-            let keys: Vec<Vec<u8>> = query(m.from, &list)?;
+            let keys: Vec<Vec<u8>> = self.dial.query(m.from, &list)?;
             if keys.is_empty() {
                 break;
             }
@@ -472,7 +581,9 @@ impl LocalCluster {
                 .arg("REPLACE")
                 .arg("KEYS")
                 .arg(&keys);
-            let said: String = query_within(m.from, &migrate, MIGRATE_QUERY_TIMEOUT)?;
+            let said: String = self
+                .dial
+                .query_within(m.from, &migrate, MIGRATE_QUERY_TIMEOUT)?;
             if said != "OK" && said != "NOKEY" {
                 return Err(io::Error::other(format!(
                     "node {}: MIGRATE of {} keys of slot {} to port {} said {said:?}",
@@ -492,11 +603,11 @@ impl LocalCluster {
     /// `SETSLOT NODE` on the target, the source, then every other running master.
     fn close_migration(&self, m: &Migration) -> io::Result<()> {
         let assign = cluster_cmd(&["SETSLOT", &m.slot.to_string(), "NODE", &m.to_id]);
-        expect_ok(m.to, &assign)?;
-        expect_ok(m.from, &assign)?;
+        self.dial.expect_ok(m.to, &assign)?;
+        self.dial.expect_ok(m.from, &assign)?;
         for port in self.master_ports() {
             if port != m.to && port != m.from && self.is_answering(port) {
-                expect_ok(port, &assign)?;
+                self.dial.expect_ok(port, &assign)?;
             }
         }
         Ok(())
@@ -533,7 +644,7 @@ impl LocalCluster {
         }
         let mut first: Option<(u16, Vec<SlotRange>)> = None;
         for &port in &live {
-            let info = match query::<String>(port, &cluster_cmd(&["INFO"])) {
+            let info = match self.dial.query::<String>(port, &cluster_cmd(&["INFO"])) {
                 Ok(info) => info,
                 Err(e) => return Some(e.to_string()),
             };
@@ -541,7 +652,7 @@ impl LocalCluster {
             if state != Some("ok") {
                 return Some(format!("node {port}: cluster_state {state:?}"));
             }
-            let map = match slot_map(port) {
+            let map = match self.dial.slot_map(port) {
                 Ok(map) => map,
                 Err(e) => return Some(e.to_string()),
             };
@@ -570,7 +681,7 @@ impl LocalCluster {
                 Some(_) => {}
             }
             if start {
-                if let Some(p) = start_problem(port, self.nodes.len()) {
+                if let Some(p) = self.dial.start_problem(port, self.nodes.len()) {
                     return Some(p);
                 }
             }
@@ -635,43 +746,6 @@ impl Drop for LocalCluster {
     }
 }
 
-/// What [`LocalCluster::start`] still waits for on the node on `port`: it knows `total`
-/// nodes, none in handshake or failed, all links connected; a replica's link is up.
-fn start_problem(port: u16, total: usize) -> Option<String> {
-    let text = match query::<String>(port, &cluster_cmd(&["NODES"])) {
-        Ok(text) => text,
-        Err(e) => return Some(e.to_string()),
-    };
-    let known = parse_nodes(&text);
-    if known.len() != total {
-        return Some(format!(
-            "node {port}: CLUSTER NODES lists {} nodes, not {total}",
-            known.len()
-        ));
-    }
-    let bad = ["handshake", "noaddr", "fail", "fail?"];
-    if let Some((p, flags, link)) = known
-        .iter()
-        .find(|(_, flags, link)| bad.iter().any(|b| has(flags, b)) || link != "connected")
-    {
-        return Some(format!(
-            "node {port}: CLUSTER NODES says node {p} has flags {flags}, link {link}"
-        ));
-    }
-    let myself = known.iter().find(|(_, flags, _)| has(flags, "myself"));
-    if myself.is_some_and(|(_, flags, _)| has(flags, "slave")) {
-        let info = match query::<String>(port, redis::cmd("INFO").arg("replication")) {
-            Ok(info) => info,
-            Err(e) => return Some(e.to_string()),
-        };
-        let link = cli::info_field(&info, "master_link_status");
-        if link != Some("up") {
-            return Some(format!("replica {port}: master_link_status {link:?}"));
-        }
-    }
-    None
-}
-
 /// `CLUSTER <args...>`.
 fn cluster_cmd(args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("CLUSTER");
@@ -697,82 +771,205 @@ fn describe(cmd: &redis::Cmd) -> String {
     }
 }
 
-/// Sends `cmd` to the node on `port` on a new connection (set up within 1 s, reply within
-/// 2 s).
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> io::Result<T> {
-    query_within(port, cmd, QUERY_TIMEOUT)
+/// How the harness's own checks reach the nodes: plaintext, a new connection per query; or
+/// TLS (no client certificate) trusting the CA of the cluster's [`TestCerts`], one
+/// connection per node kept between queries (a new TLS client costs ~30 ms in a debug build:
+/// redis-rs loads the system's root certificates for each one) and dropped on any error but
+/// an error reply.
+///
+/// TLS uses `redis::Client::build_with_tls`, there since this workspace builds `redis` with
+/// `tls-rustls` (the default `tls` feature of `sfu-redis`, which this crate depends on).
+#[derive(Default)]
+struct Dial {
+    /// The CA (PEM) the nodes' certificates are signed by; `None`: plaintext.
+    ca: Option<Vec<u8>>,
+    /// TLS only: the idle connection to each node, by port.
+    idle: Mutex<HashMap<u16, redis::Connection>>,
 }
 
-fn query_within<T: redis::FromRedisValue>(
-    port: u16,
-    cmd: &redis::Cmd,
-    timeout: Duration,
-) -> io::Result<T> {
-    let fail = |e: redis::RedisError| {
-        let kind = if e.is_timeout() {
-            io::ErrorKind::TimedOut
-        } else if e.is_connection_refusal() || e.is_io_error() {
-            io::ErrorKind::NotConnected
-        } else {
-            io::ErrorKind::Other
-        };
-        io::Error::new(kind, format!("node {port}: {}: {e}", describe(cmd)))
-    };
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(fail)?;
-    let mut con = client
-        .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(fail)?;
-    con.set_read_timeout(Some(timeout)).map_err(fail)?;
-    con.set_write_timeout(Some(timeout)).map_err(fail)?;
-    cmd.query(&mut con).map_err(fail)
-}
-
-/// Sends `cmd` and fails unless the reply is `OK`.
-fn expect_ok(port: u16, cmd: &redis::Cmd) -> io::Result<()> {
-    let said: String = query(port, cmd)?;
-    if said == "OK" {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "node {port}: {} said {said:?}",
-            describe(cmd)
-        )))
+impl std::fmt::Debug for Dial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut idle: Vec<u16> = self.idle.lock().keys().copied().collect();
+        idle.sort_unstable();
+        f.debug_struct("Dial")
+            .field("tls", &self.ca.is_some())
+            .field("idle", &idle)
+            .finish()
     }
 }
 
-/// `ROLE` of the node on `port`: `master`, `slave` (with its master's port) or `sentinel`.
-fn role(port: u16) -> io::Result<(String, Option<u16>)> {
-    let reply: Value = query(port, &redis::cmd("ROLE"))?;
-    let parts = match &reply {
-        Value::Array(parts) => parts.as_slice(),
-        _ => &[],
-    };
-    let name = parts.first().and_then(text).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("node {port}: ROLE said {reply:?}"),
-        )
-    })?;
-    let master = match name.as_str() {
-        "slave" => parts
-            .get(2)
-            .and_then(int)
-            .and_then(|p| u16::try_from(p).ok()),
-        _ => None,
-    };
-    Ok((name, master))
-}
+impl Dial {
+    /// A client for the node on `port`: `redis://127.0.0.1:<port>/`, or
+    /// `rediss://127.0.0.1:<port>/` trusting only the CA.
+    fn client(&self, port: u16) -> redis::RedisResult<redis::Client> {
+        match &self.ca {
+            None => redis::Client::open(format!("redis://127.0.0.1:{port}/")),
+            Some(ca) => redis::Client::build_with_tls(
+                format!("rediss://127.0.0.1:{port}/"),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+        }
+    }
 
-/// The node on `port`'s `CLUSTER SLOTS`, as sorted ranges with adjacent runs of the same
-/// master merged.
-fn slot_map(port: u16) -> io::Result<Vec<SlotRange>> {
-    let reply: Value = query(port, &cluster_cmd(&["SLOTS"]))?;
-    parse_slots(&reply).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("node {port}: CLUSTER SLOTS said {reply:?}"),
-        )
-    })
+    /// A new connection to the node on `port`: set up within 1 s, each read and write (the
+    /// TLS handshake included) within `timeout`.
+    fn connect(&self, port: u16, timeout: Duration) -> redis::RedisResult<redis::Connection> {
+        let con = self
+            .client(port)?
+            .get_connection_with_timeout(CONNECT_TIMEOUT)?;
+        con.set_read_timeout(Some(timeout))?;
+        con.set_write_timeout(Some(timeout))?;
+        Ok(con)
+    }
+
+    /// Sends `cmd` to the node on `port` on a new connection (set up within 1 s, reply
+    /// within 2 s).
+    fn query<T: redis::FromRedisValue>(&self, port: u16, cmd: &redis::Cmd) -> io::Result<T> {
+        self.query_within(port, cmd, QUERY_TIMEOUT)
+    }
+
+    fn query_within<T: redis::FromRedisValue>(
+        &self,
+        port: u16,
+        cmd: &redis::Cmd,
+        timeout: Duration,
+    ) -> io::Result<T> {
+        let fail = |e: redis::RedisError| {
+            let kind = if e.is_timeout() {
+                io::ErrorKind::TimedOut
+            } else if e.is_connection_refusal() || e.is_io_error() {
+                io::ErrorKind::NotConnected
+            } else {
+                io::ErrorKind::Other
+            };
+            io::Error::new(kind, format!("node {port}: {}: {e}", describe(cmd)))
+        };
+        if self.ca.is_none() {
+            let mut con = self.connect(port, timeout).map_err(fail)?;
+            return cmd.query(&mut con).map_err(fail);
+        }
+        let idle = self.idle.lock().remove(&port);
+        let reused = idle.is_some();
+        let mut con = match idle {
+            Some(con) => {
+                con.set_read_timeout(Some(timeout)).map_err(fail)?;
+                con.set_write_timeout(Some(timeout)).map_err(fail)?;
+                con
+            }
+            None => self.connect(port, timeout).map_err(fail)?,
+        };
+        let mut said = cmd.query(&mut con);
+        // An idle connection may have died with its node (or been closed by it): once more
+        // on a new one. Not after a timeout (a stopped node), which would double the wait.
+        if reused && matches!(&said, Err(e) if e.is_connection_dropped() && !e.is_timeout()) {
+            con = self.connect(port, timeout).map_err(fail)?;
+            said = cmd.query(&mut con);
+        }
+        // After anything but a reply (a timeout, a broken stream) the connection's state is
+        // unknown: it goes.
+        let clean = match &said {
+            Ok(_) => true,
+            Err(e) => e.code().is_some(),
+        };
+        if clean && redis::ConnectionLike::is_open(&con) {
+            self.idle.lock().insert(port, con);
+        }
+        said.map_err(fail)
+    }
+
+    /// Drops the idle connection to the node on `port`, if any.
+    fn forget(&self, port: u16) {
+        self.idle.lock().remove(&port);
+    }
+
+    /// Sends `cmd` and fails unless the reply is `OK`.
+    fn expect_ok(&self, port: u16, cmd: &redis::Cmd) -> io::Result<()> {
+        let said: String = self.query(port, cmd)?;
+        if said == "OK" {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "node {port}: {} said {said:?}",
+                describe(cmd)
+            )))
+        }
+    }
+
+    /// `ROLE` of the node on `port`: `master`, `slave` (with its master's port) or
+    /// `sentinel`.
+    fn role(&self, port: u16) -> io::Result<(String, Option<u16>)> {
+        let reply: Value = self.query(port, &redis::cmd("ROLE"))?;
+        let parts = match &reply {
+            Value::Array(parts) => parts.as_slice(),
+            _ => &[],
+        };
+        let name = parts.first().and_then(text).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("node {port}: ROLE said {reply:?}"),
+            )
+        })?;
+        let master = match name.as_str() {
+            "slave" => parts
+                .get(2)
+                .and_then(int)
+                .and_then(|p| u16::try_from(p).ok()),
+            _ => None,
+        };
+        Ok((name, master))
+    }
+
+    /// The node on `port`'s `CLUSTER SLOTS`, as sorted ranges with adjacent runs of the same
+    /// master merged.
+    fn slot_map(&self, port: u16) -> io::Result<Vec<SlotRange>> {
+        let reply: Value = self.query(port, &cluster_cmd(&["SLOTS"]))?;
+        parse_slots(&reply).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("node {port}: CLUSTER SLOTS said {reply:?}"),
+            )
+        })
+    }
+
+    /// What [`LocalCluster::start`] still waits for on the node on `port`: it knows `total`
+    /// nodes, none in handshake or failed, all links connected; a replica's link is up.
+    fn start_problem(&self, port: u16, total: usize) -> Option<String> {
+        let text = match self.query::<String>(port, &cluster_cmd(&["NODES"])) {
+            Ok(text) => text,
+            Err(e) => return Some(e.to_string()),
+        };
+        let known = parse_nodes(&text);
+        if known.len() != total {
+            return Some(format!(
+                "node {port}: CLUSTER NODES lists {} nodes, not {total}",
+                known.len()
+            ));
+        }
+        let bad = ["handshake", "noaddr", "fail", "fail?"];
+        if let Some((p, flags, link)) = known
+            .iter()
+            .find(|(_, flags, link)| bad.iter().any(|b| has(flags, b)) || link != "connected")
+        {
+            return Some(format!(
+                "node {port}: CLUSTER NODES says node {p} has flags {flags}, link {link}"
+            ));
+        }
+        let myself = known.iter().find(|(_, flags, _)| has(flags, "myself"));
+        if myself.is_some_and(|(_, flags, _)| has(flags, "slave")) {
+            let info = match self.query::<String>(port, redis::cmd("INFO").arg("replication")) {
+                Ok(info) => info,
+                Err(e) => return Some(e.to_string()),
+            };
+            let link = cli::info_field(&info, "master_link_status");
+            if link != Some("up") {
+                return Some(format!("replica {port}: master_link_status {link:?}"));
+            }
+        }
+        None
+    }
 }
 
 /// `CLUSTER SLOTS` (`[[start, end, [ip, port, id, ...], replicas...], ...]`) as sorted,
@@ -892,25 +1089,33 @@ mod tests {
     use super::*;
 
     /// `CLUSTER KEYSLOT key`, asked of the node on `port`.
-    fn keyslot(port: u16, key: &str) -> u16 {
-        let slot: i64 = query(port, &cluster_cmd(&["KEYSLOT", key])).expect("CLUSTER KEYSLOT");
+    fn keyslot(d: &Dial, port: u16, key: &str) -> u16 {
+        let slot: i64 = d
+            .query(port, &cluster_cmd(&["KEYSLOT", key]))
+            .expect("CLUSTER KEYSLOT");
         u16::try_from(slot).expect("a slot")
     }
 
     /// `GET key` on the node on `port` (after `ASKING` with `asking`), the error kept.
-    fn get(port: u16, key: &str, asking: bool) -> redis::RedisResult<Option<String>> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-        let mut con = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
-        con.set_read_timeout(Some(QUERY_TIMEOUT))?;
+    fn get(d: &Dial, port: u16, key: &str, asking: bool) -> redis::RedisResult<Option<String>> {
+        let mut con = d.connect(port, QUERY_TIMEOUT)?;
         if asking {
             redis::cmd("ASKING").query::<()>(&mut con)?;
         }
         redis::cmd("GET").arg(key).query(&mut con)
     }
 
-    fn set(port: u16, key: &str, value: &str) {
-        let said: String = query(port, redis::cmd("SET").arg(key).arg(value)).expect("SET");
+    fn set(d: &Dial, port: u16, key: &str, value: &str) {
+        let said: String = d
+            .query(port, redis::cmd("SET").arg(key).arg(value))
+            .expect("SET");
         assert_eq!(said, "OK");
+    }
+
+    #[test]
+    fn cluster_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<LocalCluster>();
     }
 
     #[test]
@@ -974,17 +1179,24 @@ mod tests {
         assert!(cluster.wait_ok(Duration::from_secs(1)));
 
         // A key SET on the node owning its slot is readable there; elsewhere it is MOVED.
-        let slot = keyslot(ports[0], "{mig}0");
+        let slot = keyslot(&cluster.dial, ports[0], "{mig}0");
         let from = cluster.master_of_slot(slot).expect("an owner");
         for i in 0..250 {
-            set(from, &format!("{{mig}}{i}"), &format!("v{i}"));
+            set(
+                &cluster.dial,
+                from,
+                &format!("{{mig}}{i}"),
+                &format!("v{i}"),
+            );
         }
         assert_eq!(
-            get(from, "{mig}7", false).expect("GET").as_deref(),
+            get(&cluster.dial, from, "{mig}7", false)
+                .expect("GET")
+                .as_deref(),
             Some("v7")
         );
         let to = *ports.iter().find(|p| **p != from).expect("another node");
-        let moved = get(to, "{mig}7", false).expect_err("GET on a non-owner");
+        let moved = get(&cluster.dial, to, "{mig}7", false).expect_err("GET on a non-owner");
         assert_eq!(moved.code(), Some("MOVED"), "{moved}");
 
         // migrate_slot moves its 250 keys (3 batches) and the slot.
@@ -998,14 +1210,16 @@ mod tests {
             .find(|p| **p != from && **p != to)
             .expect("a third");
         for port in [from, to, third] {
-            let map = slot_map(port).expect("CLUSTER SLOTS");
+            let map = cluster.dial.slot_map(port).expect("CLUSTER SLOTS");
             assert_eq!(owner_in(&map, slot), Some(to), "the view of {port}");
         }
         assert_eq!(
-            get(to, "{mig}249", false).expect("GET").as_deref(),
+            get(&cluster.dial, to, "{mig}249", false)
+                .expect("GET")
+                .as_deref(),
             Some("v249")
         );
-        let moved = get(from, "{mig}0", false).expect_err("GET on the old owner");
+        let moved = get(&cluster.dial, from, "{mig}0", false).expect_err("GET on the old owner");
         assert_eq!(moved.code(), Some("MOVED"), "{moved}");
         assert!(cluster.wait_ok(Duration::from_secs(10)));
         // Already there: nothing to do, and no migration to open.
@@ -1018,12 +1232,12 @@ mod tests {
     fn cluster_open_migration_answers_ask() {
         let cluster = LocalCluster::start(3, 0).expect("start a 3-master cluster");
         let ports = cluster.ports();
-        let slot = keyslot(ports[0], "{ask}0");
+        let slot = keyslot(&cluster.dial, ports[0], "{ask}0");
         let from = cluster.master_of_slot(slot).expect("an owner");
         let to = *ports.iter().find(|p| **p != from).expect("another node");
         let keys: Vec<String> = (0..5).map(|i| format!("{{ask}}{i}")).collect();
         for k in &keys {
-            set(from, k, &format!("value of {k}"));
+            set(&cluster.dial, from, k, &format!("value of {k}"));
         }
 
         assert_eq!(cluster.begin_migration(slot, to, 2).expect("begin"), 2);
@@ -1031,7 +1245,7 @@ mod tests {
         assert_eq!(cluster.master_of_slot(slot), Some(from));
         let mut asked = Vec::new();
         for k in &keys {
-            match get(from, k, false) {
+            match get(&cluster.dial, from, k, false) {
                 Ok(v) => assert_eq!(v, Some(format!("value of {k}"))),
                 Err(e) => {
                     assert_eq!(e.code(), Some("ASK"), "GET {k} at the source: {e}");
@@ -1045,16 +1259,16 @@ mod tests {
         }
         assert_eq!(asked.len(), 2, "{asked:?}");
         // The target serves a moved key after ASKING only.
-        let no_ask = get(to, &asked[0], false).expect_err("GET without ASKING");
+        let no_ask = get(&cluster.dial, to, &asked[0], false).expect_err("GET without ASKING");
         assert_eq!(no_ask.code(), Some("MOVED"), "{no_ask}");
-        let with_ask = get(to, &asked[0], true).expect("GET after ASKING");
+        let with_ask = get(&cluster.dial, to, &asked[0], true).expect("GET after ASKING");
         assert_eq!(with_ask, Some(format!("value of {}", asked[0])));
 
         assert_eq!(cluster.finish_migration(slot, to).expect("finish"), 3);
         assert_eq!(cluster.master_of_slot(slot), Some(to));
         for k in &keys {
             assert_eq!(
-                get(to, k, false).expect("GET"),
+                get(&cluster.dial, to, k, false).expect("GET"),
                 Some(format!("value of {k}"))
             );
         }
@@ -1078,9 +1292,9 @@ mod tests {
         let replica = ports[3..]
             .iter()
             .copied()
-            .find(|p| role(*p).expect("ROLE").1 == Some(victim))
+            .find(|p| cluster.dial.role(*p).expect("ROLE").1 == Some(victim))
             .expect("a replica of the first master");
-        let map = slot_map(victim).expect("CLUSTER SLOTS");
+        let map = cluster.dial.slot_map(victim).expect("CLUSTER SLOTS");
         let slot = map.iter().find(|r| r.port == victim).expect("a slot").start;
 
         let t = Instant::now();
@@ -1112,11 +1326,103 @@ mod tests {
         assert_eq!(after.len(), 3, "{after:?}");
         cluster.resume(paused);
         let deadline = Instant::now() + Duration::from_secs(15);
-        while role(paused).map(|r| r.0).ok().as_deref() != Some("slave") {
+        while cluster.dial.role(paused).map(|r| r.0).ok().as_deref() != Some("slave") {
             assert!(Instant::now() < deadline, "{paused} not demoted");
             std::thread::sleep(POLL);
         }
         assert!(cluster.wait_ok(Duration::from_secs(15)));
         assert_eq!(cluster.master_ports(), after);
+    }
+
+    #[test]
+    fn cluster_over_tls_serves_keys_and_migrates_a_slot() {
+        let certs = Arc::new(TestCerts::generate().expect("test certificates"));
+        let t = Instant::now();
+        let cluster = LocalCluster::start_tls(3, 0, Arc::clone(&certs))
+            .expect("start a 3-master TLS cluster");
+        eprintln!("3-master TLS cluster up in {:?}", t.elapsed());
+        drop(certs); // the nodes have their copies, the harness its CA
+        assert!(cluster.is_tls());
+        let ports = cluster.ports();
+        assert_eq!(ports.len(), 3);
+        assert!(ports.iter().all(|p| *p <= cli::MAX_PORT));
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let url = cluster.url();
+        assert!(url.starts_with("rediss+cluster://"), "{url}");
+        assert_eq!(url, format!("rediss+cluster://{}", hosts.join(",")));
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        assert_eq!(cluster.master_ports(), sorted);
+        assert!(cluster.wait_ok(Duration::from_secs(1)));
+
+        // TLS only: a plaintext client gets nowhere.
+        let plain = Dial::default().query::<String>(ports[0], &redis::cmd("PING"));
+        assert!(plain.is_err(), "plaintext PING answered: {plain:?}");
+        // CLUSTER SLOTS and CLUSTER NODES name the TLS ports (tls-cluster yes), the bus at
+        // the TLS port + 10000.
+        let map = cluster.dial.slot_map(ports[0]).expect("CLUSTER SLOTS");
+        let mut owners: Vec<u16> = map.iter().map(|r| r.port).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        assert_eq!(owners, sorted, "{}", show(&map));
+        let nodes: String = cluster
+            .dial
+            .query(ports[0], &cluster_cmd(&["NODES"]))
+            .expect("CLUSTER NODES");
+        for p in &ports {
+            let addr = format!("127.0.0.1:{p}@{}", u32::from(*p) + 10000);
+            assert!(nodes.contains(&addr), "{addr} not in {nodes}");
+        }
+
+        // A key SET over TLS on the owner of its slot is readable there; elsewhere MOVED to
+        // the owner's TLS port.
+        let slot = keyslot(&cluster.dial, ports[0], "{tls}0");
+        let from = cluster.master_of_slot(slot).expect("an owner");
+        for i in 0..120 {
+            set(
+                &cluster.dial,
+                from,
+                &format!("{{tls}}{i}"),
+                &format!("v{i}"),
+            );
+        }
+        assert_eq!(
+            get(&cluster.dial, from, "{tls}7", false)
+                .expect("GET")
+                .as_deref(),
+            Some("v7")
+        );
+        let to = *ports.iter().find(|p| **p != from).expect("another node");
+        let moved = get(&cluster.dial, to, "{tls}7", false).expect_err("GET on a non-owner");
+        assert_eq!(moved.code(), Some("MOVED"), "{moved}");
+        assert_eq!(
+            moved.redirect_node(),
+            Some((format!("127.0.0.1:{from}").as_str(), slot))
+        );
+
+        // migrate_slot: MIGRATE between TLS nodes (2 batches), then the slot.
+        let t = Instant::now();
+        let n = cluster
+            .migrate_slot(slot, to)
+            .expect("migrate_slot over TLS");
+        eprintln!(
+            "TLS slot {slot} with 120 keys migrated in {:?}",
+            t.elapsed()
+        );
+        assert_eq!(n, 120);
+        assert_eq!(cluster.master_of_slot(slot), Some(to));
+        for port in &ports {
+            let map = cluster.dial.slot_map(*port).expect("CLUSTER SLOTS");
+            assert_eq!(owner_in(&map, slot), Some(to), "the view of {port}");
+        }
+        assert_eq!(
+            get(&cluster.dial, to, "{tls}119", false)
+                .expect("GET")
+                .as_deref(),
+            Some("v119")
+        );
+        let moved = get(&cluster.dial, from, "{tls}0", false).expect_err("GET on the old owner");
+        assert_eq!(moved.code(), Some("MOVED"), "{moved}");
+        assert!(cluster.wait_ok(Duration::from_secs(10)));
     }
 }

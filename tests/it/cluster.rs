@@ -495,3 +495,139 @@ fn kill9_of_the_ctl_master_keeps_the_lease_safe_and_restores() {
     }
     wait_clean(&s, "after the failover");
 }
+
+// `status` on a cluster: the transport, every master, the master of `{ctl}`, the replicas the
+// slot map lists, and the fleet read from every master.
+#[test]
+fn status_names_the_masters_and_the_control_planes_master() {
+    let s = Server::cluster(3, 1);
+    let node = s.node(STAGE, "st");
+    for i in 0..20 {
+        node.pin_room(&format!("s-{i}")).unwrap();
+    }
+    node.heartbeat_now().unwrap();
+    let st = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
+    assert_eq!(st.route.transport, "cluster");
+    let mut want: Vec<String> = s
+        .nodes()
+        .unwrap()
+        .master_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    want.sort();
+    assert_eq!(st.route.masters, want);
+    let ctl = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &ks(STAGE).leader()))
+        .map(|p| format!("127.0.0.1:{p}"));
+    assert_eq!(st.route.ctl_master, ctl);
+    // CLUSTER SLOTS lists a replica once gossip says it has synced (a replication offset
+    // above 0): poll.
+    wait_for(LONG, "3 replicas in the slot map", || {
+        let st = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).ok()?;
+        (st.route.replicas == 3).then_some(())
+    });
+    let me = st
+        .instances
+        .iter()
+        .find(|i| i.id == "st")
+        .expect("st listed");
+    assert_eq!(me.rooms, 20);
+    let json = st.to_json();
+    assert_eq!(json["redis"]["masters"].as_array().map(Vec::len), Some(3));
+}
+
+// TLS to every node (`rediss+cluster://`, `tls-cluster yes`: the slot map names TLS ports):
+// a node pins, upserts and heartbeats over TLS on every master, the fleet status is read over
+// TLS; the same cluster through a plaintext URL fails at connect with an error, not a hang.
+#[test]
+fn a_tls_cluster_works_over_rediss_cluster_urls() {
+    let certs = std::sync::Arc::new(
+        sfu_redis_testkit::tls::TestCerts::generate().expect("generate test certificates"),
+    );
+    let cluster = sfu_redis_testkit::cluster::LocalCluster::start_tls(3, 0, certs.clone())
+        .expect("start a TLS cluster");
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let config = |id: &str| {
+        Config::builder()
+            .redis_url(Some(url.as_str()))
+            .tls_ca_file(certs.ca())
+            .stage(STAGE)
+            .instance_id(id)
+            .timings(Timings::fast())
+            .build()
+            .unwrap()
+    };
+    let node = Node::start(config("tls-node")).expect("a node over TLS to the cluster");
+    for i in 0..12 {
+        let room = format!("t-{i}");
+        assert_eq!(node.pin_room(&room).unwrap(), PinOutcome::Pinned);
+        node.upsert_peer(&room, "p", Some("g"), &[]).unwrap();
+    }
+    node.heartbeat_now().unwrap();
+    let st = sfu_redis::status::fleet_status(&config("reader")).unwrap();
+    assert_eq!(st.route.transport, "cluster+tls");
+    assert_eq!(st.route.masters.len(), 3);
+    let me = st
+        .instances
+        .iter()
+        .find(|i| i.id == "tls-node")
+        .expect("listed");
+    assert_eq!((me.rooms, me.peers), (12, 12));
+    let plain = url.replacen("rediss+cluster://", "redis+cluster://", 1);
+    let t = std::time::Instant::now();
+    let e = Redis::new(&plain, Duration::from_secs(1))
+        .and_then(|r| r.connect().map(|_| ()))
+        .expect_err("plaintext to TLS ports");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        e.to_string().contains("no node gave a full slot map"),
+        "{e}"
+    );
+    node.shutdown().unwrap();
+}
+
+// Build item 2: the master of `{ctl}` paused (SIGSTOP; no replicas, so no failover): the
+// leader's refresh gets no reply, and it steps down on its local deadline (`leader_lost`
+// within a lease TTL and a command timeout of the pause), while its rooms on the other
+// masters stay pinned; after SIGCONT a leader is elected again and terms never overlap.
+#[test]
+fn a_paused_ctl_master_makes_the_leader_step_down_on_its_deadline() {
+    let s = Server::cluster(3, 0);
+    let t = fault_timings();
+    let (a, mut log) = s.leader(STAGE, "la", t);
+    let ctl = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &ks(STAGE).leader()))
+        .unwrap();
+    s.nodes().unwrap().pause(ctl);
+    let paused_at = std::time::Instant::now();
+    let lost = log.try_wait(t.lease_ttl * 3, |e| matches!(e, Event::LeaderLost { .. }));
+    let took = paused_at.elapsed();
+    s.nodes().unwrap().resume(ctl);
+    assert!(
+        lost.is_some(),
+        "the leader never stepped down while {{ctl}}'s master was paused"
+    );
+    eprintln!(
+        "leader_lost {took:?} after the {{ctl}} master was paused (lease TTL {:?})",
+        t.lease_ttl
+    );
+    // Generous bound: a lease TTL plus a command timeout, with slack for a loaded machine.
+    assert!(
+        took < t.lease_ttl + t.command_timeout + Duration::from_secs(3),
+        "stepped down only after {took:?}"
+    );
+    wait_for(LONG, "a leader again after SIGCONT", || {
+        a.is_leader().then_some(())
+    });
+    assert_terms_exclusive("paused {ctl}", &[("la", &a)]);
+}

@@ -301,3 +301,54 @@ fn demo_sentinel_with_a_plain_url_is_a_usage_error() {
     );
     assert!(run.took < Duration::from_secs(10), "{}", run.show());
 }
+
+// `demo --cluster` without a URL: a private 3-master Redis Cluster; the whole show and every
+// check pass on it, the status table names its masters and the control plane's master.
+// Someone else's cluster (REDIS_URL=redis+cluster://...): the demo runs on it and leaves no
+// key behind on any master.
+#[test]
+fn demo_cluster_runs_the_show_on_its_own_cluster_and_on_someone_elses() {
+    let run = run_cli(&["demo", "--cluster"], &[]);
+    eprintln!("demo --cluster: {:.1} s", run.took.as_secs_f64());
+    assert!(run.status.success(), "{}", run.show());
+    run.line("private Redis Cluster of 3 masters at 127.0.0.1:");
+    let table = run.line("redis      redis+cluster://127.0.0.1:");
+    assert!(
+        table.contains("(cluster, 3 masters 127.0.0.1:")
+            && table.contains("control plane on 127.0.0.1:"),
+        "{table}"
+    );
+    assert!(all_passed(&run) >= 14, "{}", run.show());
+
+    let cluster = sfu_redis_testkit::cluster::LocalCluster::start(3, 0).expect("a cluster");
+    let run = run_cli(&["demo", "--cluster"], &[("REDIS_URL", &cluster.url())]);
+    assert!(run.status.success(), "{}", run.show());
+    assert!(
+        run.stdout.contains("\nremoved the demo's "),
+        "{}",
+        run.show()
+    );
+    assert!(all_passed(&run) >= 14, "{}", run.show());
+    for port in cluster.master_ports() {
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+        assert_eq!(n, 0, "master {port} kept demo keys");
+    }
+}
+
+#[test]
+fn demo_cluster_with_a_plain_url_is_a_usage_error() {
+    let run = run_cli(
+        &["demo", "--cluster"],
+        &[("REDIS_URL", "redis://:s3cret-pw@127.0.0.1:1/0")],
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.show());
+    assert!(
+        run.stderr.contains("redis+cluster://") && !run.stderr.contains("s3cret-pw"),
+        "{}",
+        run.show()
+    );
+}

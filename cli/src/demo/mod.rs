@@ -4,7 +4,8 @@
 //!
 //! With `--sentinel` (and no `REDIS_URL`) the Redis is a private Sentinel group (a master, a
 //! replica, three sentinels), which the demo fails over between the two crashes, checking the
-//! survivors' data on the new master.
+//! survivors' data on the new master. With `--cluster` (and no `REDIS_URL`) it is a private
+//! Redis Cluster of 3 masters: the rooms spread over them, the control plane on one.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -20,6 +21,7 @@ use sfu_redis::keys::KeySpace;
 use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
 use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
+use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::devserver::LocalRedis;
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 
@@ -61,6 +63,12 @@ pub(crate) struct DemoArgs {
     /// (exit 2).
     #[arg(long)]
     sentinel: bool,
+    /// Run on a Redis Cluster. Without a Redis URL the demo starts its own (3 masters,
+    /// cluster-enabled redis-server processes on free ports joined with redis-cli --cluster
+    /// create, stopped at the end); with a redis+cluster:// or rediss+cluster:// URL it runs on
+    /// that cluster; any other URL is refused (exit 2).
+    #[arg(long, conflicts_with = "sentinel")]
+    cluster: bool,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -73,6 +81,8 @@ enum Backend {
     Private(LocalRedis),
     /// A private Sentinel group (`--sentinel`): failed over during the show.
     Group(SentinelGroup),
+    /// A private Redis Cluster (`--cluster`).
+    Cluster(LocalCluster),
 }
 
 fn instance_id(letter: char) -> String {
@@ -229,7 +239,21 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
                     redis.transport()
                 )));
             }
+            if args.cluster && !redis.is_cluster() {
+                return Err(Failure::usage(format!(
+                    "demo --cluster runs on a Redis Cluster, but REDIS_URL / --redis-url is {} ({}), not a redis+cluster:// or rediss+cluster:// URL; unset it to let the demo start its own cluster, or drop --cluster",
+                    redact_url(&url),
+                    redis.transport()
+                )));
+            }
             (Backend::External, url, Some(redis))
+        }
+        None if args.cluster => {
+            let cluster = LocalCluster::start(3, 0).map_err(|e| {
+                Failure::runtime(format!("demo --cluster needs a Redis Cluster: {e}"))
+            })?;
+            let url = cluster.url();
+            (Backend::Cluster(cluster), url, None)
         }
         None if args.sentinel => {
             let group = SentinelGroup::start(SentinelOptions::default()).map_err(|e| {
@@ -344,6 +368,11 @@ fn print_header(backend: &Backend, redis: &Redis, url: &str, keys: &KeySpace, ti
     } else {
         ""
     };
+    let through = if redis.is_cluster() {
+        ", a Redis Cluster"
+    } else {
+        through
+    };
     out!("sfu-redis demo: three SFU instances share one Redis{through}");
     let route = redis.route();
     let master = route.master.as_deref().unwrap_or("unknown");
@@ -382,6 +411,18 @@ fn print_header(backend: &Backend, redis: &Redis, url: &str, keys: &KeySpace, ti
                 redact_url(url)
             );
             out!("           now {master}, {named_by}; the demo fails it over between the two crashes");
+        }
+        Backend::Cluster(c) => {
+            out!(
+                "  Redis:   private Redis Cluster of {} masters at {} (cluster-enabled redis-server processes, stopped at the end);",
+                c.master_ports().len(),
+                c.master_ports()
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            out!("  route:   every command goes to the master of its key's slot: the rooms spread over every master ({{<room>}} hash tags), the control plane on the master of {{ctl}}");
         }
         Backend::External => {
             let transport = match redis.transport() {
@@ -494,7 +535,13 @@ fn in_rooms(keys: &KeySpace, p: &Problem, rooms: &[String]) -> bool {
 fn cleanup(con: &mut Conn, keys: &KeySpace) -> Result<usize, String> {
     let all = scan_keys(con, keys)?;
     for chunk in all.chunks(UNLINK_BATCH) {
-        let _: i64 = query(con, redis::cmd("UNLINK").arg(chunk))?;
+        // One UNLINK per key, pipelined: on a cluster the keys live in many slots.
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("UNLINK").arg(k).ignore();
+        }
+        pipe.query::<()>(con)
+            .map_err(|e| format!("unlink the demo's keys: {e}"))?;
     }
     Ok(all.len())
 }
