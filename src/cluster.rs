@@ -122,6 +122,36 @@ impl SlotMap {
         &self.nodes
     }
 
+    /// The slot ranges `addr` serves (`0-5460,10923`), for messages.
+    pub(crate) fn slots_of(&self, addr: &Addr) -> String {
+        let Some(i) = self.nodes.iter().position(|n| n == addr) else {
+            return "none".to_owned();
+        };
+        let mut out: Vec<String> = Vec::new();
+        let mut s = 0;
+        while s < SLOTS {
+            if self.owner[s] as usize != i {
+                s += 1;
+                continue;
+            }
+            let first = s;
+            while s + 1 < SLOTS && self.owner[s + 1] as usize == i {
+                s += 1;
+            }
+            out.push(if first == s {
+                first.to_string()
+            } else {
+                format!("{first}-{s}")
+            });
+            s += 1;
+        }
+        if out.is_empty() {
+            "none".to_owned()
+        } else {
+            out.join(",")
+        }
+    }
+
     /// Replicas listed for every master.
     pub(crate) fn replica_count(&self) -> usize {
         self.replicas.iter().map(Vec::len).sum()
@@ -358,6 +388,25 @@ impl Cluster {
     }
 }
 
+/// What one node's failure means, for people (no password: the driver's errors carry none):
+/// [`crate::error::reason`] with what it usually means on a cluster.
+fn node_reason(e: &RedisError, tls: bool) -> String {
+    let why = crate::error::reason(e).replace('\n', " ");
+    if e.is_timeout() && tls {
+        format!("{why} (over TLS: a plaintext port never answers a TLS hello; use redis+cluster:// for plaintext nodes)")
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        format!("{why}: check the user and password of the Redis URL")
+    } else if e.kind() == redis::ErrorKind::Parse {
+        "answered something that is not the Redis protocol (is this a Redis port?)".to_owned()
+    } else if !tls && e.is_connection_dropped() && !e.is_connection_refusal() {
+        format!("{why} (closed at once: a TLS port? use rediss+cluster://; a cluster bus port? the data port is 10000 lower)")
+    } else {
+        why
+    }
+}
+
 /// The error of a cluster connection, with `detail` for people.
 fn cluster_error(detail: String) -> RedisError {
     RedisError::from((redis::ErrorKind::Client, "Redis Cluster", detail))
@@ -504,8 +553,18 @@ impl ClusterConn {
     /// The connection to `addr`, opened if needed.
     fn node(&mut self, addr: &Addr) -> RedisResult<&mut Connection> {
         if !self.nodes.contains_key(addr) {
-            let con = self.cluster.open(addr).inspect_err(|_| {
+            let con = self.cluster.open(addr).map_err(|e| {
                 self.cluster.stale.store(true, Ordering::Relaxed);
+                if e.code().is_some() {
+                    return e;
+                }
+                // Name the master and what it serves: the URL's seeds may all be fine.
+                cluster_error(format!(
+                    "master {} (slots {}) cannot be reached: {}; a master that is down with no replica to promote leaves its slots unserved (cluster_state:fail)",
+                    show_addr(&addr.0, addr.1),
+                    self.map.slots_of(addr),
+                    node_reason(&e, self.cluster.dialer.is_tls())
+                ))
             })?;
             if self.read_timeout.is_some() {
                 con.set_read_timeout(self.read_timeout)?;
@@ -561,7 +620,10 @@ impl ClusterConn {
                         "{shown} is not a cluster node (cluster support disabled): use redis://{shown} for a standalone server"
                     ));
                 }
-                Err(e) => said.push(format!("{shown}: {}", crate::error::reason(&e))),
+                Err(e) => said.push(format!(
+                    "{shown}: {}",
+                    node_reason(&e, self.cluster.dialer.is_tls())
+                )),
             }
         }
         self.cluster.stale.store(true, Ordering::Relaxed);
@@ -822,9 +884,35 @@ impl ClusterConn {
                 }
             }
         }
+        // Commands for every master (a script reload: `SCRIPT LOAD` of every script): one
+        // pipeline per master; a command's reply is the first master's, or an error if any
+        // master refused it.
+        let all: Vec<usize> = (0..cmds.len())
+            .filter(|i| routes[*i] == Route::All)
+            .collect();
+        if !all.is_empty() {
+            let mut buf = Vec::new();
+            for &i in &all {
+                buf.extend_from_slice(cmds[i].bytes);
+            }
+            for addr in self.map.nodes.clone() {
+                count_trip(&addr);
+                let out = self.node(&addr)?.req_packed_commands(&buf, 0, all.len());
+                let got = self.mark_broken(out)?;
+                for (&i, v) in all.iter().zip(got) {
+                    let keep = match &replies[i] {
+                        None => true,
+                        Some(Value::ServerError(_)) => false,
+                        Some(_) => matches!(v, Value::ServerError(_)),
+                    };
+                    if keep {
+                        replies[i] = Some(v);
+                    }
+                }
+            }
+        }
         for i in 0..cmds.len() {
             match routes[i] {
-                Route::All => replies[i] = Some(self.send_all(cmds[i].bytes)?),
                 Route::Scan => replies[i] = Some(self.scan(&cmds[i].args)?),
                 // Redirected: it did not run; once more to the owner.
                 Route::Slot(s) if replies[i].as_ref().and_then(redirect).is_some() => {

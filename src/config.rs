@@ -721,7 +721,7 @@ pub fn redact_url(url: &str) -> String {
     if !KNOWN_SCHEMES.contains(&u.scheme()) {
         return placeholder(
             None,
-            "its scheme is not redis, rediss, valkey, valkeys or unix",
+            "its scheme is not redis, rediss, valkey, valkeys or unix (or their +sentinel and +cluster forms)",
         );
     }
     if u.cannot_be_a_base() {

@@ -864,35 +864,40 @@ pub(crate) fn exec(con: &mut Conn, pipe: &mut Pipeline) -> RedisResult<Vec<Redis
     }
     pipe.ignore_errors();
     let mut results: Vec<RedisResult<Value>> = pipe.query(con)?;
-    let flushed: Vec<usize> = results
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| matches!(r, Err(e) if is_noscript(e)))
-        .map(|(i, _)| i)
-        .collect();
-    if flushed.is_empty() {
-        return Ok(results);
-    }
-    log::info!("script cache was flushed; reloading scripts");
-    reload(con)?;
-    if pipe.is_transaction() || results.len() != pipe.len() {
-        // Replies do not map one to one onto commands (ignored ones): send it all again
-        // (no caller derives a clean-up from such a pipeline's replies).
-        return pipe.query(con);
-    }
-    // Only the commands that found no script: the others ran, and their replies may be the
-    // only record of what they did (a reap script's deleted records, whose index entries
-    // must go). Sending them again would replace those replies with "nothing left".
-    let mut again = redis::pipe();
-    again.ignore_errors();
-    for (i, cmd) in pipe.cmd_iter().enumerate() {
-        if flushed.binary_search(&i).is_ok() {
-            again.add_command(cmd.clone());
+    // A flush can land again between the reload and the resend (a storm): up to 3 reloads.
+    for _ in 0..3 {
+        let flushed: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Err(e) if is_noscript(e)))
+            .map(|(i, _)| i)
+            .collect();
+        if flushed.is_empty() {
+            return Ok(results);
         }
-    }
-    let replies: Vec<RedisResult<Value>> = again.query(con)?;
-    for (i, reply) in flushed.into_iter().zip(replies) {
-        results[i] = reply;
+        log::info!("script cache was flushed; reloading scripts");
+        reload(con)?;
+        if pipe.is_transaction() || results.len() != pipe.len() {
+            // Replies do not map one to one onto commands (ignored ones): send it all again
+            // (no caller derives a clean-up from such a pipeline's replies).
+            results = pipe.query(con)?;
+            continue;
+        }
+        // Only the commands that found no script: the others ran, and their replies may be
+        // the only record of what they did (a reap script's deleted records, whose index
+        // entries must go). Sending them again would replace those replies with "nothing
+        // left".
+        let mut again = redis::pipe();
+        again.ignore_errors();
+        for (i, cmd) in pipe.cmd_iter().enumerate() {
+            if flushed.binary_search(&i).is_ok() {
+                again.add_command(cmd.clone());
+            }
+        }
+        let replies: Vec<RedisResult<Value>> = again.query(con)?;
+        for (i, reply) in flushed.into_iter().zip(replies) {
+            results[i] = reply;
+        }
     }
     Ok(results)
 }

@@ -149,7 +149,7 @@ pub(crate) fn parse(url: &str) -> Result<Endpoint, String> {
     }
     let info = url.into_connection_info().map_err(|e| {
         format!(
-            "{} ({}); expected redis://[user:password@]host:port[/db], rediss://... (TLS) or redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db]",
+            "{} ({}); expected redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db] or redis+cluster://[user:password@]host1:port1,host2:port2,...",
             e.detail().unwrap_or("it does not parse"),
             e.category()
         )

@@ -224,7 +224,6 @@ impl fmt::Display for Error {
     }
 }
 
-/// What to do about a TLS failure, from the driver's (rustls') message.
 /// A driver error in a few words for people (`timed out`, `connection refused`,
 /// `authentication failed (...)`, else its text): what a list of per-node answers shows. The
 /// driver's errors carry no password.
@@ -242,6 +241,7 @@ pub(crate) fn reason(e: &redis::RedisError) -> String {
     }
 }
 
+/// What to do about a TLS failure, from the driver's (rustls') message.
 fn tls_hint(msg: &str) -> Option<&'static str> {
     Some(
         if msg.contains("NotValidForName") || msg.contains("not valid for name") {

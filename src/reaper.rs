@@ -158,7 +158,11 @@ pub(crate) fn reap_rooms(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
     let mut cleanup = Cleanup::default();
     let out = reap_room_batches(r, con, counts, &mut cleanup);
     if cleanup.len > 0 {
-        if let Err(e) = cleanup.pipe.query::<()>(con) {
+        // Through `exec`: the clean-up holds `reap_unindex.lua` calls, and a script cache
+        // flushed meanwhile must not cost the clean-up (NOSCRIPT is reloaded and resent).
+        let sent = conn::exec(con, &mut cleanup.pipe)
+            .and_then(|replies| replies.into_iter().try_for_each(|r| r.map(|_| ())));
+        if let Err(e) = sent {
             if out.is_ok() {
                 return Err(Error::redis("reap rooms", e));
             }

@@ -631,3 +631,56 @@ fn a_paused_ctl_master_makes_the_leader_step_down_on_its_deadline() {
     });
     assert_terms_exclusive("paused {ctl}", &[("la", &a)]);
 }
+
+// A master down with no replica (`cluster_state:fail`, its slots still assigned to it): a call
+// on its slots fails naming that master and its slots, not the URL's seeds (which are fine);
+// a node already running keeps its rooms on the other masters; a new node cannot start (its
+// start reads every master's clock) and says which master.
+#[test]
+fn a_dead_master_without_replica_is_named_in_the_errors() {
+    let mut s = Server::cluster(3, 0);
+    let node = s.node_with(STAGE, "dm", fault_timings());
+    let ctl = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &ks(STAGE).leader()))
+        .unwrap();
+    let victim = other_master(&s, ctl);
+    let (mut on_victim, mut elsewhere) = (None, None);
+    for i in 0.. {
+        let room = format!("dm-{i}");
+        let m = s
+            .nodes()
+            .unwrap()
+            .master_of_slot(keyslot(&s, &ks(STAGE).room(&room).owner))
+            .unwrap();
+        if m == victim {
+            on_victim.get_or_insert(room);
+        } else {
+            elsewhere.get_or_insert(room);
+        }
+        if on_victim.is_some() && elsewhere.is_some() {
+            break;
+        }
+    }
+    let (on_victim, elsewhere) = (on_victim.unwrap(), elsewhere.unwrap());
+    node.pin_room(&elsewhere).unwrap();
+    s.nodes_mut().unwrap().kill9(victim);
+    // (A connection opened before the kill fails first with the socket's own error; the
+    // next one names the master.)
+    let want = format!("master 127.0.0.1:{victim} (slots ");
+    let e = wait_for(LONG, "a call on the dead master's slots naming it", || {
+        node.pin_room(&on_victim)
+            .err()
+            .map(|e| e.to_string())
+            .filter(|e| e.contains(&want))
+    });
+    eprintln!("pin on the dead master's slots: {e}");
+    node.upsert_peer(&elsewhere, "p", None, &[])
+        .expect("a room on a running master keeps working");
+    let e = Node::start(s.config_with(STAGE, "late", fault_timings()))
+        .expect_err("a start that cannot read every master's clock")
+        .to_string();
+    eprintln!("start with a dead master: {e}");
+    assert!(e.contains(&want) && e.contains("cannot be reached"), "{e}");
+}
