@@ -232,6 +232,10 @@ impl SlotMap {
             };
             let (first, last) = (int(parts.first())?, int(parts.get(1))?);
             let master = node(parts.get(2).ok_or_else(|| bad("a range without master"))?)?;
+            if master.1 == 0 {
+                // A master the others know no address of (after CLUSTER RESET): unserved.
+                continue;
+            }
             let replicas = parts[3..].iter().map(node).collect::<Result<Vec<_>, _>>()?;
             parsed.push((first, last, master, replicas));
         }
@@ -560,7 +564,7 @@ impl ClusterConn {
                 }
                 // Name the master and what it serves: the URL's seeds may all be fine.
                 cluster_error(format!(
-                    "master {} (slots {}) cannot be reached: {}; a master that is down with no replica to promote leaves its slots unserved (cluster_state:fail)",
+                    "master {} (slots {}) cannot be reached: {} (down? until a replica is promoted, or for good without one, its slots are unserved: cluster_state:fail)",
                     show_addr(&addr.0, addr.1),
                     self.map.slots_of(addr),
                     node_reason(&e, self.cluster.dialer.is_tls())
@@ -674,13 +678,26 @@ impl ClusterConn {
     fn send_slot(&mut self, slot: u16, bytes: &[u8], deadline: Instant) -> RedisResult<Value> {
         let mut asking: Option<Addr> = None;
         let mut reply = Value::Nil;
+        let mut reloaded = false;
         for _ in 0..=MAX_REDIRECTS {
             let (addr, ask) = match asking.take() {
                 Some(a) => (a, true),
                 None => (self.owner(slot)?, false),
             };
             count_trip(&addr);
-            let con = self.node(&addr)?;
+            let con = match self.node(&addr) {
+                Ok(con) => con,
+                // Nothing was sent: after a failover the map may still name the dead master
+                // (an idle connector). Read it again once; retry if it names another owner.
+                Err(e) if !ask && !reloaded && Instant::now() < deadline => {
+                    reloaded = true;
+                    if self.reload_map().is_ok() && self.owner(slot).ok() != Some(addr) {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             reply = if ask {
                 let mut b = redis::cmd("ASKING").get_packed_command();
                 b.extend_from_slice(bytes);
@@ -690,9 +707,8 @@ impl ClusterConn {
             } else {
                 con.req_packed_command(bytes)?
             };
-            if !ask {
-                self.last = Some(addr);
-            }
+            // The node that ran it (the ASK target too): a `WAIT` after a write waits there.
+            self.last = Some(addr);
             if Instant::now() >= deadline {
                 break;
             }
@@ -785,7 +801,8 @@ impl ClusterConn {
         let mut out = Vec::with_capacity(masters.len());
         for addr in &masters {
             count_trip(addr);
-            out.push(f(self.node(addr)?)?);
+            let one = self.node(addr).and_then(&mut f);
+            out.push(self.settle(one)?);
         }
         Ok(out)
     }
@@ -930,8 +947,50 @@ impl ClusterConn {
     }
 }
 
+impl ClusterConn {
+    /// After any failed call: every node connection may hold replies nobody read (a group
+    /// written before another master failed, a read that timed out), so all are dropped and
+    /// reopened on next use; a late reply can never answer a later command.
+    fn settle<T>(&mut self, out: RedisResult<T>) -> RedisResult<T> {
+        if out.is_err() {
+            self.nodes.clear();
+        }
+        out
+    }
+}
+
 impl ConnectionLike for ClusterConn {
     fn req_packed_command(&mut self, bytes: &[u8]) -> RedisResult<Value> {
+        let out = self.command(bytes);
+        self.settle(out)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let out = self.pipeline(cmd, offset, count);
+        self.settle(out)
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.each_master(|c| redis::cmd("PING").query::<String>(c))
+            .is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.nodes.values().all(|c| c.is_open())
+    }
+}
+
+impl ClusterConn {
+    fn command(&mut self, bytes: &[u8]) -> RedisResult<Value> {
         let deadline = self.deadline();
         let cmds = split(bytes)?;
         let Some(cmd) = cmds.first() else {
@@ -951,28 +1010,6 @@ impl ConnectionLike for ClusterConn {
             )),
         };
         self.mark_broken(out)
-    }
-
-    fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        self.pipeline(cmd, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
-
-    fn check_connection(&mut self) -> bool {
-        self.each_master(|c| redis::cmd("PING").query::<String>(c))
-            .is_ok()
-    }
-
-    fn is_open(&self) -> bool {
-        self.nodes.values().all(|c| c.is_open())
     }
 }
 

@@ -684,3 +684,63 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
     eprintln!("start with a dead master: {e}");
     assert!(e.contains(&want) && e.contains("cannot be reached"), "{e}");
 }
+
+// A pipeline over three masters of which one is paused times out; the connection, used
+// again after SIGCONT, answers the next command with its own reply, never with a late reply
+// of the pipeline (every node connection is dropped after a failed call); likewise after a
+// node refuses mid-pipeline.
+#[test]
+fn a_failed_pipeline_leaves_no_late_reply_for_the_next_command() {
+    let s = Server::cluster(3, 0);
+    let cluster = s.nodes().unwrap();
+    let masters = cluster.master_ports();
+    // One hash tag per master: `{late-i}` (read by the pipeline) and `{late-i}:alt` (read
+    // after it, same master, another value).
+    let mut tags: BTreeMap<u16, String> = BTreeMap::new();
+    for i in 0.. {
+        let tag = format!("{{late-{i}}}");
+        let m = cluster.master_of_slot(keyslot(&s, &tag)).unwrap();
+        tags.entry(m).or_insert(tag);
+        if tags.len() == masters.len() {
+            break;
+        }
+    }
+    let redis = Redis::new(&s.url(), ms(500)).unwrap();
+    let mut con = redis.connect().unwrap();
+    for (m, t) in &tags {
+        let _: () = redis::cmd("SET")
+            .arg(t)
+            .arg(format!("v{m}"))
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("{t}:alt"))
+            .arg(format!("alt{m}"))
+            .query(&mut con)
+            .unwrap();
+    }
+    let paused = masters[1];
+    cluster.pause(paused);
+    let mut pipe = redis::pipe();
+    for t in tags.values() {
+        pipe.get(t).get(t);
+    }
+    let out: redis::RedisResult<Vec<Option<String>>> = pipe.query(&mut con);
+    cluster.resume(paused);
+    assert!(
+        out.is_err(),
+        "the pipeline through a paused master answered: {out:?}"
+    );
+    std::thread::sleep(ms(300));
+    for (m, t) in &tags {
+        let got: Option<String> = redis::cmd("GET")
+            .arg(format!("{t}:alt"))
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(
+            got,
+            Some(format!("alt{m}")),
+            "a late reply answered GET {t}:alt"
+        );
+    }
+}
