@@ -169,6 +169,12 @@ fn a_cluster_connection_knows_its_masters() {
     assert_eq!(redis.transport(), "cluster");
     let con = redis.connect().unwrap();
     assert!(con.is_cluster());
+    let want = master_addrs(&s);
+    assert_eq!(con.cluster_masters(), want);
+}
+
+/// The cluster's masters as `127.0.0.1:<port>`, sorted (the connector's order).
+fn master_addrs(s: &Server) -> Vec<String> {
     let mut want: Vec<String> = s
         .nodes()
         .unwrap()
@@ -177,7 +183,7 @@ fn a_cluster_connection_knows_its_masters() {
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
     want.sort();
-    assert_eq!(con.cluster_masters(), want);
+    want
 }
 
 fn ms(v: u64) -> Duration {
@@ -508,14 +514,7 @@ fn status_names_the_masters_and_the_control_planes_master() {
     node.heartbeat_now().unwrap();
     let st = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
     assert_eq!(st.route.transport, "cluster");
-    let mut want: Vec<String> = s
-        .nodes()
-        .unwrap()
-        .master_ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    want.sort();
+    let want = master_addrs(&s);
     assert_eq!(st.route.masters, want);
     let ctl = s
         .nodes()
