@@ -87,7 +87,7 @@ fn median_of(v: &[Duration]) -> Duration {
 
 /// CPU time (user + system, µs) the Redis server process has used so far, from `INFO cpu`:
 /// the server-side cost of a measurement is the difference of two readings.
-fn server_cpu_us(con: &mut sfu_redis::conn::Conn) -> u64 {
+fn server_cpu_us(con: &mut impl redis::ConnectionLike) -> u64 {
     let info: String = redis::cmd("INFO").arg("cpu").query(con).expect("INFO");
     info.lines()
         .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))

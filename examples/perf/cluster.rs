@@ -25,21 +25,16 @@ use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::devserver::LocalRedis;
 
 use super::common::*;
-use super::{median_of, ms, Args};
+use super::{median_of, ms, server_cpu_us, Args};
 
-/// `INFO cpu` user + sys of the server on `port`, µs.
+/// `INFO cpu` user + sys of the server on `port`, µs (a plain driver connection: the
+/// library's connector refuses a cluster node's address given as a standalone URL).
 fn cpu_us(port: u16) -> u64 {
     let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .expect("client")
         .get_connection()
         .expect("connect to a master");
-    let info: String = redis::cmd("INFO").arg("cpu").query(&mut con).expect("INFO");
-    info.lines()
-        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
-        .filter_map(|l| l.split(':').nth(1))
-        .filter_map(|v| v.trim().parse::<f64>().ok())
-        .map(|s| (s * 1e6) as u64)
-        .sum()
+    server_cpu_us(&mut con)
 }
 
 /// `INFO commandstats` of the server on `port`: command -> (calls, usec).
