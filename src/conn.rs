@@ -899,7 +899,50 @@ pub(crate) fn exec(con: &mut Conn, pipe: &mut Pipeline) -> RedisResult<Vec<Redis
             results[i] = reply;
         }
     }
+    // Still flushed after 3 reloads (a flush keeps landing between a reload and the resend):
+    // the commands that found no script go as `EVAL` with the script's source, which cannot
+    // meet `NOSCRIPT`.
+    let flushed: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r, Err(e) if is_noscript(e)))
+        .map(|(i, _)| i)
+        .collect();
+    if flushed.is_empty() || pipe.is_transaction() || results.len() != pipe.len() {
+        return Ok(results);
+    }
+    let mut again = redis::pipe();
+    again.ignore_errors();
+    for (i, cmd) in pipe.cmd_iter().enumerate() {
+        if flushed.binary_search(&i).is_ok() {
+            again.add_command(as_eval(cmd).unwrap_or_else(|| cmd.clone()));
+        }
+    }
+    let replies: Vec<RedisResult<Value>> = again.query(con)?;
+    for (i, reply) in flushed.into_iter().zip(replies) {
+        results[i] = reply;
+    }
     Ok(results)
+}
+
+/// `EVALSHA <sha> ...` of one of the crate's scripts as `EVAL <source> ...` (the same keys and
+/// arguments): the last resort when the script cache keeps being flushed between a reload
+/// and the call. `None` for any other command.
+fn as_eval(cmd: &redis::Cmd) -> Option<redis::Cmd> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => b"0".as_slice(), // a cursor: no script invocation carries one
+    });
+    if !args.next()?.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let source = SCRIPTS.source_of(args.next()?)?;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(source);
+    for a in args {
+        eval.arg(a);
+    }
+    Some(eval)
 }
 
 /// Sends one script invocation (reloading on `NOSCRIPT`) and decodes its reply.
@@ -909,13 +952,15 @@ pub(crate) fn call<T: FromRedisValue>(
     inv: &ScriptInvocation<'_>,
 ) -> Result<T> {
     // `invoke` loads the script and retries once on NOSCRIPT; a flush landing between that
-    // load and the retry is survived by trying again (a script that got NOSCRIPT did not run).
-    let mut attempts = 0;
-    loop {
-        match inv.invoke(con) {
-            Err(e) if is_noscript(&e) && attempts < 3 => attempts += 1,
-            out => return out.map_err(|e| Error::redis(op, e)),
+    // load and the retry is survived by sending the script's source (`EVAL`), which cannot
+    // meet NOSCRIPT (a script that got NOSCRIPT did not run, so nothing runs twice).
+    match inv.invoke(con) {
+        Err(e) if is_noscript(&e) => {
+            let eval =
+                as_eval(&redis::Cmd::invoke_script(inv)).ok_or_else(|| Error::redis(op, e))?;
+            eval.query(con).map_err(|e| Error::redis(op, e))
         }
+        out => out.map_err(|e| Error::redis(op, e)),
     }
 }
 
@@ -1015,5 +1060,31 @@ mod tests {
         assert_eq!(got, vec![Some(1), None, Some(1)]);
         let left: i64 = redis::cmd("SCARD").arg("set").query(&mut con).unwrap();
         assert_eq!(left, 0);
+    }
+
+    /// The last resort of a flush storm: an `EVALSHA` of one of the crate's scripts, sent as
+    /// `EVAL` with its source, runs with the same keys and arguments on a server whose cache
+    /// is empty (an `EVALSHA` would meet `NOSCRIPT` there).
+    #[test]
+    fn an_evalsha_sent_as_eval_runs_without_the_script_cache() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let redis = Redis::new(&server.url(), std::time::Duration::from_secs(2)).unwrap();
+        let mut con = redis.connect().unwrap();
+        let _: () = redis::cmd("SADD")
+            .arg("set")
+            .arg("a")
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+        let mut inv = SCRIPTS.reap_unindex.prepare_invoke();
+        inv.key("hbs").key("hb").key("set").arg("x").arg("a");
+        let evalsha = redis::Cmd::invoke_script(&inv);
+        let err = evalsha.query::<i64>(&mut con).unwrap_err();
+        assert!(is_noscript(&err), "{err}");
+        let removed: i64 = as_eval(&evalsha).expect("an EVAL").query(&mut con).unwrap();
+        assert_eq!(removed, 1);
+        let left: i64 = redis::cmd("SCARD").arg("set").query(&mut con).unwrap();
+        assert_eq!(left, 0);
+        assert!(as_eval(&redis::cmd("GET").arg("k").to_owned()).is_none());
     }
 }

@@ -26,6 +26,15 @@ macro_rules! scripts {
             pub(crate) fn all(&self) -> Vec<&Script> {
                 vec![$(&self.$name),+]
             }
+
+            /// The source of the script whose SHA1 is `sha` (an `EVALSHA` turned into an
+            /// `EVAL` when the script cache keeps being flushed).
+            pub(crate) fn source_of(&self, sha: &[u8]) -> Option<&'static str> {
+                $(if self.$name.get_hash().as_bytes() == sha {
+                    return Some(include_str!(concat!("../lua/", stringify!($name), ".lua")));
+                })+
+                None
+            }
         }
     };
 }
@@ -57,6 +66,18 @@ mod tests {
     use super::SCRIPTS;
 
     /// Every file under `lua/` is a script of the list (none forgotten by the preload).
+    /// Every script's source is found by its SHA1 (the `EVAL` fallback of `conn`).
+    #[test]
+    fn every_source_is_found_by_its_hash() {
+        for script in SCRIPTS.all() {
+            let source = SCRIPTS
+                .source_of(script.get_hash().as_bytes())
+                .expect("source");
+            assert_eq!(redis::Script::new(source).get_hash(), script.get_hash());
+        }
+        assert_eq!(SCRIPTS.source_of(b"0000"), None);
+    }
+
     #[test]
     fn every_lua_file_is_listed() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
