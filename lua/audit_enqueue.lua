@@ -6,6 +6,7 @@
 -- KEYS[2] P:{ctl}:hb:<I>
 -- KEYS[3] P:{ctl}:instance:<I>:rooms
 -- KEYS[4] P:{ctl}:instance:<I>:peers
+-- KEYS[5] P:{ctl}:instance:<I>:info
 -- ARGV[1] instance id (wire form)
 --
 -- Re-checked atomically: the instance still has no sorted-set entry, no heartbeat key, and a
@@ -18,7 +19,8 @@
 --   'queued'      score 0 written: handed to the reaper;
 --   'registered'  it has a sorted-set entry now: nothing written;
 --   'alive'       its heartbeat key exists: nothing written;
---   'empty'       both indexes are empty now: nothing written, nothing left to reap;
+--   'empty'       both indexes are empty now: nothing left to reap; its info hash, if any,
+--                 is deleted (it describes a registration that no longer exists);
 --   'wrong_type'  one of the keys holds the wrong type: nothing written.
 --
 -- Protects: invariant 2 (a dead instance leaves nothing behind, even when its sorted-set entry
@@ -30,6 +32,9 @@ for i = 1, 4 do
 end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 'registered' end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
-if redis.call('SCARD', KEYS[3]) + redis.call('SCARD', KEYS[4]) == 0 then return 'empty' end
+if redis.call('SCARD', KEYS[3]) + redis.call('SCARD', KEYS[4]) == 0 then
+  redis.call('DEL', KEYS[5])
+  return 'empty'
+end
 redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[1])
 return 'queued'

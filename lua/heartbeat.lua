@@ -5,6 +5,7 @@
 -- KEYS[2] P:{ctl}:hb:<I>       STRING, PX heartbeat_ttl: the boot token of the live process
 -- KEYS[3] P:{ctl}:dataset      STRING, the dataset token
 -- KEYS[4] P:{ctl}:epoch        the last fencing token handed out
+-- KEYS[5] P:{ctl}:instance:<I>:info  HASH, how the instance describes itself (src/info.rs)
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
@@ -17,6 +18,13 @@
 --         was lost with Redis's data), so the next term's epoch is higher than every term any
 --         live instance knows of (a new lease is only granted a lease TTL after the dataset
 --         was re-created, by when every live instance has heartbeated)
+-- ARGV[8] server ms this life registered at ('0' if not known yet): the info's started_ms
+-- ARGV[9..] the info's other fields, name and value pairs
+--
+-- The info hash is written (whole, replacing what was there) at 'register', after Redis lost
+-- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
+-- started_ms is this call's server time at 'register' (a new life) or when ARGV[8] is '0'.
+-- It goes with the registration: reap_finish.lua and Node::leave delete it.
 --
 -- Reply: {status, server_ms, token, epoch, server_us}; status is
 --   'ok'        heartbeat written;
@@ -73,4 +81,10 @@ if tonumber(ARGV[7]) > tonumber(epoch) then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
+if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
+  local started = ARGV[8]
+  if ARGV[3] == 'register' or started == '0' then started = string.format('%d', now) end
+  redis.call('DEL', KEYS[5])
+  redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 9))
+end
 return {status, now, token, epoch, now_us}

@@ -5,6 +5,7 @@
 -- KEYS[2] P:{ctl}:hb:<D>
 -- KEYS[3] P:{ctl}:instance:<D>:rooms
 -- KEYS[4] P:{ctl}:instance:<D>:peers
+-- KEYS[5] P:{ctl}:instance:<D>:info (deleted with the sorted-set entry)
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] how many index members the reap kept because they were written after t0 by the
 --         same instance id (a new life that has not registered yet)
@@ -26,5 +27,6 @@ if tonumber(ARGV[2]) > 0 then return {'retry', 0, 0} end
 local rooms = redis.call('SCARD', KEYS[3])
 local peers = redis.call('SCARD', KEYS[4])
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[5])
 if rooms + peers > 0 then return {'incomplete', rooms, peers} end
 return {'done', 0, 0}

@@ -71,6 +71,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         .key(sh.ctx.keys.heartbeat(&sh.ctx.me))
         .key(sh.ctx.keys.dataset())
         .key(sh.ctx.keys.epoch())
+        .key(sh.ctx.keys.instance_info(&sh.ctx.me))
         .arg(&sh.ctx.me)
         .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
@@ -80,7 +81,14 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         .arg(&known)
         .arg(&fresh)
         .arg(&sh.boot)
-        .arg(sh.max_epoch.load(Ordering::Relaxed));
+        .arg(sh.max_epoch.load(Ordering::Relaxed))
+        .arg(match mode {
+            BeatMode::Register => 0,
+            BeatMode::Tick => sh.started_ms.load(Ordering::Relaxed),
+        });
+    for (name, value) in &sh.info {
+        inv.arg(*name).arg(value);
+    }
     let (status, server_ms, token, epoch, server_us): (String, i64, String, String, i64) =
         conn::call(con, op, &inv)?;
     let beat = match status.as_str() {
@@ -106,6 +114,10 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         || (beat == Beat::Duplicate && mode == BeatMode::Tick)
     {
         *sh.token.lock() = token;
+    }
+    if mode == BeatMode::Register && beat == Beat::Ok {
+        // heartbeat.lua wrote this life's info with this server time as its start.
+        sh.started_ms.store(server_ms, Ordering::Relaxed);
     }
     if let Ok(e) = epoch.parse::<u64>() {
         sh.max_epoch.fetch_max(e, Ordering::Relaxed);

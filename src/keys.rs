@@ -261,6 +261,13 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:peers", self.prefix)
     }
 
+    /// `P:{ctl}:instance:<I>:info` (`instance` in wire form): the hash in which an instance
+    /// describes itself (version, host, pid, start, timings, transport), written with its
+    /// registration and removed by its reap and by [`Node::leave`](crate::Node::leave).
+    pub fn instance_info(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:info", self.prefix)
+    }
+
     /// The keys of room `room` (wire form).
     pub fn room(&self, room: &str) -> RoomKeys {
         let base = format!("{}:room:{{{room}}}:", self.prefix);
@@ -311,6 +318,11 @@ impl KeySpace {
                         .and_then(|s| s.strip_suffix(":peers"))
                     {
                         ParsedKey::InstancePeers(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":info"))
+                    {
+                        ParsedKey::InstanceInfo(i.to_owned())
                     } else {
                         return None;
                     }
@@ -342,6 +354,7 @@ pub enum ParsedKey {
     Dataset,
     InstanceRooms(String),
     InstancePeers(String),
+    InstanceInfo(String),
     RoomOwner(String),
     RoomMeta(String),
     RoomPeers(String),
@@ -367,9 +380,10 @@ impl ParsedKey {
     /// The instance (wire form) of a heartbeat key or an instance index; `None` otherwise.
     pub fn instance(&self) -> Option<&str> {
         match self {
-            ParsedKey::Heartbeat(i) | ParsedKey::InstanceRooms(i) | ParsedKey::InstancePeers(i) => {
-                Some(i)
-            }
+            ParsedKey::Heartbeat(i)
+            | ParsedKey::InstanceRooms(i)
+            | ParsedKey::InstancePeers(i)
+            | ParsedKey::InstanceInfo(i) => Some(i),
             _ => None,
         }
     }

@@ -32,6 +32,7 @@ mod endpoint;
 mod error;
 mod event;
 mod heartbeat;
+pub mod info;
 pub mod keys;
 mod leader;
 mod lease;

@@ -1,7 +1,7 @@
 //! [`Node`]: the handle a host holds. It owns the worker threads (heartbeat, lease, reaper),
 //! the event channel and the stats, and shuts everything down on [`Node::shutdown`] or `Drop`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -224,9 +224,12 @@ impl Node {
             return Ok(node(Backend::Memory(MemoryStore::new(&id)), None));
         }
         let ctx = Ctx::from_config(&config)?;
+        let redis = Redis::from_config(&config)?;
         let shared = Arc::new(Shared {
             id: id.clone(),
-            redis: Redis::from_config(&config)?,
+            info: crate::info::fields(&config, redis.transport()),
+            started_ms: AtomicI64::new(0),
+            redis,
             ctx,
             pool: Pool::new(POOL_IDLE),
             local: Arc::clone(&local),

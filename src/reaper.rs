@@ -594,6 +594,7 @@ pub(crate) fn reap_instance(
         .key(ctx.keys.heartbeat(dead))
         .key(ctx.keys.instance_rooms(dead))
         .key(ctx.keys.instance_peers(dead))
+        .key(ctx.keys.instance_info(dead))
         .arg(dead)
         .arg(counts.kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -132,6 +132,10 @@ pub(crate) struct Shared {
     /// A tick found another process's boot token under this id: its stop must not mark the
     /// heartbeat key released (the other process may be the live one).
     pub saw_duplicate: AtomicBool,
+    /// The fields of this instance's info hash (`crate::info`), but `started_ms`.
+    pub info: Vec<(&'static str, String)>,
+    /// Server ms this life registered at (its info's `started_ms`); 0 before.
+    pub started_ms: AtomicI64,
     /// Set by `Node::simulate_crash`: threads stop without any cleanup.
     pub crashed: AtomicBool,
 }

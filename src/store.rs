@@ -102,6 +102,8 @@ impl RedisStore {
                 .ignore()
                 .zrem(keys.heartbeats(), me)
                 .ignore()
+                .del(keys.instance_info(me))
+                .ignore()
                 .query::<()>(c)
                 .map_err(|e| Error::redis("deregister", e))
         })

@@ -118,7 +118,7 @@ impl Scan<'_> {
     /// Instances with index sets or a heartbeat key but no entry in the sorted set.
     fn unregistered(&mut self, seen: &Seen, registry: &BTreeSet<String>) {
         for (i, s) in &seen.instances {
-            if registry.contains(i) || !(s.hb || s.rooms || s.peers) {
+            if registry.contains(i) || !(s.hb || s.rooms || s.peers || s.info) {
                 continue;
             }
             let (detail, fix) = self.unregistered_finding(i, s);
@@ -126,6 +126,8 @@ impl Scan<'_> {
                 self.ks.instance_rooms(i)
             } else if s.peers {
                 self.ks.instance_peers(i)
+            } else if s.info && !s.hb {
+                self.ks.instance_info(i)
             } else {
                 self.ks.heartbeat(i)
             };
@@ -143,8 +145,11 @@ impl Scan<'_> {
             );
             return (detail, None);
         }
-        let detail =
-            format!("instance {i} has index sets but no entry in {zset} (sets but no heartbeat)");
+        let detail = if s.rooms || s.peers {
+            format!("instance {i} has index sets but no entry in {zset} (sets but no heartbeat)")
+        } else {
+            format!("instance {i} has an info hash but no entry in {zset} (info but no heartbeat)")
+        };
         let fix = Fix::Enqueue {
             instance: i.to_owned(),
         };

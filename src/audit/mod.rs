@@ -21,7 +21,7 @@
 //! | `dangling_guest` | `P:room:{R}:guests` | a guest pointing at a missing peer, or at a peer whose record names another guest | pointer (and its guest state) removed |
 //! | `unindexed_peer` | the peer record | missing from its room's `peers`, its instance's peer index, or its guest's pointer | entry added |
 //! | `unindexed_room` | the room's `meta` (else `owner`) | its owner's room index does not list it | entry added |
-//! | `unregistered_instance` | the instance's room index (else peer index, else heartbeat key) | index sets or a heartbeat key but no sorted-set entry | handed to the reaper (score 0) |
+//! | `unregistered_instance` | the instance's room index (else peer index, else info hash, else heartbeat key) | index sets, an info hash or a heartbeat key but no sorted-set entry | handed to the reaper (score 0); with empty indexes its info hash deleted |
 //! | `orphaned_guest_state` | `P:room:{R}:guest-state` | the state of a guest that has no pointer | report only (host data) |
 //! | `wrong_type` | the key | a key of the schema holding another Redis type | report only |
 //! | `malformed_lease` | `P:{ctl}:leader` | the lease value is not an instance id, or it has no TTL | report only |

@@ -29,9 +29,10 @@ pub enum ProblemKind {
     /// `unindexed_room`: a room whose owner (pin, else metadata) does not list it in its room
     /// index, so the reaper could never reach it. Invariant 2. Repaired: added.
     UnindexedRoom,
-    /// `unregistered_instance`: an instance with index sets or a heartbeat key but no entry in
-    /// the heartbeat sorted set ("sets but no heartbeat"). Invariant 2. Repaired: handed to
-    /// the reaper (score 0) when it has no heartbeat key.
+    /// `unregistered_instance`: an instance with index sets, an info hash or a heartbeat key
+    /// but no entry in the heartbeat sorted set ("sets but no heartbeat"). Invariant 2.
+    /// Repaired when it has no heartbeat key: handed to the reaper (score 0), or, with empty
+    /// indexes, its info hash deleted.
     UnregisteredInstance,
     /// `orphaned_guest_state`: a `guest-state` field of a guest that has no pointer. Report
     /// only: guest state is the host's data.

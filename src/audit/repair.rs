@@ -166,6 +166,7 @@ fn enqueue_cmd(ks: &KeySpace, pipe: &mut Pipeline, fix: &Fix) {
             .key(ks.heartbeat(instance))
             .key(ks.instance_rooms(instance))
             .key(ks.instance_peers(instance))
+            .key(ks.instance_info(instance))
             .arg(instance);
         pipe.invoke_script(&inv);
     }

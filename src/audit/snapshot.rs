@@ -47,6 +47,8 @@ pub(super) struct InstanceSeen {
     pub(super) hb: bool,
     pub(super) rooms: bool,
     pub(super) peers: bool,
+    /// Its self-description (`P:{ctl}:instance:<I>:info`).
+    pub(super) info: bool,
 }
 
 /// What one `SCAN` of the prefix saw, by role.
@@ -80,6 +82,7 @@ impl Seen {
             ParsedKey::Heartbeat(i) => self.instances.entry(i).or_default().hb |= ok,
             ParsedKey::InstanceRooms(i) => self.instances.entry(i).or_default().rooms |= ok,
             ParsedKey::InstancePeers(i) => self.instances.entry(i).or_default().peers |= ok,
+            ParsedKey::InstanceInfo(i) => self.instances.entry(i).or_default().info |= ok,
             ParsedKey::RoomOwner(r) => self.room_flag(r, ok, |s| &mut s.owner),
             ParsedKey::RoomMeta(r) => self.room_flag(r, ok, |s| &mut s.meta),
             ParsedKey::RoomPeers(r) => self.room_flag(r, ok, |s| &mut s.peers),
@@ -115,7 +118,8 @@ fn expected_type(k: &ParsedKey) -> &'static str {
         ParsedKey::InstanceRooms(_) | ParsedKey::InstancePeers(_) | ParsedKey::RoomPeers(_) => {
             "set"
         }
-        ParsedKey::RoomMeta(_)
+        ParsedKey::InstanceInfo(_)
+        | ParsedKey::RoomMeta(_)
         | ParsedKey::RoomGuests(_)
         | ParsedKey::RoomGuestState(_)
         | ParsedKey::Peer(..) => "hash",
@@ -125,9 +129,10 @@ fn expected_type(k: &ParsedKey) -> &'static str {
 /// The ids in a key's name (instance, room, room and peer), to be checked for wire form.
 fn ids_of(parsed: &ParsedKey) -> Vec<&String> {
     match parsed {
-        ParsedKey::Heartbeat(i) | ParsedKey::InstanceRooms(i) | ParsedKey::InstancePeers(i) => {
-            vec![i]
-        }
+        ParsedKey::Heartbeat(i)
+        | ParsedKey::InstanceRooms(i)
+        | ParsedKey::InstancePeers(i)
+        | ParsedKey::InstanceInfo(i) => vec![i],
         ParsedKey::RoomOwner(r)
         | ParsedKey::RoomMeta(r)
         | ParsedKey::RoomPeers(r)

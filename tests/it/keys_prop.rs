@@ -201,6 +201,7 @@ proptest! {
         prop_assert_eq!(ks.parse(&ks.heartbeat(&wp)), Some(ParsedKey::Heartbeat(wp.clone())));
         prop_assert_eq!(ks.parse(&ks.instance_rooms(&wp)), Some(ParsedKey::InstanceRooms(wp.clone())));
         prop_assert_eq!(ks.parse(&ks.instance_peers(&wp)), Some(ParsedKey::InstancePeers(wp.clone())));
+        prop_assert_eq!(ks.parse(&ks.instance_info(&wp)), Some(ParsedKey::InstanceInfo(wp.clone())));
     }
 
     // Any prefix segments give exactly three `[A-Za-z0-9._-]` segments (no brace, so no hash

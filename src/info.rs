@@ -1,0 +1,249 @@
+//! How an instance describes itself in Redis: `P:{ctl}:instance:<I>:info`, a hash written with
+//! the instance's registration (`heartbeat.lua`: at the first heartbeat of a life, after Redis
+//! lost its data, and whenever the key is found missing) and removed by its reap
+//! (`reap_finish.lua`) and by [`Node::leave`](crate::Node::leave).
+//!
+//! Operators' tools read it so that they judge each instance with its own timings instead of
+//! asking the operator for the fleet's (`sfu-redis status`, `fsck`, `doctor`), and so that a
+//! fleet running mixed versions or mixed timings is visible.
+//!
+//! | field | value |
+//! |---|---|
+//! | `version` | the library version (`CARGO_PKG_VERSION`, e.g. `0.1.0`) |
+//! | `host` | the host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`) |
+//! | `pid` | the process id |
+//! | `started_ms` | Redis server time (ms) of this life's registration |
+//! | `heartbeat_interval_ms`, `heartbeat_ttl_ms`, `stale_threshold_ms`, `pin_ttl_ms`, `lease_ttl_ms`, `lease_refresh_ms`, `two_phase_delay_ms`, `reap_interval_ms`, `command_timeout_ms` | its [`Timings`], ms |
+//! | `reap_batch` | index members per reap batch |
+//! | `transport` | `plain`, `tls`, `sentinel`, `sentinel+tls`, `cluster` or `cluster+tls` |
+//!
+//! Readers tolerate what they do not know: a missing or unparsable field is `None` (and named
+//! in the problems [`InstanceInfo::from_fields`] returns), an unknown field is ignored, so a
+//! fleet can run two versions during a rolling upgrade.
+
+use std::time::Duration;
+
+use crate::config::{Config, Timings};
+
+/// `version`, the library version every record carries.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One instance's self-description, as read from its info hash. Every field is optional: a
+/// record written by another version, or edited by hand, may lack any of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstanceInfo {
+    /// Library version.
+    pub version: Option<String>,
+    /// Host name.
+    pub host: Option<String>,
+    /// Process id.
+    pub pid: Option<u32>,
+    /// Server time (ms) of the registration of this life.
+    pub started_ms: Option<i64>,
+    /// Its timings, each in ms, in [`TIMING_FIELDS`] order.
+    pub timings_ms: [Option<u64>; 9],
+    /// Index members per reap batch.
+    pub reap_batch: Option<u64>,
+    /// How it reaches Redis.
+    pub transport: Option<String>,
+}
+
+/// The timing fields of the record, in the order of [`InstanceInfo::timings_ms`].
+pub const TIMING_FIELDS: [&str; 9] = [
+    "heartbeat_interval_ms",
+    "heartbeat_ttl_ms",
+    "stale_threshold_ms",
+    "pin_ttl_ms",
+    "lease_ttl_ms",
+    "lease_refresh_ms",
+    "two_phase_delay_ms",
+    "reap_interval_ms",
+    "command_timeout_ms",
+];
+
+fn timing_values(t: &Timings) -> [Duration; 9] {
+    [
+        t.heartbeat_interval,
+        t.heartbeat_ttl,
+        t.stale_threshold,
+        t.pin_ttl,
+        t.lease_ttl,
+        t.lease_refresh,
+        t.two_phase_delay,
+        t.reap_interval,
+        t.command_timeout,
+    ]
+}
+
+/// This host's name, for the record (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else
+/// `unknown`).
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The fields this process writes (all but `started_ms`, which the script sets from the
+/// server clock), as `(name, value)` pairs.
+pub(crate) fn fields(config: &Config, transport: &str) -> Vec<(&'static str, String)> {
+    let mut f = vec![
+        ("version", VERSION.to_owned()),
+        ("host", host_name()),
+        ("pid", std::process::id().to_string()),
+    ];
+    for (name, d) in TIMING_FIELDS.iter().zip(timing_values(config.timings())) {
+        f.push((name, d.as_millis().to_string()));
+    }
+    f.push(("reap_batch", config.reap_batch().to_string()));
+    f.push(("transport", transport.to_owned()));
+    f
+}
+
+impl InstanceInfo {
+    /// Reads a record from its `HGETALL` pairs. Returns the record and what is wrong with it
+    /// (one sentence per missing or unparsable field; unknown fields are ignored).
+    pub fn from_fields(pairs: &[(String, String)]) -> (InstanceInfo, Vec<String>) {
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let mut problems = Vec::new();
+        let mut number = |name: &str| -> Option<u64> {
+            match get(name).map(|v| v.trim().parse::<u64>()) {
+                Some(Ok(n)) => Some(n),
+                Some(Err(_)) => {
+                    problems.push(format!("field {name} is not a whole number"));
+                    None
+                }
+                None => {
+                    problems.push(format!("field {name} is missing"));
+                    None
+                }
+            }
+        };
+        let pid = number("pid").and_then(|p| u32::try_from(p).ok());
+        let started_ms = number("started_ms").and_then(|s| i64::try_from(s).ok());
+        let mut timings_ms = [None; 9];
+        for (slot, name) in timings_ms.iter_mut().zip(TIMING_FIELDS) {
+            *slot = number(name);
+        }
+        let reap_batch = number("reap_batch");
+        let text = |name: &str| get(name).map(str::to_owned);
+        let info = InstanceInfo {
+            version: text("version"),
+            host: text("host"),
+            pid,
+            started_ms,
+            timings_ms,
+            reap_batch,
+            transport: text("transport"),
+        };
+        for name in ["version", "host", "transport"] {
+            if get(name).is_none() {
+                problems.push(format!("field {name} is missing"));
+            }
+        }
+        (info, problems)
+    }
+
+    /// One timing of the record, by field name (`heartbeat_interval_ms`, ...).
+    pub fn timing(&self, field: &str) -> Option<Duration> {
+        let i = TIMING_FIELDS.iter().position(|f| *f == field)?;
+        self.timings_ms[i].map(Duration::from_millis)
+    }
+
+    /// Its stale threshold.
+    pub fn stale_threshold(&self) -> Option<Duration> {
+        self.timing("stale_threshold_ms")
+    }
+
+    /// Its heartbeat interval.
+    pub fn heartbeat_interval(&self) -> Option<Duration> {
+        self.timing("heartbeat_interval_ms")
+    }
+
+    /// Its command timeout.
+    pub fn command_timeout(&self) -> Option<Duration> {
+        self.timing("command_timeout_ms")
+    }
+
+    /// Its timings as one line (`heartbeat 10000/30000 ms, stale 45000 ms, ...`): equal lines
+    /// mean equal timings, so a fleet whose records give more than one runs mixed timings.
+    pub fn timings_summary(&self) -> String {
+        let ms = |i: usize| {
+            self.timings_ms[i]
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "?".into())
+        };
+        format!(
+            "heartbeat {}/{} ms, stale {} ms, pin {} ms, lease {}/{} ms, two-phase {} ms, reap every {} ms, timeout {} ms",
+            ms(0),
+            ms(1),
+            ms(2),
+            ms(3),
+            ms(4),
+            ms(5),
+            ms(6),
+            ms(7),
+            ms(8)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(config: &Config) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = fields(config, "plain")
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        p.push(("started_ms".into(), "1700000000000".into()));
+        p
+    }
+
+    #[test]
+    fn a_written_record_reads_back_whole() {
+        let config = Config::builder()
+            .redis_url(Some("redis://127.0.0.1:1"))
+            .build()
+            .unwrap();
+        let (info, problems) = InstanceInfo::from_fields(&pairs(&config));
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(info.version.as_deref(), Some(VERSION));
+        assert_eq!(info.pid, Some(std::process::id()));
+        assert_eq!(info.started_ms, Some(1_700_000_000_000));
+        assert_eq!(info.stale_threshold(), Some(Duration::from_secs(45)));
+        assert_eq!(info.heartbeat_interval(), Some(Duration::from_secs(10)));
+        assert_eq!(info.command_timeout(), Some(Duration::from_secs(2)));
+        assert_eq!(info.reap_batch, Some(500));
+        assert_eq!(info.transport.as_deref(), Some("plain"));
+    }
+
+    #[test]
+    fn missing_and_garbage_fields_are_named() {
+        let p = vec![
+            ("version".to_owned(), "9.9.9".to_owned()),
+            ("pid".to_owned(), "many".to_owned()),
+            ("extra".to_owned(), "ignored".to_owned()),
+        ];
+        let (info, problems) = InstanceInfo::from_fields(&p);
+        assert_eq!(info.version.as_deref(), Some("9.9.9"));
+        assert_eq!(info.pid, None);
+        assert!(problems
+            .iter()
+            .any(|p| p == "field pid is not a whole number"));
+        assert!(problems.iter().any(|p| p == "field host is missing"));
+        assert!(problems
+            .iter()
+            .any(|p| p == "field stale_threshold_ms is missing"));
+        assert!(info.timings_summary().contains("stale ? ms"));
+    }
+}
