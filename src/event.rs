@@ -95,6 +95,13 @@ pub enum Event {
     Stopped,
 }
 
+/// This process's wall clock, ms since the Unix epoch (0 if the clock is before it).
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl Event {
     /// The event's name, as in the JSON `"event"` field.
     pub fn name(&self) -> &'static str {
@@ -111,7 +118,11 @@ impl Event {
     }
 
     /// The JSON object printed by `sfu-redis node --json`:
-    /// `{"event": name, "instance": instance, ...fields}`.
+    /// `{"event": name, "instance": instance, "ts_ms": wall-clock ms, ...fields}`.
+    ///
+    /// `ts_ms` is this process's wall clock (system time, ms since the Unix epoch) when the
+    /// object is made: the CLI makes it as the event arrives, so operators can time failovers
+    /// and reaps from the lines alone. It is not Redis server time (use `status` for that).
     pub fn to_json(&self, instance: &str) -> Value {
         let mut v = match self {
             Event::Ready { rooms, peers, mode } => {
@@ -137,6 +148,7 @@ impl Event {
         if let Value::Object(map) = &mut v {
             map.insert("event".into(), self.name().into());
             map.insert("instance".into(), instance.into());
+            map.insert("ts_ms".into(), wall_clock_ms().into());
         }
         v
     }

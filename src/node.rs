@@ -252,6 +252,17 @@ impl Node {
             shared.redis.describe(),
             shared.ctx.keys.prefix()
         );
+        let pairs: Vec<(String, String)> = shared
+            .info
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        let (me, _) = crate::info::InstanceInfo::from_fields(&pairs);
+        log::info!(
+            "instance {id} effective timings: {}; reap batch {}",
+            me.timings_summary(),
+            config.reap_batch()
+        );
         let workers = spawn_workers(&shared)?;
         Ok(node(Backend::Redis(RedisStore::new(shared)), Some(workers)))
     }

@@ -8,12 +8,22 @@
 //! ([`FleetStatus::problems`], [`InstanceStatus::problems`]) and the rest is still shown. Only
 //! a failure to reach Redis fails the whole call.
 //!
+//! Each instance is judged with its own timings, read from the record it wrote at registration
+//! (`P:{ctl}:instance:<I>:info`, [`crate::info`]); the [`Config`]'s stale threshold is used
+//! only for an instance without a record (an older version, or a record lost with the data),
+//! and for every instance when the caller overrides it ([`fleet_status_with_stale`], the
+//! CLI's `--heartbeat-ttl-ms` / `--stale-factor`). A fleet whose records show more than one
+//! version or more than one set of timings is flagged in [`FleetStatus::warnings`].
+//!
 //! What it sends: the sorted set is paged with `ZSCAN ... COUNT 1000` (the crate's pager,
 //! [`crate::scan`]; never one `ZRANGE` over the whole set); each instance's keys are looked up
-//! with `TYPE`/`SCARD`, pipelined for [`STATUS_BATCH`] instances at a time.
+//! with `TYPE`/`GET`/`SCARD`/`HMGET` (its record's known fields only), pipelined for
+//! [`STATUS_BATCH`] instances at a time. When no instance is registered, a bounded key-space
+//! scan ([`PREFIX_SCAN_PAGES`] pages) lists the prefixes that do have a fleet on this Redis.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use redis::{RedisResult, Value};
 use serde_json::{json, Value as Json};
@@ -21,6 +31,7 @@ use serde_json::{json, Value as Json};
 use crate::config::Config;
 use crate::conn::{self, Conn, Redis};
 use crate::error::{Error, Result};
+use crate::info::{InstanceInfo, TIMING_FIELDS};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{Cursor, Scan};
 
@@ -29,12 +40,46 @@ pub const STATUS_BATCH: usize = crate::scan::LOOKUP_BATCH;
 
 const OP: &str = "read fleet status";
 
-/// Where an instance stands, judged on Redis server time with the stale threshold of the
-/// [`Config`] given to [`fleet_status`] (which must match the fleet's own).
+/// Most `SCAN` pages (of [`crate::scan::SCAN_COUNT`] keys) read to list other prefixes when
+/// this one has no instance: the hint is best effort and never holds Redis for long.
+pub const PREFIX_SCAN_PAGES: usize = 50;
+
+/// The record fields read with `HMGET` (every field [`crate::info`] documents).
+const INFO_FIELDS: [&str; 16] = [
+    "version",
+    "host",
+    "pid",
+    "started_ms",
+    TIMING_FIELDS[0],
+    TIMING_FIELDS[1],
+    TIMING_FIELDS[2],
+    TIMING_FIELDS[3],
+    TIMING_FIELDS[4],
+    TIMING_FIELDS[5],
+    TIMING_FIELDS[6],
+    TIMING_FIELDS[7],
+    TIMING_FIELDS[8],
+    "reap_batch",
+    "transport",
+    // Not written by this version; read so a newer writer's knob shows up as a known field.
+    "reap_pace",
+];
+
+/// The value a cleanly stopped instance leaves in its heartbeat key (`heartbeat_release.lua`).
+const RELEASED: &[u8] = b"released";
+
+/// Where an instance stands, judged on Redis server time with its own stale threshold (its
+/// record's, else the [`Config`]'s, or the caller's override).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InstanceState {
-    /// Its heartbeat key exists and its last heartbeat is younger than the stale threshold.
+    /// Its heartbeat key exists (holding a live process's boot token) and its last heartbeat
+    /// is younger than the stale threshold: it is heartbeating.
     Alive,
+    /// Its heartbeat key holds `released`: the process stopped cleanly (`Node::shutdown`, the
+    /// CLI on SIGTERM) and no longer heartbeats; the key keeps its TTL, so the instance
+    /// becomes `late`, then `stale` and is reaped, unless it is restarted with the same id
+    /// first (which then starts at once).
+    Stopped,
     /// Its heartbeat key is gone (expired) but its last heartbeat is still younger than the
     /// stale threshold: it missed a beat or died recently; not a reap candidate yet.
     Late,
@@ -47,10 +92,12 @@ pub enum InstanceState {
 }
 
 impl InstanceState {
-    /// `alive`, `late`, `stale` or `being_reaped` (the `state` of `status --json`).
+    /// `alive`, `stopped`, `late`, `stale` or `being_reaped` (the `state` of
+    /// `status --json`).
     pub fn as_str(self) -> &'static str {
         match self {
             InstanceState::Alive => "alive",
+            InstanceState::Stopped => "stopped",
             InstanceState::Late => "late",
             InstanceState::Stale => "stale",
             InstanceState::BeingReaped => "being_reaped",
@@ -58,13 +105,15 @@ impl InstanceState {
     }
 
     /// The state of an instance whose score is `score` (server ms), `age_ms` old, with or
-    /// without a heartbeat key.
-    fn judge(score: f64, age_ms: f64, heartbeat_key: bool, stale_ms: f64) -> Self {
+    /// without a heartbeat key, released or not.
+    fn judge(score: f64, age_ms: f64, heartbeat_key: bool, released: bool, stale_ms: f64) -> Self {
         if score == 0.0 {
             InstanceState::BeingReaped
         } else if age_ms.is_nan() || age_ms >= stale_ms {
             // Also a score that is not a number at all: nothing says it is alive.
             InstanceState::Stale
+        } else if heartbeat_key && released {
+            InstanceState::Stopped
         } else if heartbeat_key {
             InstanceState::Alive
         } else {
@@ -107,6 +156,17 @@ pub struct InstanceStatus {
     pub peers: u64,
     /// False when the peer index could not be read; `peers` is `null` in the JSON then.
     pub peers_known: bool,
+    /// The stale threshold its state was judged with, ms: its record's, else the
+    /// configuration's, or the caller's override ([`fleet_status_with_stale`]).
+    pub stale_threshold_ms: i64,
+    /// Where that threshold came from: `record`, `default` (no record: the configuration's)
+    /// or `override`.
+    pub stale_threshold_from: &'static str,
+    /// Its self-description ([`crate::info`]), `None` when it has no record (an older
+    /// version, or the record was lost with Redis's data until the next registration).
+    pub info: Option<InstanceInfo>,
+    /// Server time since its registration (`started_ms` of its record), ms.
+    pub uptime_ms: Option<i64>,
     /// What is wrong with this instance's entry or keys, one sentence each naming the key.
     pub problems: Vec<String>,
 }
@@ -119,8 +179,12 @@ pub struct FleetStatus {
     pub prefix: String,
     /// Redis server time, ms.
     pub server_ms: i64,
-    /// The stale threshold the states were judged with, ms.
+    /// The stale threshold used for an instance without a record (the configuration's), or
+    /// for every instance when [`stale_override`](Self::stale_override) is set, ms.
     pub stale_threshold_ms: i64,
+    /// Every instance was judged with [`stale_threshold_ms`](Self::stale_threshold_ms)
+    /// (the caller's override) instead of its own record's.
+    pub stale_override: bool,
     /// The lease holder, if any (its raw value if it is not an instance id).
     pub leader: Option<String>,
     /// Remaining lease TTL, ms.
@@ -128,6 +192,13 @@ pub struct FleetStatus {
     /// The lease holder is a registered instance in state [`InstanceState::Alive`]. False
     /// without a leader, or when the lease outlives its holder (the lease expires on its own).
     pub leader_alive: bool,
+    /// Without a leader: why, and until when (one sentence; the rule is
+    /// `lua/lease_acquire.lua`'s: no lease is granted until a lease TTL after the dataset
+    /// token was written, so a leader of a lost dataset has passed its own deadline).
+    pub leader_note: Option<String>,
+    /// Server ms at which the dataset token (`P:{ctl}:dataset`) was written: when this
+    /// dataset was first heartbeated on. `None` when the token is absent or not readable.
+    pub dataset_created_ms: Option<i64>,
     /// The last epoch handed out (0 when [`epoch_known`](Self::epoch_known) is false).
     pub epoch: u64,
     /// False when the epoch key could not be read (wrong type, not a number); `epoch` is
@@ -138,6 +209,13 @@ pub struct FleetStatus {
     /// What is wrong with the control keys (heartbeat sorted set, lease, epoch), one sentence
     /// each naming the key. Problems of one instance are in its [`InstanceStatus::problems`].
     pub problems: Vec<String>,
+    /// What an operator should know that is not a fault of a key: a fleet running mixed
+    /// versions or mixed timings (from the instances' records), instances without a record.
+    pub warnings: Vec<String>,
+    /// When no instance is registered under this prefix: the prefixes that do have a
+    /// heartbeat sorted set on this Redis (a bounded scan, at most [`PREFIX_SCAN_PAGES`]
+    /// pages), so a wrong namespace, stage or branch is easy to spot.
+    pub other_prefixes: Vec<String>,
     /// How Redis was reached (empty when the status was read on a caller's connection).
     pub route: RouteStatus,
 }
@@ -173,9 +251,12 @@ impl FleetStatus {
             "prefix": self.prefix,
             "server_ms": self.server_ms,
             "stale_threshold_ms": self.stale_threshold_ms,
+            "stale_override": self.stale_override,
             "leader": self.leader,
             "leader_ttl_ms": self.leader_ttl_ms,
             "leader_alive": self.leader_alive,
+            "leader_note": self.leader_note,
+            "dataset_created_ms": self.dataset_created_ms,
             "epoch": self.epoch_known.then_some(self.epoch),
             "redis": {
                 "url": self.route.url,
@@ -196,9 +277,20 @@ impl FleetStatus {
                 "being_reaped": i.being_reaped,
                 "rooms": i.rooms_known.then_some(i.rooms),
                 "peers": i.peers_known.then_some(i.peers),
+                "stale_threshold_ms": i.stale_threshold_ms,
+                "stale_threshold_from": i.stale_threshold_from,
+                "version": i.info.as_ref().and_then(|r| r.version.clone()),
+                "host": i.info.as_ref().and_then(|r| r.host.clone()),
+                "pid": i.info.as_ref().and_then(|r| r.pid),
+                "started_ms": i.info.as_ref().and_then(|r| r.started_ms),
+                "uptime_ms": i.uptime_ms,
+                "transport": i.info.as_ref().and_then(|r| r.transport.clone()),
+                "timings": i.info.as_ref().map(timings_json),
                 "problems": i.problems,
             })).collect::<Vec<_>>(),
             "problems": self.problems,
+            "warnings": self.warnings,
+            "other_prefixes": self.other_prefixes,
         })
     }
 
@@ -208,8 +300,8 @@ impl FleetStatus {
     }
 }
 
-/// Reads the fleet status of `config`'s prefix from `config`'s Redis. The states are judged
-/// with `config`'s stale threshold.
+/// Reads the fleet status of `config`'s prefix from `config`'s Redis. Each instance is judged
+/// with the stale threshold of its own record, `config`'s for an instance without one.
 ///
 /// Data this crate did not write (a key of the wrong type, a sorted-set member that is not an
 /// id, a score that is not a whole number) does not fail the call: it is reported in
@@ -219,6 +311,19 @@ impl FleetStatus {
 /// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::Redis`] when Redis
 /// cannot be reached, times out or cannot tell the time.
 pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
+    fleet_status_with_stale(config, None)
+}
+
+/// [`fleet_status`], with `stale_override`: `Some(threshold)` judges every instance with it
+/// instead of its record's (an operator who knows better, or a record of a fleet that was
+/// reconfigured); `None` is [`fleet_status`].
+///
+/// # Errors
+/// As [`fleet_status`].
+pub fn fleet_status_with_stale(
+    config: &Config,
+    stale_override: Option<Duration>,
+) -> Result<FleetStatus> {
     if config.redis_url().is_none() {
         return Err(Error::config(
             "redis_url",
@@ -227,7 +332,7 @@ pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
     }
     let redis = Redis::from_config(config)?;
     let mut con = redis.connect()?;
-    let mut status = read(config, &mut con)?;
+    let mut status = read(config, &mut con, stale_override)?;
     let route = redis.route();
     status.route = RouteStatus {
         url: redis.safe_url().to_owned(),
@@ -394,9 +499,13 @@ fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
     Some(format!("{key}: the score of {id:?} {what}"))
 }
 
-fn read(config: &Config, con: &mut Conn) -> Result<FleetStatus> {
+fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Result<FleetStatus> {
     let ks = config.keys();
-    let stale = config.timings().stale_threshold;
+    let stale = stale_override.unwrap_or(config.timings().stale_threshold);
+    let judge = Judge {
+        fallback_ms: stale.as_millis() as f64,
+        overridden: stale_override.is_some(),
+    };
     let mut problems = Vec::new();
     let zset = ks.heartbeats();
     let scanned = scan_members(con, &zset, &mut problems)?;
@@ -404,25 +513,156 @@ fn read(config: &Config, con: &mut Conn) -> Result<FleetStatus> {
     let head = read_head(con, ks, &mut problems)?;
     let now = head.now;
     let members = members(&zset, scanned, now);
-    let instances = read_instances(con, ks, members, now, stale.as_millis() as f64)?;
-    let leader_alive = head.leader_raw.is_some_and(|raw| {
+    let instances = read_instances(con, ks, members, now, &judge)?;
+    let leader_alive = head.leader_raw.as_ref().is_some_and(|raw| {
         instances
             .iter()
-            .any(|(m, i)| m.raw == raw && i.state == InstanceState::Alive)
+            .any(|(m, i)| &m.raw == raw && i.state == InstanceState::Alive)
     });
+    let instances: Vec<InstanceStatus> = instances.into_iter().map(|(_, i)| i).collect();
+    let leader_note = head
+        .leader
+        .is_none()
+        .then(|| no_leader_note(&head, &instances, config));
+    let other_prefixes = if instances.is_empty() {
+        other_prefixes(con, ks.prefix())
+    } else {
+        Vec::new()
+    };
     Ok(FleetStatus {
         prefix: ks.prefix().to_owned(),
         server_ms: now,
         stale_threshold_ms: i64::try_from(stale.as_millis()).unwrap_or(i64::MAX),
+        stale_override: judge.overridden,
         leader: head.leader,
         leader_ttl_ms: head.leader_ttl_ms,
         leader_alive,
+        leader_note,
+        dataset_created_ms: head.dataset_created_ms,
         epoch: head.epoch,
         epoch_known: head.epoch_known,
-        instances: instances.into_iter().map(|(_, i)| i).collect(),
+        warnings: fleet_warnings(&instances),
+        instances,
         problems,
+        other_prefixes,
         route: RouteStatus::default(),
     })
+}
+
+/// How instances are judged: with their own record's stale threshold unless overridden.
+struct Judge {
+    /// The configuration's threshold (or the override), ms.
+    fallback_ms: f64,
+    overridden: bool,
+}
+
+/// The record's timings as a JSON object (`null` for a field it lacks).
+fn timings_json(info: &InstanceInfo) -> Json {
+    let mut map = serde_json::Map::new();
+    for (name, v) in TIMING_FIELDS.iter().zip(info.timings_ms) {
+        map.insert((*name).to_owned(), json!(v));
+    }
+    map.insert("reap_batch".into(), json!(info.reap_batch));
+    Json::Object(map)
+}
+
+/// Mixed versions, mixed timings, instances without a record: one sentence each.
+fn fleet_warnings(instances: &[InstanceStatus]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut versions: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let mut timings: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let mut unrecorded = Vec::new();
+    for i in instances {
+        match &i.info {
+            Some(r) => {
+                let v = r.version.clone().unwrap_or_else(|| "unknown".into());
+                versions.entry(v).or_default().push(&i.id);
+                timings.entry(r.timings_summary()).or_default().push(&i.id);
+            }
+            None => unrecorded.push(i.id.as_str()),
+        }
+    }
+    let list = |groups: &BTreeMap<String, Vec<&str>>| {
+        groups
+            .iter()
+            .map(|(k, ids)| format!("{k} ({})", ids.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if versions.len() > 1 {
+        warnings.push(format!("mixed versions: {}", list(&versions)));
+    }
+    if timings.len() > 1 {
+        warnings.push(format!(
+            "mixed timings (each instance is judged with its own; a reaper uses its own stale threshold for every candidate): {}",
+            list(&timings)
+        ));
+    }
+    if !unrecorded.is_empty() {
+        warnings.push(format!(
+            "no instance record (P:{{ctl}}:instance:<I>:info) for {}: judged with the default stale threshold; it is written again at the next registration",
+            unrecorded.join(", ")
+        ));
+    }
+    warnings
+}
+
+/// Why nobody holds the lease, and until when (`lua/lease_acquire.lua`'s rules).
+fn no_leader_note(head: &Head, instances: &[InstanceStatus], config: &Config) -> String {
+    let alive = instances
+        .iter()
+        .filter(|i| i.state == InstanceState::Alive)
+        .count();
+    if instances.is_empty() {
+        return "no instance is registered under this prefix".into();
+    }
+    if alive == 0 {
+        return "no instance is alive to take the lease".into();
+    }
+    // The longest lease TTL among the records (what the first acquire must wait out).
+    let lease_ttl = instances
+        .iter()
+        .filter_map(|i| i.info.as_ref()?.timing("lease_ttl_ms"))
+        .max()
+        .unwrap_or(config.timings().lease_ttl)
+        .as_millis() as i64;
+    match head.dataset_created_ms {
+        Some(created) if head.now - created < lease_ttl => format!(
+            "a new dataset: no lease is granted until a lease TTL ({lease_ttl} ms) after the dataset token was written at server ms {created}, in about {} ms (a leader of a lost dataset may still act until its own deadline)",
+            lease_ttl - (head.now - created)
+        ),
+        None if !head.dataset_present => format!(
+            "no dataset token yet (the first heartbeat writes it): no lease is granted until a lease TTL ({lease_ttl} ms) after it"
+        ),
+        _ => "the lease is free: the next election of an alive instance (every lease refresh interval) takes it".into(),
+    }
+}
+
+/// The prefixes with a heartbeat sorted set on this Redis, other than `mine`: a bounded
+/// key-space scan, best effort (an error ends it quietly: this is a hint).
+fn other_prefixes(con: &mut Conn, mine: &str) -> Vec<String> {
+    const SUFFIX: &str = ":{ctl}:heartbeats";
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor = Cursor::new(Scan::keys(format!("*{SUFFIX}")));
+    for _ in 0..PREFIX_SCAN_PAGES {
+        if cursor.done() {
+            break;
+        }
+        let Ok(Some(items)) = cursor.next_page(con) else {
+            break;
+        };
+        for v in items {
+            if let Some(prefix) = member_bytes(v)
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|k| k.strip_suffix(SUFFIX).map(str::to_owned))
+            {
+                if prefix != mine {
+                    found.insert(prefix);
+                }
+            }
+        }
+    }
+    found.into_iter().collect()
 }
 
 /// The server clock, the lease and the epoch, read in one round trip.
@@ -434,10 +674,14 @@ struct Head {
     leader_ttl_ms: Option<i64>,
     epoch: u64,
     epoch_known: bool,
+    /// The dataset token's creation time (`<random>:<server ms>`), if readable.
+    dataset_created_ms: Option<i64>,
+    /// The dataset token exists (whatever its form).
+    dataset_present: bool,
 }
 
 fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
-    let (leader_key, epoch_key) = (ks.leader(), ks.epoch());
+    let (leader_key, epoch_key, dataset_key) = (ks.leader(), ks.epoch(), ks.dataset());
     let mut pipe = redis::pipe();
     pipe.cmd("TIME")
         .cmd("TYPE")
@@ -446,15 +690,26 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .pttl(&leader_key)
         .cmd("TYPE")
         .arg(&epoch_key)
-        .get(&epoch_key);
-    let head = exec(con, &mut pipe, 6)?;
+        .get(&epoch_key)
+        .get(&dataset_key);
+    let head = exec(con, &mut pipe, 7)?;
     let now = match &head[0] {
         Ok(v) => conn::time_reply_ms(v)?,
         Err(e) => return Err(Error::redis("read the server time", e.clone())),
     };
     let (leader, leader_raw, leader_ttl_ms) = lease(&leader_key, &head[1..4], problems);
     let (epoch, epoch_known) = epoch(&epoch_key, &head[4..6], problems);
+    let dataset = match &head[6] {
+        Ok(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    let dataset_created_ms = dataset
+        .as_deref()
+        .and_then(|d| d.rsplit_once(':'))
+        .and_then(|(_, ms)| ms.parse::<i64>().ok());
     Ok(Head {
+        dataset_created_ms,
+        dataset_present: dataset.is_some(),
         now,
         leader,
         leader_raw,
@@ -590,52 +845,71 @@ fn read_instances(
     ks: &KeySpace,
     mut members: Vec<Member>,
     now: i64,
-    stale_ms: f64,
+    judge: &Judge,
 ) -> Result<Vec<(Member, InstanceStatus)>> {
     let mut instances = Vec::with_capacity(members.len());
     for batch in members.chunks_mut(STATUS_BATCH) {
         let mut pipe = redis::pipe();
         let mut n = 0;
         for w in batch.iter().filter_map(|m| m.wire.as_ref()) {
-            let (rooms, peers) = (ks.instance_rooms(w), ks.instance_peers(w));
+            let (rooms, peers, info) = (
+                ks.instance_rooms(w),
+                ks.instance_peers(w),
+                ks.instance_info(w),
+            );
+            let hb = ks.heartbeat(w);
             pipe.cmd("TYPE")
-                .arg(ks.heartbeat(w))
+                .arg(&hb)
+                .get(&hb)
                 .cmd("TYPE")
                 .arg(&rooms)
                 .scard(&rooms)
                 .cmd("TYPE")
                 .arg(&peers)
-                .scard(&peers);
-            n += 5;
+                .scard(&peers)
+                .cmd("TYPE")
+                .arg(&info)
+                .cmd("HMGET")
+                .arg(&info)
+                .arg(&INFO_FIELDS[..]);
+            n += PER_INSTANCE;
         }
         let mut replies = exec(con, &mut pipe, n)?.into_iter();
         for m in batch.iter_mut() {
             let r: Vec<Reply> = match m.wire {
-                Some(_) => replies.by_ref().take(5).collect(),
+                Some(_) => replies.by_ref().take(PER_INSTANCE).collect(),
                 None => Vec::new(),
             };
-            instances.push(instance_status(ks, m, &r, now, stale_ms));
+            instances.push(instance_status(ks, m, &r, now, judge));
         }
     }
     Ok(members.into_iter().zip(instances).collect())
 }
 
-/// One instance from its five replies (none for a member that is not an id).
+/// Commands sent per instance by [`read_instances`].
+const PER_INSTANCE: usize = 8;
+
+/// One instance from its [`PER_INSTANCE`] replies (none for a member that is not an id).
 fn instance_status(
     ks: &KeySpace,
     m: &mut Member,
     r: &[Reply],
     now: i64,
-    stale_ms: f64,
+    judge: &Judge,
 ) -> InstanceStatus {
     let mut hb = false;
+    let mut released = false;
     let mut rooms = None;
     let mut peers = None;
+    let mut info = None;
     if let Some(w) = &m.wire {
         let hb_key = ks.heartbeat(w);
         match key_type(&r[0]) {
             Ok(t) if t == "none" => {}
-            Ok(t) if t == "string" => hb = true,
+            Ok(t) if t == "string" => {
+                hb = true;
+                released = matches!(&r[1], Ok(Value::BulkString(b)) if b.as_slice() == RELEASED);
+            }
             Ok(t) => {
                 // The reaper checks EXISTS: any type counts as a heartbeat.
                 hb = true;
@@ -648,11 +922,21 @@ fn instance_status(
                 "cannot read the type of {hb_key} ({e}); taken as absent"
             )),
         }
-        rooms = count(&ks.instance_rooms(w), &r[1], &r[2], &mut m.problems);
-        peers = count(&ks.instance_peers(w), &r[3], &r[4], &mut m.problems);
+        rooms = count(&ks.instance_rooms(w), &r[2], &r[3], &mut m.problems);
+        peers = count(&ks.instance_peers(w), &r[4], &r[5], &mut m.problems);
+        info = record(&ks.instance_info(w), &r[6], &r[7], &mut m.problems);
     }
+    let own = info
+        .as_ref()
+        .and_then(InstanceInfo::stale_threshold)
+        .filter(|_| !judge.overridden);
+    let (stale_ms, from) = match own {
+        Some(d) => (d.as_millis() as f64, "record"),
+        None if judge.overridden => (judge.fallback_ms, "override"),
+        None => (judge.fallback_ms, "default"),
+    };
     let age = now as f64 - m.score;
-    let state = InstanceState::judge(m.score, age, hb, stale_ms);
+    let state = InstanceState::judge(m.score, age, hb, released, stale_ms);
     // `as` saturates (and maps NaN to 0).
     let last = m.score as i64;
     InstanceStatus {
@@ -666,8 +950,63 @@ fn instance_status(
         rooms_known: rooms.is_some(),
         peers: peers.unwrap_or(0),
         peers_known: peers.is_some(),
+        stale_threshold_ms: stale_ms as i64,
+        stale_threshold_from: from,
+        uptime_ms: info
+            .as_ref()
+            .and_then(|r| r.started_ms)
+            .map(|s| now.saturating_sub(s)),
+        info,
         problems: std::mem::take(&mut m.problems),
     }
+}
+
+/// The instance's record from its `TYPE` and `HMGET` replies: `None` when there is none, or
+/// (with a problem naming the key) when it is not a hash or cannot be read. A field that is
+/// missing or garbage is a problem too, and the rest of the record is still used.
+fn record(
+    key: &str,
+    ty: &Reply,
+    values: &Reply,
+    problems: &mut Vec<String>,
+) -> Option<InstanceInfo> {
+    match key_type(ty) {
+        Ok(t) if t == "none" => return None,
+        Ok(t) if t == "hash" => {}
+        Ok(t) => {
+            problems.push(format!(
+                "{key} holds a {}, not a hash: the record is ignored (the next registration rewrites it)",
+                type_name(&t)
+            ));
+            return None;
+        }
+        Err(e) => {
+            problems.push(format!("cannot read the type of {key} ({e})"));
+            return None;
+        }
+    }
+    let values = match values {
+        Ok(Value::Array(vs)) => vs,
+        Ok(other) => {
+            problems.push(format!("{key}: unexpected HMGET reply {other:?}"));
+            return None;
+        }
+        Err(e) => {
+            problems.push(format!("cannot read {key} ({e})"));
+            return None;
+        }
+    };
+    let pairs: Vec<(String, String)> = INFO_FIELDS
+        .iter()
+        .zip(values)
+        .filter_map(|(name, v)| match v {
+            Value::BulkString(b) => Some(((*name).to_owned(), String::from_utf8_lossy(b).into())),
+            _ => None,
+        })
+        .collect();
+    let (info, bad) = InstanceInfo::from_fields(&pairs);
+    problems.extend(bad.into_iter().map(|p| format!("{key}: {p}")));
+    Some(info)
 }
 
 /// The `SCARD` of an index set, or `None` (with a problem naming the key) when it holds

@@ -331,7 +331,7 @@ pub(crate) fn event_fields(event: &Event) -> String {
     };
     let mut keys: Vec<&String> = map
         .keys()
-        .filter(|k| *k != "event" && *k != "instance")
+        .filter(|k| *k != "event" && *k != "instance" && *k != "ts_ms")
         .collect();
     keys.sort_by_key(|k| {
         (

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
-use sfu_redis::status::{fleet_status, FleetStatus, InstanceStatus};
+use sfu_redis::status::{fleet_status_with_stale, FleetStatus, InstanceStatus};
 use sfu_redis::Timings;
 
 use crate::{parse_factor, scaled, with_place, Failure, RedisArgs};
@@ -36,6 +36,9 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
+    // Each instance is judged with the timings of its own record; the flags override them
+    // for every instance (an operator who knows better, or instances without a record).
+    let mut override_ms: Option<Duration> = None;
     let mut timings = Timings::default();
     if let Some(ms) = args.heartbeat_ttl_ms {
         // Only the stale threshold (and the call timeout) matter here; the interval is set to
@@ -43,9 +46,11 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
         let ttl = Duration::from_millis(ms);
         timings = Timings::from_heartbeat(ttl / 3, ttl);
         timings.command_timeout = Timings::default().command_timeout.min(ttl / 2);
+        override_ms = Some(timings.stale_threshold);
     }
     if let Some(f) = args.stale_factor {
         timings.stale_threshold = scaled(timings.heartbeat_ttl, f)?;
+        override_ms = Some(timings.stale_threshold);
     }
     let config = args
         .redis
@@ -58,22 +63,36 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
             "status reads the fleet from Redis: pass --redis-url or set REDIS_URL (memory-only mode has no fleet)",
         ));
     };
-    let status = fleet_status(&config)
+    let status = fleet_status_with_stale(&config, override_ms)
         .map_err(|e| Failure::runtime(with_place("cannot read the fleet status", Some(url), &e)))?;
     let mut out = std::io::stdout().lock();
     let written = if args.json {
         writeln!(out, "{}", status.to_json())
     } else {
-        print_table(
-            &mut out,
-            &status,
-            timings.heartbeat_ttl,
-            Some("--heartbeat-ttl-ms / --stale-factor"),
-        )
+        print_table(&mut out, &status)
     };
     written
         .and_then(|()| out.flush())
         .map_err(|e| Failure::runtime(format!("cannot write to stdout: {e}")))
+}
+
+/// A duration in ms for people: `850 ms`, `12.3 s`, `4 min 10 s`, `3 h 02 min`, `2 d 05 h`.
+fn human_ms(ms: i64) -> String {
+    if ms < 0 {
+        return "?".into();
+    }
+    let s = ms / 1000;
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else if ms < 3_600_000 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else if ms < 86_400_000 {
+        format!("{} h {:02} min", s / 3600, s % 3600 / 60)
+    } else {
+        format!("{} d {:02} h", s / 86400, s % 86400 / 3600)
+    }
 }
 
 /// An id for a table cell: control characters escaped, so garbage cannot break the layout.
@@ -89,16 +108,10 @@ fn cell(id: &str) -> String {
         .collect()
 }
 
-/// The human status: a header (prefix, leader, epoch, lease TTL, the stale threshold and what
-/// the states mean), the problems of the control keys, one row per instance, then the
-/// problems of each instance. `heartbeat_ttl` is the TTL the threshold was derived from;
-/// `flags` names the flags that set it (`status`), `None` when they do not apply (`demo`).
-pub(crate) fn print_table(
-    out: &mut impl Write,
-    st: &FleetStatus,
-    heartbeat_ttl: Duration,
-    flags: Option<&str>,
-) -> std::io::Result<()> {
+/// The human status: a header (prefix, leader, epoch, lease TTL, where the stale thresholds
+/// come from and what the states mean), the problems and warnings of the fleet, one row per
+/// instance, then the problems of each instance.
+pub(crate) fn print_table(out: &mut impl Write, st: &FleetStatus) -> std::io::Result<()> {
     writeln!(out, "prefix     {}", st.prefix)?;
     if !st.route.url.is_empty() {
         let via = match (&st.route.master_name, &st.route.master) {
@@ -145,39 +158,66 @@ pub(crate) fn print_table(
             "leader     {}{dead} (epoch {epoch}, lease has no TTL!)",
             cell(leader)
         )?,
-        (None, _) => writeln!(out, "leader     none (last epoch {epoch})")?,
+        (None, _) => {
+            writeln!(out, "leader     none (last epoch {epoch})")?;
+            if let Some(note) = &st.leader_note {
+                writeln!(out, "           {}", cell(note))?;
+            }
+        }
     }
-    let ttl_ms = heartbeat_ttl.as_millis();
-    let factor = if ttl_ms == 0 {
-        0.0
-    } else {
-        st.stale_threshold_ms as f64 / ttl_ms as f64
-    };
-    writeln!(
-        out,
-        "stale      after {} ms without a heartbeat (heartbeat TTL {ttl_ms} ms x stale factor {factor})",
-        st.stale_threshold_ms
-    )?;
-    if let Some(flags) = flags {
+    if st.stale_override {
         writeln!(
             out,
-            "           the fleet's own timings must be used: pass {flags} if it does not run the defaults"
+            "stale      after {} ms without a heartbeat, for every instance (set by --heartbeat-ttl-ms / --stale-factor)",
+            st.stale_threshold_ms
+        )?;
+    } else {
+        writeln!(
+            out,
+            "stale      each instance's own threshold (its record's: column STALE AFTER); {} ms for one without a record; --heartbeat-ttl-ms / --stale-factor override it for all",
+            st.stale_threshold_ms
         )?;
     }
     writeln!(
         out,
-        "states     alive: heartbeating; late: heartbeat key expired, not stale yet; stale: a reap candidate; being_reaped: a leader is removing it"
+        "states     alive: heartbeating; stopped: stopped cleanly, not heartbeating; late: heartbeat key expired, not stale yet; stale: a reap candidate; being_reaped: a leader is removing it"
     )?;
     for p in &st.problems {
         writeln!(out, "problem    {}", cell(p))?;
     }
+    for w in &st.warnings {
+        writeln!(out, "warning    {}", cell(w))?;
+    }
     writeln!(out, "instances  {}", st.instances.len())?;
     if st.instances.is_empty() {
+        if st.other_prefixes.is_empty() {
+            writeln!(
+                out,
+                "hint       no fleet under this prefix, and none found under another (is this the Redis the fleet uses?)"
+            )?;
+        } else {
+            writeln!(
+                out,
+                "hint       no fleet under this prefix; fleets found under: {} (check --namespace / --stage / --branch)",
+                cell(&st.other_prefixes.join(", "))
+            )?;
+        }
         return Ok(());
     }
-    let header = ["INSTANCE", "HEARTBEAT AGE", "STATE", "ROOMS", "PEERS"];
+    let header = [
+        "INSTANCE",
+        "HEARTBEAT AGE",
+        "STALE AFTER",
+        "STATE",
+        "ROOMS",
+        "PEERS",
+        "VERSION",
+        "HOST",
+        "UPTIME",
+    ];
     let count = |known: bool, n: u64| if known { n.to_string() } else { "?".to_owned() };
-    let rows: Vec<[String; 5]> = st
+    let text = |v: Option<&String>| v.map(|v| cell(v)).unwrap_or_else(|| "-".into());
+    let rows: Vec<[String; 9]> = st
         .instances
         .iter()
         .map(|i| {
@@ -191,9 +231,13 @@ pub(crate) fn print_table(
                 } else {
                     format!("{} ms", i.age_ms)
                 },
+                format!("{} ms", i.stale_threshold_ms),
                 i.state.as_str().to_owned(),
                 count(i.rooms_known, i.rooms),
                 count(i.peers_known, i.peers),
+                text(i.info.as_ref().and_then(|r| r.version.as_ref())),
+                text(i.info.as_ref().and_then(|r| r.host.as_ref())),
+                i.uptime_ms.map_or_else(|| "-".into(), human_ms),
             ]
         })
         .collect();
@@ -204,20 +248,22 @@ pub(crate) fn print_table(
         }
     }
     writeln!(out)?;
-    let line = |cells: [&str; 5]| {
-        format!(
-            "{:<w0$}  {:>w1$}  {:<w2$}  {:>w3$}  {:>w4$}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            w0 = width[0],
-            w1 = width[1],
-            w2 = width[2],
-            w3 = width[3],
-            w4 = width[4],
-        )
+    // Left-aligned: instance, state, version, host; the rest (numbers) right-aligned.
+    let left = [true, false, false, true, false, false, true, true, false];
+    let line = |cells: [&str; 9]| {
+        cells
+            .iter()
+            .zip(width)
+            .zip(left)
+            .map(|((c, w), l)| {
+                if l {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
     };
     writeln!(out, "{}", line(header).trim_end())?;
     for row in &rows {

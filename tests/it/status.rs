@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sfu_redis::keys::IdKind;
-use sfu_redis::status::{fleet_status, FleetStatus, InstanceState, InstanceStatus};
+use sfu_redis::status::{
+    fleet_status, fleet_status_with_stale, FleetStatus, InstanceState, InstanceStatus,
+};
 use sfu_redis::{ErrorKind, Timings};
 use support::*;
 
@@ -451,8 +453,199 @@ fn node_leave_on_exit_leaves_nothing_behind() {
                 "{left:#?}"
             );
         } else {
-            assert_eq!(find(&st, "leaver").rooms, 2, "{st:#?}");
+            let me = find(&st, "leaver");
+            assert_eq!(me.rooms, 2, "{st:#?}");
             assert!(left.contains(&ks.room("r1").meta), "{left:#?}");
+            // A clean stop marks the heartbeat released: `stopped`, not `alive`.
+            assert_eq!(me.state, InstanceState::Stopped, "{st:#?}");
+            assert!(!me.alive);
+            assert!(left.contains(&ks.instance_info("leaver")), "{left:#?}");
+            let out = cli(&["status", "--redis-url", &url, "--stage", stage]);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with("leaver") && l.contains(" stopped ")),
+                "{text}"
+            );
         }
+        // Every event line carries the node's wall clock.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let (_, ready) = events.expect("ready", |_, v| procs::is(v, "ready"));
+        let ts = ready["ts_ms"].as_i64().expect("ts_ms is a number");
+        assert!(
+            (now_ms - 600_000..=now_ms).contains(&ts),
+            "ts_ms {ts} vs now {now_ms}"
+        );
     }
+}
+
+// Issue 14 item 1: each instance is judged with the timings of the record it wrote at
+// registration, so `status` needs none of the fleet's timings. A reader with the default
+// configuration (stale after 45 s) sees a crashed fast node (stale after 900 ms) turn stale on
+// its own threshold; the version, host, pid and uptime come from the record; a fleet with two
+// sets of timings, or two versions, is flagged; the flags still override every instance.
+#[test]
+fn instances_are_judged_with_their_own_records() {
+    let s = Server::start();
+    let stage = "records";
+    let ks = ks(stage);
+    let t = Timings::fast();
+    let (fast, _log) = s.leader(stage, "fastone", t);
+    let _slow = s.node_with(stage, "slowone", Timings::default());
+    let st = wait_for(LONG, "both alive", || {
+        let st = fleet_status(&reader(&s, stage)).unwrap();
+        (st.instances.len() == 2 && st.instances.iter().all(|i| i.state == InstanceState::Alive))
+            .then_some(st)
+    });
+    let me = find(&st, "fastone");
+    assert_eq!(me.stale_threshold_ms, t.stale_threshold.as_millis() as i64);
+    assert_eq!(me.stale_threshold_from, "record");
+    let info = me.info.as_ref().expect("a record");
+    assert_eq!(info.version.as_deref(), Some(sfu_redis::info::VERSION));
+    assert_eq!(info.pid, Some(std::process::id()));
+    assert!(
+        info.host.as_deref().is_some_and(|h| !h.is_empty()),
+        "{info:?}"
+    );
+    assert_eq!(
+        info.transport.as_deref(),
+        Some(if s.is_cluster() { "cluster" } else { "plain" })
+    );
+    assert_eq!(info.heartbeat_interval(), Some(t.heartbeat_interval));
+    assert!(
+        me.uptime_ms.is_some_and(|u| (0..600_000).contains(&u)),
+        "{me:?}"
+    );
+    assert_eq!(find(&st, "slowone").stale_threshold_ms, 45_000);
+    assert!(me.problems.is_empty(), "{me:?}");
+    assert!(
+        st.warnings.iter().any(|w| w.starts_with("mixed timings")
+            && w.contains("fastone")
+            && w.contains("slowone")),
+        "{:?}",
+        st.warnings
+    );
+    assert!(!st.warnings.iter().any(|w| w.starts_with("mixed versions")));
+
+    // The CLI with no timing flags: the instance's own threshold, version and host.
+    let out = cli(&["status", "--redis-url", &s.url(), "--stage", stage]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "STALE AFTER",
+        "VERSION",
+        "UPTIME",
+        "900 ms",
+        sfu_redis::info::VERSION,
+        "warning    mixed timings",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
+    }
+    let out = cli(&[
+        "status",
+        "--json",
+        "--redis-url",
+        &s.url(),
+        "--stage",
+        stage,
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = json["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "fastone")
+        .unwrap()
+        .clone();
+    assert_eq!(row["version"], sfu_redis::info::VERSION, "{row}");
+    assert_eq!(row["timings"]["stale_threshold_ms"], 900, "{row}");
+    assert_eq!(row["stale_threshold_from"], "record", "{row}");
+
+    // Another version's hand-written record: mixed versions, its missing fields named.
+    let mut con = s.con();
+    zadd(&mut con, &ks.heartbeats(), s.server_ms(), b"oldone");
+    set_px(&mut con, &ks.heartbeat("oldone"), "1", 60_000);
+    let _: () = redis::cmd("HSET")
+        .arg(ks.instance_info("oldone"))
+        .arg("version")
+        .arg("0.0.1")
+        .query(&mut con)
+        .unwrap();
+    let st = fleet_status(&reader(&s, stage)).unwrap();
+    assert!(
+        st.warnings
+            .iter()
+            .any(|w| w.starts_with("mixed versions") && w.contains("0.0.1 (oldone)")),
+        "{:?}",
+        st.warnings
+    );
+    let old = find(&st, "oldone");
+    assert_eq!(old.stale_threshold_from, "default");
+    assert!(
+        mentions(&old.problems, &["stale_threshold_ms", "missing"]),
+        "{old:?}"
+    );
+
+    // A crash: stale on its own 900 ms threshold, long before the reader's 45 s.
+    fast.simulate_crash();
+    wait_for(LONG, "fastone stale", || {
+        let st = fleet_status(&reader(&s, stage)).unwrap();
+        (find(&st, "fastone").state == InstanceState::Stale).then_some(())
+    });
+    // The override judges every instance with the operator's threshold.
+    let st = fleet_status_with_stale(&reader(&s, stage), Some(Duration::from_secs(3600))).unwrap();
+    let me = find(&st, "fastone");
+    assert_eq!(me.state, InstanceState::Late, "{me:?}");
+    assert_eq!(me.stale_threshold_from, "override");
+    assert!(st.stale_override);
+}
+
+// Issue 14 item 2: "leader none" says why (a new dataset: no lease until a lease TTL after the
+// dataset token was written, and when), and a prefix with no fleet names the prefixes that
+// have one (a wrong stage or branch).
+#[test]
+fn a_new_dataset_and_an_empty_prefix_say_why() {
+    let s = Server::start();
+    let _node = s.node_with("real", "n1", Timings::default());
+    let st = fleet_status(&reader(&s, "real")).unwrap();
+    assert_eq!(st.leader, None, "{st:#?}");
+    let note = st.leader_note.clone().unwrap_or_default();
+    assert!(
+        note.contains("new dataset")
+            && note.contains(&format!(
+                "lease TTL ({} ms)",
+                Timings::default().lease_ttl.as_millis()
+            ))
+            && note.contains("in about"),
+        "{note}"
+    );
+    let created = st.dataset_created_ms.expect("dataset token read");
+    assert!((0..60_000).contains(&(st.server_ms - created)), "{st:#?}");
+    let out = cli(&["status", "--redis-url", &s.url(), "--stage", "real"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("leader     none") && text.contains("new dataset"),
+        "{text}"
+    );
+
+    let st = fleet_status(&reader(&s, "typo")).unwrap();
+    assert!(st.instances.is_empty());
+    assert_eq!(
+        st.other_prefixes,
+        vec![ks("real").prefix().to_owned()],
+        "{st:#?}"
+    );
+    assert_eq!(
+        st.leader_note.as_deref(),
+        Some("no instance is registered under this prefix")
+    );
+    let out = cli(&["status", "--redis-url", &s.url(), "--stage", "typo"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hint") && text.contains(ks("real").prefix()) && text.contains("--stage"),
+        "{text}"
+    );
 }

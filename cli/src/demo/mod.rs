@@ -337,7 +337,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         let letter = demo.next_letter();
         out!("\n[{letter}] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
         let mut out = std::io::stdout().lock();
-        let _ = crate::status::print_table(&mut out, st, timings.heartbeat_ttl, None);
+        let _ = crate::status::print_table(&mut out, st);
         let _ = out.flush();
     }
     demo.print_checks();
