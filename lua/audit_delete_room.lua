@@ -17,7 +17,9 @@
 --
 -- The room is deleted only while it is still orphaned exactly as the audit saw it: no pin, and
 -- the metadata's owner and pinned_ms unchanged (the audit checked, in two scans separated by
--- the settle delay, that this owner is not a registered instance). Any pin (a live instance
+-- the settle delay, that this owner is not a registered instance: orphaned_room; or that this
+-- owner is alive, heartbeated between the scans and still did not re-pin it, the scans being
+-- further apart than its heartbeat interval plus command timeout: forgotten_room). Any pin (a live instance
 -- took the room over) or any change of the metadata stops the deletion at once.
 --
 -- Reply: {status, cursor, removed}; status is

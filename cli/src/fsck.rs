@@ -20,9 +20,11 @@ pub(crate) struct FsckArgs {
     #[arg(long)]
     repair: bool,
     /// Delay between the two scans, ms; a problem must be seen in both. Must be longer than
-    /// the command timeout to repair; 0 = one scan, report only.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_SETTLE.as_millis() as u64)]
-    settle_ms: u64,
+    /// the command timeout to repair; 0 = one scan, report only. Default: 5000, or longer
+    /// when the fleet's records ask for it (the longest heartbeat interval plus command
+    /// timeout among the instances, plus 1000: what `forgotten_room` needs).
+    #[arg(long, value_name = "MS")]
+    settle_ms: Option<u64>,
     /// Timeout of each Redis call, ms (the fleet's command timeout; the settle delay must be
     /// longer).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=30_000))]
@@ -30,6 +32,25 @@ pub(crate) struct FsckArgs {
     /// Print one JSON object: {"clean", "problems": [{"kind", "key", "detail", "repaired"}], "repaired"}.
     #[arg(long)]
     json: bool,
+}
+
+/// The default settle delay for the fleet of `config`: [`DEFAULT_SETTLE`], or the longest
+/// heartbeat interval plus command timeout among the instances' records plus 1 s, whichever is
+/// longer (a `forgotten_room` needs its owner to have had a full interval to re-pin between
+/// the scans). A fleet that cannot be read gets the default (the audit then says why).
+fn fleet_settle(config: &sfu_redis::Config) -> Duration {
+    let Ok(st) = sfu_redis::status::fleet_status(config) else {
+        return DEFAULT_SETTLE;
+    };
+    st.instances
+        .iter()
+        .filter_map(|i| {
+            let r = i.info.as_ref()?;
+            Some(r.heartbeat_interval()? + r.command_timeout()? + Duration::from_secs(1))
+        })
+        .chain([DEFAULT_SETTLE])
+        .max()
+        .unwrap_or(DEFAULT_SETTLE)
 }
 
 /// An error of `fsck`: always exit 2 (1 means "problems remain").
@@ -53,9 +74,13 @@ pub(crate) fn run(args: FsckArgs) -> Result<(), Failure> {
             "fsck audits Redis: pass --redis-url or set REDIS_URL (memory-only mode has nothing to audit)",
         ));
     };
+    let settle = match args.settle_ms {
+        Some(ms) => Duration::from_millis(ms),
+        None => fleet_settle(&config),
+    };
     let options = AuditOptions {
         repair: args.repair,
-        settle: Duration::from_millis(args.settle_ms),
+        settle,
     };
     let report = audit(&config, &options).map_err(|e| {
         if e.kind() == ErrorKind::InvalidArgument {

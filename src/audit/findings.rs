@@ -17,6 +17,23 @@ pub(super) struct Finding {
     pub(super) key: String,
     pub(super) detail: String,
     pub(super) fix: Option<Fix>,
+    /// What a finding that needs two scans to hold must show in both ([`in_both`]).
+    pub(super) evidence: Option<Evidence>,
+}
+
+/// A `forgotten_room`'s evidence in one scan: when the scan read the room's owner and what
+/// it found. The finding holds only if the second scan is at least `min_gap_ms` after the
+/// first (the owner's heartbeat interval plus command timeout: a live owner re-pins a lapsed
+/// room within that) and the owner heartbeated after the first scan read it (it was alive
+/// and ticking the whole time, so its ticks had their chance to re-pin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Evidence {
+    /// Server ms at which the owner was read.
+    pub(super) scan_ms: i64,
+    /// The owner's last heartbeat (its score), server ms.
+    pub(super) owner_heartbeat_ms: i64,
+    /// The owner's heartbeat interval plus command timeout (its record's, else the defaults').
+    pub(super) min_gap_ms: i64,
 }
 
 impl Finding {
@@ -91,14 +108,51 @@ pub(super) fn add(
             key: key.to_owned(),
             detail,
             fix,
+            evidence: None,
+        });
+}
+
+/// Records a finding that holds only if both scans show it ([`Evidence`]).
+pub(super) fn add_with_evidence(
+    out: &mut Findings,
+    kind: ProblemKind,
+    key: &str,
+    detail: String,
+    fix: Option<Fix>,
+    evidence: Evidence,
+) {
+    out.entry((kind, key.to_owned(), String::new()))
+        .or_insert(Finding {
+            kind,
+            key: key.to_owned(),
+            detail,
+            fix,
+            evidence: Some(evidence),
         });
 }
 
 /// The two settle-separated scans' findings seen by both; the second scan's data (CAS
-/// values) is the fresher.
+/// values) is the fresher. A finding with [`Evidence`] also needs the same repair in both
+/// (same CAS values), the scans far enough apart and its owner heartbeating in between.
 pub(super) fn in_both(first: &Findings, second: Findings) -> Findings {
     second
         .into_iter()
-        .filter(|(id, _)| first.contains_key(id))
+        .filter(|(id, f)| match (first.get(id), f.evidence) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(earlier), Some(now)) => earlier.evidence.is_some_and(|then| {
+                earlier.fix == f.fix
+                    && now.owner_heartbeat_ms > then.scan_ms
+                    && now.scan_ms - then.scan_ms >= now.min_gap_ms
+            }),
+        })
+        .collect()
+}
+
+/// Drops what one scan cannot tell (findings that need [`Evidence`] from two).
+pub(super) fn single_scan(found: Findings) -> Findings {
+    found
+        .into_iter()
+        .filter(|(_, f)| f.evidence.is_none())
         .collect()
 }

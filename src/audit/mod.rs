@@ -20,7 +20,8 @@
 //! | `dangling_room_peer` | `P:room:{R}:peers` | a peer id without a record | entry removed |
 //! | `dangling_guest` | `P:room:{R}:guests` | a guest pointing at a missing peer, or at a peer whose record names another guest | pointer (and its guest state) removed |
 //! | `unindexed_peer` | the peer record | missing from its room's `peers`, its instance's peer index, or its guest's pointer | entry added |
-//! | `unindexed_room` | the room's `meta` (else `owner`) | its owner's room index does not list it | entry added |
+//! | `unindexed_room` | the room's `meta` (else `owner`) | its owner's room index does not list it (a room with no pin whose owner is alive is never added: see `forgotten_room`) | entry added |
+//! | `forgotten_room` | the room's `meta` | no pin in two scans further apart than its metadata owner's heartbeat interval plus command timeout (the owner's own record), while that owner is registered, alive and heartbeated after the first scan: a live owner re-pins every room it holds each interval, so it no longer holds this one. Needs two scans ([`scan`] and a zero settle delay never report it) | room deleted (owner CAS: still no pin, same metadata owner and `pinned_ms`), never added to the owner's indexes |
 //! | `unregistered_instance` | the instance's room index (else peer index, else info hash, else heartbeat key) | index sets, an info hash or a heartbeat key but no sorted-set entry | handed to the reaper (score 0); with empty indexes its info hash deleted |
 //! | `orphaned_guest_state` | `P:room:{R}:guest-state` | the state of a guest that has no pointer | report only (host data) |
 //! | `wrong_type` | the key | a key of the schema holding another Redis type | report only |
@@ -88,7 +89,7 @@ mod snapshot;
 
 use std::time::Duration;
 
-use self::findings::{in_both, Finding, Findings};
+use self::findings::{in_both, single_scan, Finding, Findings};
 use self::read::Scan;
 use self::repair::{repair, Entry};
 use crate::config::Config;
@@ -152,7 +153,7 @@ pub fn audit(config: &Config, options: &AuditOptions) -> Result<AuditReport> {
     let mut con = redis.connect()?;
     let first = find(ks, &mut con)?;
     let found = if options.settle.is_zero() {
-        first
+        single_scan(first)
     } else {
         // A new connection after each pause: a server with an idle `timeout` may have closed
         // the old one.
@@ -209,7 +210,7 @@ fn check_settle(options: &AuditOptions, timeout: Duration) -> Result<()> {
 /// [`Error::Redis`] when a call fails (I/O, timeout); wrong-typed keys and bad values are
 /// problems, not errors.
 pub fn scan(keys: &KeySpace, con: &mut Conn) -> Result<Vec<Problem>> {
-    Ok(find(keys, con)?
+    Ok(single_scan(find(keys, con)?)
         .into_values()
         .map(Finding::into_problem)
         .collect())

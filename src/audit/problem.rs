@@ -29,6 +29,13 @@ pub enum ProblemKind {
     /// `unindexed_room`: a room whose owner (pin, else metadata) does not list it in its room
     /// index, so the reaper could never reach it. Invariant 2. Repaired: added.
     UnindexedRoom,
+    /// `forgotten_room`: a room with no pin in two scans further apart than its metadata
+    /// owner's heartbeat interval plus command timeout, while that owner is alive and
+    /// heartbeated in between: the owner, which re-pins every room it holds each interval,
+    /// no longer holds it (kept until the owner dies otherwise). Invariant 2. Repaired:
+    /// deleted with the owner CAS (still no pin, same metadata owner and `pinned_ms`); never
+    /// added to the live owner's indexes.
+    ForgottenRoom,
     /// `unregistered_instance`: an instance with index sets, an info hash or a heartbeat key
     /// but no entry in the heartbeat sorted set ("sets but no heartbeat"). Invariant 2.
     /// Repaired when it has no heartbeat key: handed to the reaper (score 0), or, with empty
@@ -56,7 +63,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in report order.
-    pub const ALL: [ProblemKind; 14] = [
+    pub const ALL: [ProblemKind; 15] = [
         ProblemKind::OrphanedRoom,
         ProblemKind::DanglingRoomIndex,
         ProblemKind::DanglingPeerIndex,
@@ -64,6 +71,7 @@ impl ProblemKind {
         ProblemKind::DanglingGuest,
         ProblemKind::UnindexedPeer,
         ProblemKind::UnindexedRoom,
+        ProblemKind::ForgottenRoom,
         ProblemKind::UnregisteredInstance,
         ProblemKind::OrphanedGuestState,
         ProblemKind::WrongType,
@@ -83,6 +91,7 @@ impl ProblemKind {
             ProblemKind::DanglingGuest => "dangling_guest",
             ProblemKind::UnindexedPeer => "unindexed_peer",
             ProblemKind::UnindexedRoom => "unindexed_room",
+            ProblemKind::ForgottenRoom => "forgotten_room",
             ProblemKind::UnregisteredInstance => "unregistered_instance",
             ProblemKind::OrphanedGuestState => "orphaned_guest_state",
             ProblemKind::WrongType => "wrong_type",

@@ -6,11 +6,13 @@ use std::collections::BTreeSet;
 
 use redis::{RedisResult, Value};
 
-use super::findings::Fix;
+use super::findings::{self, Evidence, Fix};
 use super::read::{get, is_id, room_names, Scan};
 use super::snapshot::{RoomSeen, Seen};
-use super::ProblemKind::{OrphanedRoom, UnindexedRoom};
+use super::ProblemKind::{ForgottenRoom, OrphanedRoom, UnindexedRoom};
 use super::BATCH;
+use crate::config::Timings;
+use crate::conn;
 use crate::error::Result;
 use crate::keys::KeySpace;
 
@@ -19,6 +21,11 @@ const EXISTS_RECORDS: usize = 8;
 
 /// A room with what the scan saw of it.
 type RoomRef<'s> = (&'s String, &'s RoomSeen);
+
+/// A room with no pin whose metadata names a registered instance, with the metadata's
+/// `pinned_ms`: forgotten if that instance is alive ([`Scan::unpinned`]), else left to the
+/// reaper like any room of a dead instance.
+type Unpinned<'s> = (RoomRef<'s>, String, Option<String>);
 
 /// What was read of one room: its pin (`None`: wrong type), the pin's `PTTL`, the metadata's
 /// `owner` and `pinned_ms` (`None`: wrong type), and whether any key of it still exists.
@@ -53,7 +60,8 @@ impl Scan<'_> {
         let mut orphans = BTreeSet::new();
         let rooms: Vec<RoomRef<'_>> = seen.rooms.iter().collect();
         for chunk in rooms.chunks(BATCH) {
-            let owned = self.room_chunk(chunk, registry, &mut orphans)?;
+            let (mut owned, unpinned) = self.room_chunk(chunk, registry, &mut orphans)?;
+            owned.extend(self.unpinned(unpinned)?);
             self.owner_indexes(&owned)?;
         }
         let live: Vec<RoomRef<'_>> = rooms
@@ -67,19 +75,22 @@ impl Scan<'_> {
     }
 
     /// Reads a chunk of rooms, checks their values and finds the orphans (added to
-    /// `orphans`). Returns the other rooms with their owner (pin, else metadata).
+    /// `orphans`). Returns the pinned rooms with their owner, and the unpinned rooms whose
+    /// metadata names a registered instance.
+    #[allow(clippy::type_complexity)]
     fn room_chunk<'s>(
         &mut self,
         chunk: &[RoomRef<'s>],
         registry: Option<&BTreeSet<String>>,
         orphans: &mut BTreeSet<String>,
-    ) -> Result<Vec<(RoomRef<'s>, String)>> {
+    ) -> Result<(Vec<(RoomRef<'s>, String)>, Vec<Unpinned<'s>>)> {
         let mut pipe = redis::pipe();
         for (room, rs) in chunk {
             read_room(self.ks, &mut pipe, room, rs);
         }
         let r = self.exec(&mut pipe)?;
         let mut owned = Vec::new();
+        let mut unpinned = Vec::new();
         for (n, &(room, rs)) in chunk.iter().enumerate() {
             let read = RoomRead::from_replies(&r, n);
             self.room_values(room, &read);
@@ -91,12 +102,102 @@ impl Scan<'_> {
                     orphans.insert(room.clone());
                     continue;
                 }
+                if let Some(owner) = meta_owner.as_ref().filter(|o| is_id(o)) {
+                    unpinned.push(((room, rs), owner.clone(), pinned_ms));
+                    continue;
+                }
             }
             if let Some(owner) = pin.or(meta_owner).filter(|o| is_id(o)) {
                 owned.push(((room, rs), owner));
             }
         }
-        Ok(owned)
+        Ok((owned, unpinned))
+    }
+
+    /// Rooms with no pin whose metadata names a registered instance: reads each owner (its
+    /// score, heartbeat key and record's timings, and the server clock, in one round trip).
+    /// A room of an alive owner is a `forgotten_room` candidate (confirmed only by a second
+    /// scan, [`Evidence`]) and is not checked against the owner's index (fsck must never
+    /// index a room its live owner no longer holds); the others are returned to be checked
+    /// as owned rooms (a dead instance's room must be in its index for the reaper).
+    fn unpinned<'s>(&mut self, rooms: Vec<Unpinned<'s>>) -> Result<Vec<(RoomRef<'s>, String)>> {
+        if rooms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ks = self.ks;
+        let owners: BTreeSet<String> = rooms.iter().map(|(_, o, _)| o.clone()).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for o in &owners {
+            pipe.zscore(ks.heartbeats(), o)
+                .get(ks.heartbeat(o))
+                .cmd("HMGET")
+                .arg(ks.instance_info(o))
+                .arg("heartbeat_interval_ms")
+                .arg("command_timeout_ms");
+        }
+        let r = self.exec(&mut pipe)?;
+        let Some(now) = r
+            .first()
+            .and_then(|t| t.as_ref().ok())
+            .and_then(|t| conn::time_reply_ms(t).ok())
+        else {
+            return Ok(rooms.into_iter().map(|(rr, o, _)| (rr, o)).collect());
+        };
+        let defaults = Timings::default();
+        let default_gap =
+            (defaults.heartbeat_interval + defaults.command_timeout).as_millis() as i64;
+        let mut alive = std::collections::BTreeMap::new();
+        for (n, o) in owners.iter().enumerate() {
+            let score = get::<f64>(r.get(1 + 3 * n));
+            let hb = get::<Option<String>>(r.get(2 + 3 * n)).flatten();
+            let timings = get::<Vec<Option<u64>>>(r.get(3 + 3 * n)).unwrap_or_default();
+            let gap = match (
+                timings.first().copied().flatten(),
+                timings.get(1).copied().flatten(),
+            ) {
+                (Some(i), Some(t)) => i64::try_from(i.saturating_add(t)).unwrap_or(i64::MAX),
+                _ => default_gap,
+            };
+            // Alive: registered with a real heartbeat, and a live process's token in its
+            // heartbeat key (not `released`: a stopped instance refreshes nothing).
+            if let (Some(score), Some(hb)) = (score, hb) {
+                if score > 0.0 && hb != "released" {
+                    alive.insert(o.clone(), (score as i64, gap));
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        for ((room, rs), owner, pinned_ms) in rooms {
+            let Some(&(owner_heartbeat_ms, min_gap_ms)) = alive.get(owner.as_str()) else {
+                rest.push(((room, rs), owner));
+                continue;
+            };
+            let rk = ks.room(room);
+            let detail = format!(
+                "room {room}: no pin, while its metadata names {owner}, which is alive (last heartbeat at server ms {owner_heartbeat_ms}) and re-pins every room it holds within {min_gap_ms} ms: it no longer holds this one"
+            );
+            let fix = (!rs.wrong_typed && rs.meta).then(|| Fix::DeleteRoom {
+                room: room.clone(),
+                meta_owner: owner.clone(),
+                pinned_ms: pinned_ms.clone().unwrap_or_default(),
+                records: rs.records.iter().cloned().collect(),
+            });
+            let evidence = Evidence {
+                scan_ms: now,
+                owner_heartbeat_ms,
+                min_gap_ms,
+            };
+            findings::add_with_evidence(
+                &mut self.out,
+                ForgottenRoom,
+                &rk.meta,
+                detail,
+                fix,
+                evidence,
+            );
+        }
+        Ok(rest)
     }
 
     /// The pin must be an instance id with a TTL; the metadata's owner an instance id, the

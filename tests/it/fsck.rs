@@ -1101,3 +1101,110 @@ fn cli_errors_exit_2() {
         assert!(!o.stderr.is_empty());
     }
 }
+
+/// Writes a room as a node that later forgot it would leave it: metadata naming `owner`, one
+/// peer record of `owner`, no pin.
+fn unpinned_room(s: &Server, ks: &KeySpace, room: &str, owner: &str) {
+    let rk = ks.room(room);
+    raw(
+        s,
+        &[
+            "HSET",
+            &rk.meta,
+            "owner",
+            owner,
+            "pinned_ms",
+            "1",
+            "peer_seq",
+            "1",
+        ],
+    );
+    raw(s, &["SADD", &rk.peers, "fp"]);
+    raw(
+        s,
+        &[
+            "HSET",
+            &ks.peer(room, "fp"),
+            "instance",
+            owner,
+            "generation",
+            "1",
+        ],
+    );
+    raw(
+        s,
+        &["SADD", &ks.instance_peers(owner), &format!("{room}/fp")],
+    );
+}
+
+// Issue 14 item 5: a room whose metadata names a live instance but that has no pin in two scans
+// further apart than that instance's heartbeat interval plus command timeout (its own record:
+// 200 + 400 ms) is a room the instance no longer holds: `forgotten_room`, deleted by --repair
+// with the owner CAS and never added to the live instance's room index. A room the owner pins
+// again between the scans is kept. Scans closer than that gap (or a single scan) never report it.
+#[test]
+fn forgotten_rooms_are_deleted_and_a_repinned_one_is_kept() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let live = s.node_with(STAGE, "live", Timings::fast());
+    populate(&live, "held", &[("p1", None)]);
+    unpinned_room(&s, &ks, "forgot", "live");
+    unpinned_room(&s, &ks, "again", "live");
+    let (forgot, again) = (ks.room("forgot"), ks.room("again"));
+
+    // Scans closer than the owner's 600 ms, and a single scan: nothing reported.
+    let r = run(&s, STAGE, false);
+    assert!(
+        !r.problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::ForgottenRoom),
+        "{:#?}",
+        r.problems
+    );
+    let one = sfu_redis::audit::scan(&ks, &mut s.con()).unwrap();
+    assert!(
+        !one.iter().any(|p| p.kind == ProblemKind::ForgottenRoom),
+        "{one:#?}"
+    );
+
+    let r = audit_while(
+        &s,
+        Duration::from_millis(1500),
+        Duration::from_millis(700),
+        || {
+            live.pin_room("again").expect("re-pin");
+        },
+    );
+    let forgotten: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| p.kind == ProblemKind::ForgottenRoom)
+        .collect();
+    assert_eq!(forgotten.len(), 1, "{:#?}", r.problems);
+    assert_eq!(forgotten[0].key, forgot.meta);
+    assert!(forgotten[0].repaired, "{:#?}", r.problems);
+    assert!(
+        forgotten[0].detail.contains("live"),
+        "{}",
+        forgotten[0].detail
+    );
+    assert!(
+        !r.problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::UnindexedRoom),
+        "{:#?}",
+        r.problems
+    );
+    // The forgotten room is gone, record and index entries too; it was never indexed.
+    for key in [&forgot.meta, &forgot.peers, &ks.peer("forgot", "fp")] {
+        assert!(!exists(&s, key), "{key} left");
+    }
+    assert!(!smembers(&s, &ks.instance_rooms("live")).contains("forgot"));
+    assert!(!smembers(&s, &ks.instance_peers("live")).contains("forgot/fp"));
+    // The re-pinned room and the held one are untouched.
+    assert!(exists(&s, &again.meta) && exists(&s, &ks.peer("again", "fp")));
+    assert_eq!(live.room_owner("again").unwrap().as_deref(), Some("live"));
+    assert!(exists(&s, &ks.room("held").meta) && exists(&s, &ks.peer("held", "p1")));
+    let idx = smembers(&s, &ks.instance_rooms("live"));
+    assert!(idx.contains("again") && idx.contains("held"), "{idx:?}");
+}
