@@ -192,7 +192,14 @@ pub struct Config {
     instance_id: String,
     timings: Timings,
     reap_batch: usize,
+    reap_pace: Pace,
 }
+
+/// A validated [`ConfigBuilder::reap_pace`]: finite, so equality is total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pace(f64);
+
+impl Eq for Pace {}
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -204,6 +211,7 @@ impl std::fmt::Debug for Config {
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
+            .field("reap_pace", &self.reap_pace.0)
             .finish()
     }
 }
@@ -224,6 +232,7 @@ impl Config {
     /// | `SFU_STAGE` | `dev` | second prefix segment |
     /// | `SFU_BRANCH` | `main` | third prefix segment |
     /// | `SFU_INSTANCE_ID` | host name, pid, per-boot nonce | this instance's id |
+    /// | `SFU_REAP_PACE` | [`REAP_PACE`] | the reaper's pace ([`ConfigBuilder::reap_pace`]) |
     ///
     /// Timings are the defaults; change them with [`Config::to_builder`].
     ///
@@ -247,6 +256,8 @@ impl Config {
             instance_id: Some(self.instance_id.clone()),
             timings: self.timings,
             reap_batch: self.reap_batch,
+            reap_pace: self.reap_pace.0,
+            reap_pace_env: None,
         }
     }
 
@@ -300,6 +311,12 @@ impl Config {
     pub fn reap_batch(&self) -> usize {
         self.reap_batch
     }
+
+    /// The reaper's pace: after each batch it pauses this many times the batch's measured
+    /// duration (0 = no pause; see [`ConfigBuilder::reap_pace`]).
+    pub fn reap_pace(&self) -> f64 {
+        self.reap_pace.0
+    }
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
@@ -318,6 +335,9 @@ pub struct ConfigBuilder {
     instance_id: Option<String>,
     timings: Timings,
     reap_batch: usize,
+    reap_pace: f64,
+    /// `SFU_REAP_PACE` as read by `from_env`, parsed and checked at build.
+    reap_pace_env: Option<String>,
 }
 
 impl std::fmt::Debug for ConfigBuilder {
@@ -332,6 +352,7 @@ impl std::fmt::Debug for ConfigBuilder {
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
+            .field("reap_pace", &self.reap_pace)
             .finish()
     }
 }
@@ -349,6 +370,8 @@ impl Default for ConfigBuilder {
             instance_id: None,
             timings: Timings::default(),
             reap_batch: REAP_BATCH,
+            reap_pace: REAP_PACE,
+            reap_pace_env: None,
         }
     }
 }
@@ -377,6 +400,7 @@ impl ConfigBuilder {
         b.tls_insecure_env = var("SFU_TLS_INSECURE");
         b.sentinel.user = var("SFU_SENTINEL_USER");
         b.sentinel.password = var("SFU_SENTINEL_PASSWORD");
+        b.reap_pace_env = var("SFU_REAP_PACE");
         b
     }
 
@@ -493,12 +517,34 @@ impl ConfigBuilder {
         self
     }
 
+    /// The reaper's pace, so that a big reap leaves Redis to the SFU's own traffic: after each
+    /// reap batch (one pipelined round trip of [`ConfigBuilder::reap_batch`] members) the
+    /// reaper pauses `pace` times the batch's measured duration before the next one. Redis is
+    /// then busy with the reap at most `1 / (1 + pace)` of the time and a reap takes about
+    /// `1 + pace` times as long; the pause adapts to the server's speed and the network (a
+    /// slow batch is followed by a long pause). 0 = no pause (the fastest reap).
+    ///
+    /// Default [`REAP_PACE`] = 1, allowed 0 to [`MAX_REAP_PACE`], any finite number in
+    /// between (measured trade-off: README "Reap pace"). Environment `SFU_REAP_PACE`.
+    ///
+    /// A pause never follows the last batch, ends at once on shutdown, and the lease is
+    /// re-checked after it: a reaper whose lease's local deadline passed during a pause stops
+    /// before its next batch (invariant 3). Only leader reaps are paced (the reaper thread and
+    /// `Node::reap_now`, feature `testing`); an instance clearing its own earlier life's leftovers at
+    /// registration is not.
+    pub fn reap_pace(mut self, pace: f64) -> Self {
+        self.reap_pace = pace;
+        self.reap_pace_env = None;
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field: an unparsable Redis URL, an empty or
-    /// oversized prefix segment, an invalid instance id, or timings that break
-    /// [`Timings::validate`].
+    /// oversized prefix segment, an invalid instance id, timings that break
+    /// [`Timings::validate`], a reap batch or a reap pace out of range (`reap_pace`: not a
+    /// finite number from 0 to [`MAX_REAP_PACE`], or an `SFU_REAP_PACE` that is no number).
     pub fn build(mut self) -> Result<Config> {
         if let Some(v) = self.tls_insecure_env.take() {
             self.tls.insecure = parse_switch(&v).ok_or_else(|| {
@@ -519,6 +565,15 @@ impl ConfigBuilder {
         encode_id(IdKind::Instance, &instance_id)
             .map_err(|e| Error::config("instance_id", e.to_string()))?;
         self.timings.validate()?;
+        if let Some(v) = self.reap_pace_env.take() {
+            self.reap_pace = v.trim().parse().map_err(|_| {
+                Error::config(
+                    "reap_pace",
+                    format!("SFU_REAP_PACE={v:?} is not a number; expected 0 to {MAX_REAP_PACE}"),
+                )
+            })?;
+        }
+        check_reap_pace(self.reap_pace)?;
         if !(1..=MAX_REAP_BATCH).contains(&self.reap_batch) {
             return Err(Error::config(
                 "reap_batch",
@@ -537,7 +592,21 @@ impl ConfigBuilder {
             instance_id,
             timings: self.timings,
             reap_batch: self.reap_batch,
+            // `+ 0.0` turns -0 into 0.
+            reap_pace: Pace(self.reap_pace + 0.0),
         })
+    }
+}
+
+/// `pace` is finite and within 0 to [`MAX_REAP_PACE`].
+fn check_reap_pace(pace: f64) -> Result<()> {
+    if pace.is_finite() && (0.0..=MAX_REAP_PACE).contains(&pace) {
+        Ok(())
+    } else {
+        Err(Error::config(
+            "reap_pace",
+            format!("{pace} is out of range; allowed 0 to {MAX_REAP_PACE} (a finite number: the pause after each reap batch, in multiples of the batch's duration)"),
+        ))
     }
 }
 
@@ -617,7 +686,7 @@ fn non_empty(p: std::path::PathBuf) -> Option<std::path::PathBuf> {
 }
 
 /// Every environment variable [`Config::from_env`] (and [`ConfigBuilder::from_env`]) reads.
-pub const ENV_VARS: [&str; 11] = [
+pub const ENV_VARS: [&str; 12] = [
     "REDIS_URL",
     "SFU_NAMESPACE",
     "SFU_STAGE",
@@ -629,6 +698,7 @@ pub const ENV_VARS: [&str; 11] = [
     "SFU_TLS_INSECURE",
     "SFU_SENTINEL_USER",
     "SFU_SENTINEL_PASSWORD",
+    "SFU_REAP_PACE",
 ];
 
 /// Default of [`ConfigBuilder::reap_batch`]: index members per reap batch, tuned with
@@ -637,6 +707,13 @@ pub const REAP_BATCH: usize = 500;
 
 /// Largest [`ConfigBuilder::reap_batch`]: bounds the work of one pipelined round trip.
 pub const MAX_REAP_BATCH: usize = 10_000;
+
+/// Default of [`ConfigBuilder::reap_pace`]: the reaper pauses as long as each batch took,
+/// tuned with `examples/perf_report.rs --pace` (README "Reap pace").
+pub const REAP_PACE: f64 = 1.0;
+
+/// Largest [`ConfigBuilder::reap_pace`]: a reap at most 101 times as long as unpaced.
+pub const MAX_REAP_PACE: f64 = 100.0;
 
 /// `<host>-<pid>-<nonce>`: the host name, the process id and 8 random hex digits drawn at each
 /// call, so a restarted process with the same host and pid is a new identity (docs/DESIGN.md

@@ -15,6 +15,7 @@
 //! | `started_ms` | Redis server time (ms) of this life's registration |
 //! | `heartbeat_interval_ms`, `heartbeat_ttl_ms`, `stale_threshold_ms`, `pin_ttl_ms`, `lease_ttl_ms`, `lease_refresh_ms`, `two_phase_delay_ms`, `reap_interval_ms`, `command_timeout_ms` | its [`Timings`], ms |
 //! | `reap_batch` | index members per reap batch |
+//! | `reap_pace` | the reaper's pace: its pause after each batch, in multiples of the batch's duration (a decimal number; `ConfigBuilder::reap_pace`) |
 //! | `transport` | `plain`, `tls`, `sentinel`, `sentinel+tls`, `cluster` or `cluster+tls` |
 //!
 //! Readers tolerate what they do not know: a missing or unparsable field is `None` (and named
@@ -30,7 +31,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// One instance's self-description, as read from its info hash. Every field is optional: a
 /// record written by another version, or edited by hand, may lack any of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct InstanceInfo {
     /// Library version.
@@ -45,6 +46,9 @@ pub struct InstanceInfo {
     pub timings_ms: [Option<u64>; 9],
     /// Index members per reap batch.
     pub reap_batch: Option<u64>,
+    /// The reaper's pace (pause after each batch, in multiples of its duration). `None` also
+    /// for records of versions that had no pace (not reported as a problem).
+    pub reap_pace: Option<f64>,
     /// How it reaches Redis.
     pub transport: Option<String>,
 }
@@ -99,6 +103,7 @@ pub(crate) fn fields(config: &Config, transport: &str) -> Vec<(&'static str, Str
         f.push((name, d.as_millis().to_string()));
     }
     f.push(("reap_batch", config.reap_batch().to_string()));
+    f.push(("reap_pace", config.reap_pace().to_string()));
     f.push(("transport", transport.to_owned()));
     f
 }
@@ -134,6 +139,15 @@ impl InstanceInfo {
             *slot = number(name);
         }
         let reap_batch = number("reap_batch");
+        // Optional: records of earlier versions have none.
+        let reap_pace = match get("reap_pace").map(|v| v.trim().parse::<f64>()) {
+            Some(Ok(p)) if p.is_finite() && p >= 0.0 => Some(p),
+            Some(_) => {
+                problems.push("field reap_pace is not a number from 0 up".to_owned());
+                None
+            }
+            None => None,
+        };
         let text = |name: &str| get(name).map(str::to_owned);
         let info = InstanceInfo {
             version: text("version"),
@@ -142,6 +156,7 @@ impl InstanceInfo {
             started_ms,
             timings_ms,
             reap_batch,
+            reap_pace,
             transport: text("transport"),
         };
         for name in ["version", "host", "transport"] {
@@ -224,6 +239,7 @@ mod tests {
         assert_eq!(info.heartbeat_interval(), Some(Duration::from_secs(10)));
         assert_eq!(info.command_timeout(), Some(Duration::from_secs(2)));
         assert_eq!(info.reap_batch, Some(500));
+        assert_eq!(info.reap_pace, Some(crate::REAP_PACE));
         assert_eq!(info.transport.as_deref(), Some("plain"));
     }
 
@@ -233,6 +249,7 @@ mod tests {
             ("version".to_owned(), "9.9.9".to_owned()),
             ("pid".to_owned(), "many".to_owned()),
             ("extra".to_owned(), "ignored".to_owned()),
+            ("reap_pace".to_owned(), "fast".to_owned()),
         ];
         let (info, problems) = InstanceInfo::from_fields(&p);
         assert_eq!(info.version.as_deref(), Some("9.9.9"));
@@ -241,6 +258,8 @@ mod tests {
             .iter()
             .any(|p| p == "field pid is not a whole number"));
         assert!(problems.iter().any(|p| p == "field host is missing"));
+        assert_eq!(info.reap_pace, None);
+        assert!(problems.iter().any(|p| p.contains("reap_pace")));
         assert!(problems
             .iter()
             .any(|p| p == "field stale_threshold_ms is missing"));

@@ -243,6 +243,7 @@ impl Node {
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),
             crashed: AtomicBool::new(false),
+            stopping: Default::default(),
         });
         register_at_start(&shared)?;
         log::info!(
@@ -287,6 +288,14 @@ impl Node {
             Err(Error::Stopped)
         } else {
             Ok(guard)
+        }
+    }
+
+    /// After `stopped` is set: wakes the host calls that wait (a paced reap), so that
+    /// [`Node::drain_calls`] does not wait for their pauses.
+    fn wake_calls(&self) {
+        if let Some(sh) = self.backend.shared() {
+            sh.stopping.signal();
         }
     }
 
@@ -608,6 +617,7 @@ impl Node {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.wake_calls();
         self.drain_calls();
         // The heartbeat thread marks the heartbeat released as it exits.
         self.join_workers();
@@ -628,6 +638,7 @@ impl Node {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.wake_calls();
         self.drain_calls();
         self.join_workers();
         let out = self.release_everything();
@@ -679,6 +690,7 @@ impl Node {
         }
         if let Some(sh) = self.backend.shared() {
             sh.crashed.store(true, Ordering::Relaxed);
+            sh.stopping.signal();
         }
         self.join_workers();
     }

@@ -13,8 +13,13 @@
 //! 3. Peers: `SSCAN` D's peer index; `reap_peer.lua` for each, pipelined; then index entries.
 //! 4. `reap_finish.lua`: D's sorted-set entry goes (members that could not be reaped stay in
 //!    its indexes for the audit to report).
+//!
+//! A leader's reap is paced ([`Pace`], `ConfigBuilder::reap_pace`): after each batch but the
+//! last it pauses in proportion to the batch's measured duration, so that the SFU's own Redis
+//! traffic is not queued behind a big reap. The pause ends at once on shutdown, and the
+//! leadership check that precedes every batch follows it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{after, select, Receiver};
 
@@ -175,6 +180,40 @@ pub(crate) fn reap_rooms(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
     out
 }
 
+/// The pause between a leader's reap batches (`ConfigBuilder::reap_pace`).
+#[derive(Clone, Copy)]
+pub(crate) struct Pace<'a> {
+    /// Pause after a batch, in multiples of the batch's measured duration; 0: none.
+    pub ratio: f64,
+    /// Disconnected on shutdown: ends a pause at once. `None`: nothing to wait for (no pause
+    /// is then taken at all).
+    pub stop: Option<&'a Receiver<()>>,
+}
+
+impl Pace<'_> {
+    /// No pause (an instance's clean-up of its own earlier life, unit tests).
+    pub(crate) const NONE: Pace<'static> = Pace {
+        ratio: 0.0,
+        stop: None,
+    };
+
+    /// Waits `ratio` times `batch` (the duration of the batch just done), or until `stop`
+    /// disconnects, whichever comes first. The caller checks its lease after it: a pause
+    /// never lets a batch start after the lease's local deadline.
+    fn after(&self, batch: Duration) {
+        let Some(stop) = self.stop else {
+            return;
+        };
+        if self.ratio <= 0.0 {
+            return;
+        }
+        let pause = Duration::try_from_secs_f64(batch.as_secs_f64() * self.ratio)
+            .unwrap_or(Duration::from_secs(3600));
+        // Nothing is ever sent on `stop`: this returns on timeout or on disconnection.
+        let _ = stop.recv_timeout(pause);
+    }
+}
+
 /// One reap of one instance: what its batches need besides a connection.
 pub(crate) struct Reap<'a> {
     pub ctx: &'a Ctx,
@@ -189,6 +228,8 @@ pub(crate) struct Reap<'a> {
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].
     pub leading: &'a dyn Fn() -> bool,
+    /// The pause after each batch but the last (before the `leading` check of the next).
+    pub pace: Pace<'a>,
     /// `Some` when this node cleans up after its own earlier life (`dead` is this instance):
     /// what its host holds now. Its own index entries are then removed right after each batch,
     /// under the room locks of the entries, skipping every room and peer the host holds (a
@@ -312,13 +353,19 @@ fn reap_room_batches(
         .into_iter()
         .map(|room| (room, "0".to_owned()))
         .collect();
+    // How long the previous batch took: the pause before the next one is in proportion.
+    let mut last: Option<Duration> = None;
     loop {
         if pending.is_empty() && cursor.done() {
             return Ok(());
         }
+        if let Some(took) = last {
+            r.pace.after(took);
+        }
         if !leading() {
             return Err(Error::NotLeader);
         }
+        let started = Instant::now();
         let owed = std::mem::take(cleanup);
         let sent_cleanup = owed.len;
         let mut pipe = owed.pipe.clone();
@@ -382,6 +429,7 @@ fn reap_room_batches(
                     .map(|room| (room, "0".to_owned())),
             );
         }
+        last = Some(started.elapsed());
     }
 }
 
@@ -477,10 +525,15 @@ pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
     let op = "reap peers";
     let index = r.ctx.keys.instance_peers(r.dead);
     let mut cursor = index_scan(&index, r.ctx.reap_batch);
+    let mut last: Option<Duration> = None;
     loop {
+        if let Some(took) = last {
+            r.pace.after(took);
+        }
         if !(r.leading)() {
             return Err(Error::NotLeader);
         }
+        let started = Instant::now();
         let members = index_page(con, op, &mut cursor)?;
         let unindexed = reap_peer_batch(r, con, members, counts)?;
         if let Some(local) = r.own {
@@ -497,6 +550,7 @@ pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
         if cursor.done() {
             return Ok(());
         }
+        last = Some(started.elapsed());
     }
 }
 
@@ -567,13 +621,14 @@ fn reap_peer_batch(
 }
 
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
-/// again or gone. `leading` is consulted before every batch.
+/// again or gone. `leading` is consulted before every batch, after `pace`'s pause.
 pub(crate) fn reap_instance(
     ctx: &Ctx,
     counters: &Counters,
     con: &mut Conn,
     dead: &str,
     leading: &dyn Fn() -> bool,
+    pace: Pace<'_>,
 ) -> Result<Option<ReapCounts>> {
     let Some(t0) = begin(ctx, con, dead)? else {
         return Ok(None);
@@ -585,6 +640,7 @@ pub(crate) fn reap_instance(
         dead,
         t0,
         leading,
+        pace,
         own: None,
     };
     reap_rooms(&reap, con, &mut counts)?;
@@ -628,6 +684,7 @@ pub(crate) fn clean_own_leftovers(
         dead: &ctx.me,
         t0,
         leading: &|| true,
+        pace: Pace::NONE,
         own: Some(local),
     };
     reap_rooms(&reap, con, &mut counts)?;
@@ -675,8 +732,12 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             break;
         }
         let started = Instant::now();
+        let pace = Pace {
+            ratio: sh.ctx.reap_pace,
+            stop: Some(shutdown),
+        };
         match link.run(&sh.redis, |c| {
-            reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading)
+            reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading, pace)
         }) {
             Ok(Some(c)) => {
                 sh.counters.reaped(c.rooms, c.peers);
@@ -801,6 +862,7 @@ mod tests {
             dead: "dead",
             t0: i64::MAX / 2,
             leading: &leading,
+            pace: Pace::NONE,
             own: None,
         };
         let out = reap_rooms(&reap, &mut con, &mut counts);

@@ -30,6 +30,9 @@ pub(crate) struct Ctx {
     pub timings: Timings,
     /// Index members per reap batch (`ConfigBuilder::reap_batch`).
     pub reap_batch: usize,
+    /// Pause after each leader reap batch, in multiples of its duration
+    /// (`ConfigBuilder::reap_pace`).
+    pub reap_pace: f64,
 }
 
 impl Ctx {
@@ -43,6 +46,7 @@ impl Ctx {
             keys: config.keys().clone(),
             timings: *config.timings(),
             reap_batch: config.reap_batch(),
+            reap_pace: config.reap_pace(),
         })
     }
 }
@@ -138,6 +142,39 @@ pub(crate) struct Shared {
     pub started_ms: AtomicI64,
     /// Set by `Node::simulate_crash`: threads stop without any cleanup.
     pub crashed: AtomicBool,
+    /// Closed as soon as the node begins to stop: a host call that waits (a paced
+    /// `Node::reap_now`) wakes at once, before `shutdown` waits for it.
+    pub stopping: Stopping,
+}
+
+/// A stop signal for host calls: its receiver disconnects once [`Stopping::signal`] ran (the
+/// workers have their own, dropped only after the host calls are drained).
+#[derive(Debug)]
+pub(crate) struct Stopping {
+    tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    rx: crossbeam_channel::Receiver<()>,
+}
+
+impl Default for Stopping {
+    fn default() -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        Stopping {
+            tx: Mutex::new(Some(tx)),
+            rx,
+        }
+    }
+}
+
+impl Stopping {
+    /// Disconnects the receiver (idempotent).
+    pub(crate) fn signal(&self) {
+        self.tx.lock().take();
+    }
+
+    /// Disconnected once the node began to stop.
+    pub(crate) fn receiver(&self) -> &crossbeam_channel::Receiver<()> {
+        &self.rx
+    }
 }
 
 impl Shared {

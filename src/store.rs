@@ -125,13 +125,25 @@ impl RedisStore {
         if dead.wire == sh.ctx.me {
             return Ok(None);
         }
-        let leading = || sh.is_leader();
+        let stop = sh.stopping.receiver();
+        let leading = || sh.is_leader() && !crate::worker::stopping(stop);
         if !leading() {
             return Err(Error::NotLeader);
         }
-        let counts = sh.pool.run(&sh.redis, |c| {
-            crate::reaper::reap_instance(&sh.ctx, &sh.counters, c, &dead.wire, &leading)
-        })?;
+        let pace = crate::reaper::Pace {
+            ratio: sh.ctx.reap_pace,
+            stop: Some(stop),
+        };
+        let counts = sh
+            .pool
+            .run(&sh.redis, |c| {
+                crate::reaper::reap_instance(&sh.ctx, &sh.counters, c, &dead.wire, &leading, pace)
+            })
+            // The node began to stop during the reap (its pause ended at once): say so.
+            .map_err(|e| match e {
+                Error::NotLeader if crate::worker::stopping(stop) => Error::Stopped,
+                e => e,
+            })?;
         if let Some(c) = &counts {
             sh.counters.reaped(c.rooms, c.peers);
             sh.events.emit(Event::InstanceReaped {

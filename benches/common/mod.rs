@@ -120,16 +120,27 @@ pub fn fast_leader_with_batch(url: &str, batch: usize) -> Node {
     fast_leader_at(&Target::plain(url), batch)
 }
 
-/// [`fast_leader_with_batch`] for `target`.
+/// [`fast_leader_with_batch`] for `target`. Unpaced (`reap_pace` 0): the throughput
+/// measurements time the reap's own work; the pace is measured on its own
+/// ([`fast_leader_paced`], `perf_report --pace-sweep`).
 pub fn fast_leader_at(target: &Target, batch: usize) -> Node {
+    fast_leader_paced(target, batch, 0.0)
+}
+
+/// [`fast_leader_at`] with the reaper's pace set to `pace` (`ConfigBuilder::reap_pace`).
+pub fn fast_leader_paced(target: &Target, batch: usize, pace: f64) -> Node {
     let mut t = Timings::from_heartbeat(Duration::from_millis(500), Duration::from_millis(1500));
     t.reap_interval = Duration::from_secs(3600);
     t.two_phase_delay = Duration::from_secs(3600);
+    // 1 s instead of the derived 250 ms: on a loaded machine a 500-room batch's round trip
+    // can take longer, and a long (paced) reap must not fail on it.
+    t.command_timeout = Duration::from_secs(1);
     let cfg = target
         .builder()
         .instance_id("bench-leader")
         .timings(t)
         .reap_batch(batch)
+        .reap_pace(pace)
         .build()
         .expect("config");
     let node = Node::start(cfg).expect("start leader");

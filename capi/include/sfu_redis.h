@@ -288,6 +288,7 @@ typedef uint32_t SfuPinOutcome;
  * | `reap_interval_ms` | 15000 | |
  * | `command_timeout_ms` | 2000 | |
  * | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
+ * | `reap_pace` | `1` | after each reap batch the reaper pauses this many times the batch's duration (a decimal number, 0 = no pause, at most 100) |
  *
  * The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
  * checked by `sfu_config_validate` and `sfu_node_start`, not by the setters.
@@ -480,7 +481,7 @@ SfuStatus sfu_config_new(struct SfuConfig **out_config);
 
 /**
  * Creates a configuration from the environment (`REDIS_URL`, `SFU_NAMESPACE`, `SFU_STAGE`,
- * `SFU_BRANCH`, `SFU_INSTANCE_ID`; unset or empty variables keep the defaults) and writes it to
+ * `SFU_BRANCH`, `SFU_INSTANCE_ID`, `SFU_REAP_PACE`; unset or empty variables keep the defaults) and writes it to
  * `*out_config`; release it with `sfu_config_free`.
  *
  * # Safety

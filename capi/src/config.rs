@@ -40,6 +40,7 @@ use sfu_redis::{Config, ConfigBuilder, Timings};
 /// | `reap_interval_ms` | 15000 | |
 /// | `command_timeout_ms` | 2000 | |
 /// | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
+/// | `reap_pace` | `1` | after each reap batch the reaper pauses this many times the batch's duration (a decimal number, 0 = no pause, at most 100) |
 ///
 /// The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
 /// checked by `sfu_config_validate` and `sfu_node_start`, not by the setters.
@@ -100,7 +101,7 @@ const TIMING_KEYS: [(&str, &str, TimingField); 9] = [
     }),
 ];
 
-const STRING_KEYS: [&str; 13] = [
+const STRING_KEYS: [&str; 14] = [
     "redis_url",
     "namespace",
     "stage",
@@ -108,6 +109,7 @@ const STRING_KEYS: [&str; 13] = [
     "instance_id",
     "timings",
     "reap_batch",
+    "reap_pace",
     "tls_ca_file",
     "tls_cert_file",
     "tls_key_file",
@@ -176,6 +178,16 @@ fn set(st: &mut ConfigState, key: &str, value: &str) -> Result<(), Fail> {
             })?;
             st.builder = take(st).reap_batch(n);
         }
+        // Range and finiteness are checked at validation, as for `reap_batch`.
+        "reap_pace" => {
+            let p = value.trim().parse::<f64>().map_err(|_| {
+                Fail::from(config_error(
+                    "reap_pace",
+                    format!("{value:?} is not a number"),
+                ))
+            })?;
+            st.builder = take(st).reap_pace(p);
+        }
         "timings" => {
             st.timings = match value {
                 "default" => Timings::default(),
@@ -231,7 +243,7 @@ pub unsafe extern "C" fn sfu_config_new(out_config: *mut *mut SfuConfig) -> SfuS
 }
 
 /// Creates a configuration from the environment (`REDIS_URL`, `SFU_NAMESPACE`, `SFU_STAGE`,
-/// `SFU_BRANCH`, `SFU_INSTANCE_ID`; unset or empty variables keep the defaults) and writes it to
+/// `SFU_BRANCH`, `SFU_INSTANCE_ID`, `SFU_REAP_PACE`; unset or empty variables keep the defaults) and writes it to
 /// `*out_config`; release it with `sfu_config_free`.
 ///
 /// # Safety

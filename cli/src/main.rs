@@ -253,6 +253,7 @@ fn flag_for_field(field: &str) -> Option<&'static str> {
         "reap_interval" => "--reap-interval-ms",
         "command_timeout" => "--command-timeout-ms",
         "reap_batch" => "--reap-batch",
+        "reap_pace" => "--reap-pace / SFU_REAP_PACE",
         _ => return None,
     })
 }

@@ -46,6 +46,11 @@ pub(crate) struct NodeArgs {
     /// [default: 500].
     #[arg(long, value_name = "N")]
     reap_batch: Option<usize>,
+    /// The reaper's pace: after each reap batch it pauses this many times the batch's
+    /// measured duration, leaving Redis to the SFU's own traffic (0 = no pause, the fastest
+    /// reap; at most 100) [default: 1].
+    #[arg(long, env = "SFU_REAP_PACE", value_name = "RATIO")]
+    reap_pace: Option<f64>,
     /// Print each event as one JSON line.
     #[arg(long)]
     json: bool,
@@ -247,6 +252,9 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     }
     if let Some(n) = args.reap_batch {
         builder = builder.reap_batch(n);
+    }
+    if let Some(p) = args.reap_pace {
+        builder = builder.reap_pace(p);
     }
     let config = builder.build().map_err(|e| Failure::config(&e))?;
     let plan = plan(&args.rooms, args.peers_per_room)?;

@@ -130,6 +130,45 @@ fn reap_batch_is_validated() {
     }
 }
 
+// The reaper's pace (issue 14, item 6) is validated when the config is built, naming the
+// field: negative, above MAX_REAP_PACE, NaN and infinite values are refused with an error
+// that says what is allowed; the bounds and a fraction are accepted and survive to_builder.
+#[test]
+fn reap_pace_is_validated() {
+    assert_eq!(
+        Config::builder().build().unwrap().reap_pace(),
+        sfu_redis::REAP_PACE
+    );
+    let too_big = sfu_redis::MAX_REAP_PACE + 0.5;
+    for bad in [-0.1, too_big, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let e = Config::builder().reap_pace(bad).build().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("reap_pace") && msg.contains("allowed 0 to"),
+            "{msg}"
+        );
+    }
+    for good in [0.0, 0.25, 1.0, sfu_redis::MAX_REAP_PACE] {
+        let c = Config::builder().reap_pace(good).build().unwrap();
+        assert_eq!(c.reap_pace(), good);
+        assert_eq!(c.to_builder().build().unwrap().reap_pace(), good);
+    }
+    // -0 is 0 (and compares equal to a config built with 0).
+    let zero = Config::builder()
+        .reap_pace(0.0)
+        .instance_id("z")
+        .build()
+        .unwrap();
+    let minus_zero = Config::builder()
+        .reap_pace(-0.0)
+        .instance_id("z")
+        .build()
+        .unwrap();
+    assert_eq!(zero, minus_zero);
+    assert!(minus_zero.reap_pace().is_sign_positive());
+}
+
 // Prefix segments and the instance id are validated when the config is built, naming the
 // field: an empty segment, an oversized one, and invalid instance ids are refused; other
 // characters are escaped (`_` -> `__`, other bytes -> `_XX`) so the prefix stays three
@@ -470,6 +509,7 @@ fn from_env_in_a_process_of_its_own() {
         ("SFU_STAGE", "prod"),
         ("SFU_BRANCH", "feat/x"),
         ("SFU_INSTANCE_ID", "sfu-7"),
+        ("SFU_REAP_PACE", " 2.5 "),
     ];
     for (k, v) in vars {
         std::env::set_var(k, v);
@@ -478,6 +518,23 @@ fn from_env_in_a_process_of_its_own() {
     assert_eq!(c.redis_url(), Some("redis://127.0.0.1:6379"));
     assert_eq!(c.keys().prefix(), "acme:prod:feat_2Fx");
     assert_eq!(c.instance_id(), "sfu-7");
+    assert_eq!(c.reap_pace(), 2.5);
+    // The builder's setter wins over the variable.
+    let set = sfu_redis::ConfigBuilder::from_env()
+        .reap_pace(0.0)
+        .build()
+        .unwrap();
+    assert_eq!(set.reap_pace(), 0.0);
+    for bad in ["gentle", "-1", "1000", "NaN"] {
+        std::env::set_var("SFU_REAP_PACE", bad);
+        let e = Config::from_env().unwrap_err();
+        assert!(e.to_string().contains("reap_pace"), "{bad}: {e}");
+    }
+    std::env::set_var("SFU_REAP_PACE", "");
+    assert_eq!(
+        Config::from_env().unwrap().reap_pace(),
+        sfu_redis::REAP_PACE
+    );
     std::env::set_var("REDIS_URL", "");
     assert_eq!(Config::from_env().unwrap().redis_url(), None);
     std::env::set_var("SFU_INSTANCE_ID", "bad\nid");

@@ -21,6 +21,7 @@ mod lease;
 mod memory;
 mod peers;
 mod prefix;
+mod reap_pace;
 mod reaper;
 mod regress_failover;
 mod regress_faults;

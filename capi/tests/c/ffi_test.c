@@ -162,6 +162,18 @@ static void test_config(void) {
     MESSAGE_HAS("reap_batch");
     EXPECT(sfu_config_set(cfg, "reap_batch", "250"), SFU_OK);
     EXPECT(sfu_config_validate(cfg), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "reap_pace", "gentle"), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("reap_pace");
+    EXPECT(sfu_config_set(cfg, "reap_pace", "101"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("reap_pace");
+    EXPECT(sfu_config_set(cfg, "reap_pace", "nan"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    MESSAGE_HAS("reap_pace");
+    EXPECT(sfu_config_set(cfg, "reap_pace", "-1"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_ERR_INVALID_CONFIG);
+    EXPECT(sfu_config_set(cfg, "reap_pace", "0.5"), SFU_OK);
+    EXPECT(sfu_config_validate(cfg), SFU_OK);
 
     /* Every timing key, through both setters. */
     set_slow_timings(cfg);
