@@ -129,7 +129,7 @@ impl fmt::Display for InstanceState {
 }
 
 /// One registered instance (one member of the heartbeat sorted set).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct InstanceStatus {
     /// Its id; the member as found (lossily decoded if it is not UTF-8) if it is not the wire
@@ -172,7 +172,7 @@ pub struct InstanceStatus {
 }
 
 /// The fleet of one prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct FleetStatus {
     /// `<namespace>:<stage>:<branch>`.
