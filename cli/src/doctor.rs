@@ -188,8 +188,11 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
         .map(Duration::from_millis)
         .or(fleet.command_timeout())
         .unwrap_or(config.timings().command_timeout);
-    let per_server = |con: &mut Conn, f: &dyn Fn(&mut Connection) -> (Status, String)| match con
-        .on_each_server(|c| f(c))
+    // Each check on a connection of its own: a timed-out read may still deliver its reply
+    // late, which must not be taken for the answer to another check's command.
+    let per_server = |f: &dyn Fn(&mut Connection) -> (Status, String)| match redis
+        .connect()
+        .and_then(|mut own| own.on_each_server(|c| f(c)))
     {
         Ok(results) => merge(&labels, results),
         Err(e) => could_not_tell(e),
@@ -198,15 +201,12 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
     let cluster = con.is_cluster();
     let checks = vec![
         check("connect", connect),
-        check("server_version", per_server(&mut con, &server_version)),
-        check("maxmemory_policy", per_server(&mut con, &maxmemory_policy)),
-        check("persistence", per_server(&mut con, &persistence)),
-        check("replicas", per_server(&mut con, &|c| replicas(c, cluster))),
-        check("acl", per_server(&mut con, &|c| acl(c, &keys, cluster))),
-        check(
-            "latency",
-            per_server(&mut con, &|c| latency(c, args.pings, timeout)),
-        ),
+        check("server_version", per_server(&server_version)),
+        check("maxmemory_policy", per_server(&maxmemory_policy)),
+        check("persistence", per_server(&persistence)),
+        check("replicas", per_server(&|c| replicas(c, cluster))),
+        check("acl", per_server(&|c| acl(c, &keys, cluster))),
+        check("latency", per_server(&|c| latency(c, args.pings, timeout))),
         check("topology", topology(&redis, &mut con, config)),
         check("fleet", fleet.judge()),
     ];
@@ -262,6 +262,7 @@ fn reason(e: &redis::RedisError) -> String {
 fn server_version(c: &mut Connection) -> (Status, String) {
     let version = match info(c, "server") {
         Ok(i) => i.get("redis_version").cloned(),
+        Err(e) if e.code().is_none() => return could_not_tell(format!("INFO: {}", reason(&e))),
         Err(e) => {
             // HELLO without a protocol version answers the server's fields without switching.
             let hello: redis::RedisResult<Vec<Value>> = redis::cmd("HELLO").query(c);
@@ -317,6 +318,7 @@ fn maxmemory_policy(c: &mut Connection) -> (Status, String) {
             i.get("maxmemory_policy").cloned(),
             i.get("maxmemory").cloned(),
         ),
+        Err(e) if e.code().is_none() => return could_not_tell(format!("INFO: {}", reason(&e))),
         other => {
             let info_err = match other {
                 Err(e) => format!("INFO refused ({})", reason(&e)),
@@ -383,13 +385,19 @@ fn bytes(n: u64) -> String {
     format!("{n} bytes ({:.1} MiB)", n as f64 / (1024.0 * 1024.0))
 }
 
-/// What a restart costs with this persistence (README "How a dead instance is reaped": Redis
-/// lost its data).
-const RESTORE: &str = "live instances register again and re-pin their rooms and peers within two ticks (rooms taken by another instance meanwhile: room_lost), and no lease is granted for a lease TTL";
+/// What a restart costs after losing everything (README "How a dead instance is reaped":
+/// Redis lost its data).
+const RESTORE: &str = "live instances see the data loss and register again, re-pin their rooms and write back their peers within two ticks (rooms taken by another instance meanwhile: room_lost), no lease is granted for a lease TTL, and what dead instances left is gone with the rest";
+
+/// What a restart costs after losing the last writes only.
+const PARTIAL: &str = "the next tick re-writes heartbeats and the pins whose room metadata survived; rooms and peers created since stay missing unless the instances see a data loss (README \"Redis lost its data\"), and instances reaped since reappear stale and are reaped again";
 
 fn persistence(c: &mut Connection) -> (Status, String) {
     let conf = match config_get(c, &["save", "appendonly", "appendfsync"]) {
         Ok(m) => m,
+        Err(e) if e.code().is_none() => {
+            return could_not_tell(format!("CONFIG GET: {}", reason(&e)))
+        }
         Err(e) => {
             let aof = info(c, "persistence")
                 .ok()
@@ -410,10 +418,10 @@ fn persistence(c: &mut Connection) -> (Status, String) {
     let fsync = conf.get("appendfsync").map(String::as_str).unwrap_or("?");
     let detail = match (aof, save.is_empty()) {
         (true, _) => format!(
-            "AOF on (appendfsync {fsync}): a restart replays the log and loses at most the writes not yet synced (about 1 s with everysec); {RESTORE} after such a loss"
+            "AOF on (appendfsync {fsync}): a restart replays the log and loses at most the writes not yet synced (about 1 s with everysec, none with always); {PARTIAL}"
         ),
         (false, false) => format!(
-            "RDB snapshots only (save \"{save}\"): a restart loads the last snapshot and loses every write since; {RESTORE} once they notice, and instances reaped since come back registered and are reaped again"
+            "RDB snapshots only (save \"{save}\"): a restart loads the last snapshot and loses every write since; {PARTIAL}"
         ),
         (false, true) => format!(
             "none (no RDB, no AOF): a restart empties Redis; {RESTORE}"
@@ -489,6 +497,10 @@ fn acl(c: &mut Connection, keys: &KeySpace, cluster: bool) -> (Status, String) {
             Ok(Value::Okay) => continue,
             Ok(Value::SimpleString(s)) if s == "OK" => continue,
             Ok(v) => redis::from_redis_value::<String>(v).unwrap_or_else(|_| "denied".into()),
+            // A timeout or a dropped connection: the later replies cannot be trusted.
+            Err(e) if e.code().is_none() => {
+                return could_not_tell(format!("ACL DRYRUN {}: {}", p.what, reason(&e)))
+            }
             // A command renamed away: "unknown command".
             Err(e) => reason(&e),
         };
@@ -702,6 +714,8 @@ fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Status, String) 
 struct Fleet {
     status: Result<FleetStatus, String>,
     records: Vec<(String, Option<InstanceInfo>)>,
+    /// Server ms the dataset token was written at (`P:{ctl}:dataset` = `<random>:<ms>`).
+    dataset_ms: Option<i64>,
 }
 
 impl Fleet {
@@ -724,7 +738,26 @@ impl Fleet {
                 records.push((i.id.clone(), info));
             }
         }
-        Fleet { status, records }
+        let dataset_ms = redis::cmd("GET")
+            .arg(keys.dataset())
+            .query::<Option<String>>(con)
+            .ok()
+            .flatten()
+            .and_then(|v| v.rsplit_once(':')?.1.parse().ok());
+        Fleet {
+            status,
+            records,
+            dataset_ms,
+        }
+    }
+
+    /// The longest lease TTL the records give, else the default.
+    fn lease_ttl(&self) -> Duration {
+        self.records
+            .iter()
+            .filter_map(|(_, r)| r.as_ref()?.timing("lease_ttl_ms"))
+            .max()
+            .unwrap_or(Timings::default().lease_ttl)
     }
 
     /// The smallest command timeout the records give.
@@ -759,8 +792,21 @@ impl Fleet {
                 ));
             }
             None => {
-                status = Status::Warn;
-                parts.push("no leader (nothing is reaped until one is elected)".into());
+                let ttl = self.lease_ttl();
+                let age = self.dataset_ms.map(|d| st.server_ms.saturating_sub(d));
+                match age {
+                    Some(age) if (0..ttl.as_millis() as i64).contains(&age) => {
+                        parts.push(format!(
+                            "no leader yet: the dataset is {} s old and no lease is granted within a lease TTL ({} s) of its creation",
+                            age / 1000,
+                            ttl.as_secs()
+                        ));
+                    }
+                    _ => {
+                        status = Status::Warn;
+                        parts.push("no leader (nothing is reaped until one is elected)".into());
+                    }
+                }
             }
         }
         parts.push(format!(

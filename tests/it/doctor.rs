@@ -3,7 +3,7 @@
 //! `CONFIG` / `INFO` / `ACL` gets "could not tell" on those checks while the rest run, a user
 //! missing `EVALSHA` fails the ACL check, Redis down exits 2; no password in any output. And
 //! the list of commands the ACL check probes (`sfu_redis::commands::COMMANDS`) holds every
-//! command a fleet, `status` and `fsck` really send.
+//! command a fleet, `status` and `fsck` really send. Sentinel and cluster URLs work.
 
 use crate::support;
 
@@ -17,6 +17,7 @@ use sfu_redis::commands::COMMANDS;
 use sfu_redis::status::fleet_status;
 use sfu_redis::{PinOutcome, Timings};
 use sfu_redis_testkit::devserver::LocalRedis;
+use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 use support::*;
 
 const STAGE: &str = "doctor";
@@ -420,4 +421,41 @@ fn every_command_a_fleet_sends_is_listed() {
         missing.is_empty(),
         "sent but not in COMMANDS: {missing:?}\n{stats}"
     );
+}
+
+// Through sentinels (a master with one replica): the topology names the master and the
+// sentinel, the replica check counts the replica. On a 3-master cluster every server check
+// runs on each master (one detail "(every master)" when they agree) and the topology lists the
+// masters and the one serving {ctl}. Both pass (exit 0).
+#[test]
+fn sentinel_and_cluster_urls_are_checked() {
+    let group = SentinelGroup::start(SentinelOptions::default()).expect("sentinel group");
+    let o = doctor(&group.url(), &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = json_of(&o);
+    let (status, topology) = get(&r, "topology");
+    assert_eq!(status, "ok", "{topology}");
+    assert!(
+        topology.starts_with("sentinel: master ") && topology.contains("\"mymaster\""),
+        "{topology}"
+    );
+    let (_, replicas) = get(&r, "replicas");
+    assert!(replicas.starts_with("1 replica(s)"), "{replicas}");
+    drop(group);
+
+    let s = Server::cluster(3, 0);
+    let o = doctor(&s.url(), &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = json_of(&o);
+    let (_, topology) = get(&r, "topology");
+    assert!(topology.starts_with("cluster: 3 master(s)"), "{topology}");
+    assert!(
+        topology.contains("control plane ({ctl}) on 127.0.0.1:"),
+        "{topology}"
+    );
+    for name in ["server_version", "maxmemory_policy", "acl"] {
+        let (status, detail) = get(&r, name);
+        assert_eq!(status, "ok", "{name}: {detail}");
+        assert!(detail.ends_with("(every master)"), "{name}: {detail}");
+    }
 }
