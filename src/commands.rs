@@ -19,7 +19,7 @@ pub enum Need {
     Degrades(&'static str),
     /// Only on a Redis Cluster (slot map, `ASK` redirections): like [`Need::Node`] there.
     Cluster,
-    /// Only the operator's tools (`status`, `fsck`), never a node.
+    /// Only the operator's tools (`status`, `fsck`, `doctor`), never a node.
     Tools,
 }
 
