@@ -129,6 +129,19 @@ impl Conn {
         }
     }
 
+    /// Runs `f` on the plain connection to each master (one server: on it), in the order of
+    /// [`Conn::cluster_masters`], and returns what `f` returned for each: for per-server
+    /// checks (`sfu-redis doctor`: version, memory policy, ACL, latency), where every master
+    /// of a cluster has its own configuration. A command `f` sends is never routed or
+    /// redirected; its errors are `f`'s to handle.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] when the connection to a master cannot be opened.
+    pub fn on_each_server<T>(&mut self, mut f: impl FnMut(&mut Connection) -> T) -> Result<Vec<T>> {
+        self.each_master(|c| Ok(f(c)))
+            .map_err(|e| Error::redis("connect to every master", e))
+    }
+
     /// Sets the read timeout of the server connection(s) this connection holds now.
     pub(crate) fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {
         match &mut self.0 {

@@ -11,6 +11,7 @@
 //! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
 //! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`);
 //!   [`audit::scan`] is one scan of it.
+//! - [`commands`]: every Redis command the library sends, for ACL checks (`sfu-redis doctor`).
 //! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
 //! - [`conn`]: the connection layer; [`conn::Redis`] is the connector (timeouts, preloaded
 //!   scripts) and [`conn::server_time_ms`] the server clock.
@@ -25,6 +26,7 @@
 
 pub mod audit;
 mod cluster;
+pub mod commands;
 pub mod config;
 pub mod conn;
 mod dial;

@@ -27,6 +27,11 @@ macro_rules! scripts {
                 vec![$(&self.$name),+]
             }
 
+            /// Every script's name (`heartbeat` for `lua/heartbeat.lua`) and source.
+            pub(crate) fn sources(&self) -> Vec<(&'static str, &'static str)> {
+                vec![$((stringify!($name), include_str!(concat!("../lua/", stringify!($name), ".lua")))),+]
+            }
+
             /// The source of the script whose SHA1 is `sha` (an `EVALSHA` turned into an
             /// `EVAL` when the script cache keeps being flushed).
             pub(crate) fn source_of(&self, sha: &[u8]) -> Option<&'static str> {

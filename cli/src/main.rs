@@ -15,6 +15,7 @@ macro_rules! out {
 
 mod churn;
 mod demo;
+mod doctor;
 mod fsck;
 mod node;
 mod status;
@@ -53,6 +54,11 @@ enum Command {
     /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1
     /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.
     Fsck(fsck::FsckArgs),
+    /// Check the Redis a fleet uses and the fleet: server version, eviction policy,
+    /// persistence, replicas, ACL, latency, topology, leader and instances. Exit 0 all good
+    /// (warnings included), 1 a check failed, 2 nothing could be checked (bad flags, Redis
+    /// unreachable, authentication refused).
+    Doctor(doctor::DoctorArgs),
     /// Run three in-process instances, crash two of them and watch the survivor clean up;
     /// checks the result and exits non-zero if a check fails. With --sentinel, through Redis
     /// Sentinel, failing the master over in between; with --cluster, on a Redis Cluster.
@@ -385,6 +391,7 @@ fn main() -> ExitCode {
         Command::Node(args) => node::run(*args),
         Command::Status(args) => status::run(args),
         Command::Fsck(args) => fsck::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -13,6 +13,7 @@ mod cluster;
 mod cluster_processes;
 mod config;
 mod demo;
+mod doctor;
 mod faults;
 mod fsck;
 mod ids;

@@ -1,0 +1,231 @@
+//! The topology and fleet checks.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use sfu_redis::conn::{Conn, Redis};
+use sfu_redis::info::InstanceInfo;
+use sfu_redis::keys::{encode_id, IdKind};
+use sfu_redis::status::{fleet_status, FleetStatus, InstanceState};
+use sfu_redis::{Config, Timings};
+
+use super::server::info;
+use super::{could_not_tell, Status};
+
+pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Status, String) {
+    let route = redis.route();
+    if con.is_cluster() {
+        let masters = con.cluster_masters();
+        let ctl = con
+            .cluster_master_of(&config.keys().leader())
+            .unwrap_or_else(|| "no master".into());
+        return (
+            Status::Ok,
+            format!(
+                "cluster: {} master(s) {}, control plane ({{ctl}}) on {ctl}, {} replica(s)",
+                masters.len(),
+                masters.join(" "),
+                con.cluster_replicas()
+            ),
+        );
+    }
+    if let Some(name) = redis.master_name() {
+        let master = route.master.unwrap_or_else(|| "?".into());
+        return match route.via {
+            Some(s) => (
+                Status::Ok,
+                format!(
+                    "sentinel: master {master} of {name:?} named by sentinel {s}, {} replica(s)",
+                    route.replicas
+                ),
+            ),
+            None => (
+                Status::Warn,
+                format!("sentinel: no sentinel answered; the last known master {master} of {name:?} was used"),
+            ),
+        };
+    }
+    let replicas = con
+        .on_each_server(|c| info(c, "replication").ok())
+        .ok()
+        .and_then(|v| v.into_iter().next().flatten());
+    match replicas {
+        Some(i) => {
+            let n = i.get("connected_slaves").cloned().unwrap_or_default();
+            let role = i.get("role").cloned().unwrap_or_default();
+            (
+                Status::Ok,
+                format!("standalone: role {role}, {n} replica(s)"),
+            )
+        }
+        None => (
+            Status::Ok,
+            format!(
+                "standalone ({} replica(s) seen at connect; INFO refused)",
+                route.replicas
+            ),
+        ),
+    }
+}
+
+/// The fleet as Redis shows it: the status and each instance's record.
+pub(super) struct Fleet {
+    status: Result<FleetStatus, String>,
+    records: Vec<(String, Option<InstanceInfo>)>,
+    /// Server ms the dataset token was written at (`P:{ctl}:dataset` = `<random>:<ms>`).
+    dataset_ms: Option<i64>,
+}
+
+impl Fleet {
+    pub(super) fn read(config: &Config, con: &mut Conn) -> Fleet {
+        let status = fleet_status(config).map_err(|e| e.to_string());
+        let keys = config.keys();
+        let mut records = Vec::new();
+        if let Ok(st) = &status {
+            for i in &st.instances {
+                let info = encode_id(IdKind::Instance, &i.id)
+                    .ok()
+                    .and_then(|w| {
+                        redis::cmd("HGETALL")
+                            .arg(keys.instance_info(&w))
+                            .query::<Vec<(String, String)>>(con)
+                            .ok()
+                    })
+                    .filter(|pairs| !pairs.is_empty())
+                    .map(|pairs| InstanceInfo::from_fields(&pairs).0);
+                records.push((i.id.clone(), info));
+            }
+        }
+        let dataset_ms = redis::cmd("GET")
+            .arg(keys.dataset())
+            .query::<Option<String>>(con)
+            .ok()
+            .flatten()
+            .and_then(|v| v.rsplit_once(':')?.1.parse().ok());
+        Fleet {
+            status,
+            records,
+            dataset_ms,
+        }
+    }
+
+    /// The longest lease TTL the records give, else the default.
+    fn lease_ttl(&self) -> Duration {
+        self.records
+            .iter()
+            .filter_map(|(_, r)| r.as_ref()?.timing("lease_ttl_ms"))
+            .max()
+            .unwrap_or(Timings::default().lease_ttl)
+    }
+
+    /// The smallest command timeout the records give.
+    pub(super) fn command_timeout(&self) -> Option<Duration> {
+        self.records
+            .iter()
+            .filter_map(|(_, r)| r.as_ref()?.command_timeout())
+            .min()
+    }
+
+    pub(super) fn judge(&self) -> (Status, String) {
+        let st = match &self.status {
+            Ok(st) => st,
+            Err(e) => return could_not_tell(e),
+        };
+        if st.instances.is_empty() {
+            return (
+                Status::Ok,
+                format!("no instance registered under {} yet", st.prefix),
+            );
+        }
+        let mut status = Status::Ok;
+        let mut parts = Vec::new();
+        let count = |s: InstanceState| st.instances.iter().filter(|i| i.state == s).count();
+        let alive = count(InstanceState::Alive);
+        match &st.leader {
+            Some(l) if st.leader_alive => parts.push(format!("leader {l} (epoch {})", st.epoch)),
+            Some(l) => {
+                status = Status::Warn;
+                parts.push(format!(
+                    "leader {l} is not heartbeating (its lease runs out on its own)"
+                ));
+            }
+            None => {
+                let ttl = self.lease_ttl();
+                let age = self.dataset_ms.map(|d| st.server_ms.saturating_sub(d));
+                match age {
+                    Some(age) if (0..ttl.as_millis() as i64).contains(&age) => {
+                        parts.push(format!(
+                            "no leader yet: the dataset is {} s old and no lease is granted within a lease TTL ({} s) of its creation",
+                            age / 1000,
+                            ttl.as_secs()
+                        ));
+                    }
+                    _ => {
+                        status = Status::Warn;
+                        parts.push("no leader (nothing is reaped until one is elected)".into());
+                    }
+                }
+            }
+        }
+        parts.push(format!(
+            "{} instance(s): {alive} alive, {} late, {} stale, {} being reaped",
+            st.instances.len(),
+            count(InstanceState::Late),
+            count(InstanceState::Stale),
+            count(InstanceState::BeingReaped)
+        ));
+        let versions: BTreeSet<String> = self
+            .records
+            .iter()
+            .filter_map(|(_, r)| r.as_ref()?.version.clone())
+            .collect();
+        let timings: BTreeSet<String> = self
+            .records
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().map(InstanceInfo::timings_summary))
+            .collect();
+        let missing = self.records.iter().filter(|(_, r)| r.is_none()).count();
+        match versions.len() {
+            0 => {}
+            1 => parts.push(format!(
+                "version {}",
+                versions.iter().next().unwrap_or(&String::new())
+            )),
+            _ => {
+                status = Status::Warn;
+                parts.push(format!(
+                    "mixed versions {}",
+                    versions.into_iter().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        match timings.len() {
+            0 => {}
+            1 => parts.push(format!(
+                "timings {}",
+                timings.iter().next().unwrap_or(&String::new())
+            )),
+            _ => {
+                status = Status::Warn;
+                parts.push(format!(
+                    "mixed timings: {}",
+                    timings.into_iter().collect::<Vec<_>>().join(" | ")
+                ));
+            }
+        }
+        if missing > 0 {
+            parts.push(format!(
+                "{missing} without an info record (an older version, or registering)"
+            ));
+        }
+        let problems =
+            st.problems.len() + st.instances.iter().map(|i| i.problems.len()).sum::<usize>();
+        if problems > 0 {
+            status = Status::Warn;
+            parts.push(format!(
+                "{problems} problem(s) in the control keys: see sfu-redis status and fsck"
+            ));
+        }
+        (status, parts.join("; "))
+    }
+}
