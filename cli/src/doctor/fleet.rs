@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use sfu_redis::conn::{Conn, Redis};
 use sfu_redis::info::InstanceInfo;
-use sfu_redis::keys::{encode_id, IdKind};
 use sfu_redis::status::{fleet_status, FleetStatus, InstanceState};
 use sfu_redis::{Config, Timings};
 
@@ -77,31 +76,20 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
-    pub(super) fn read(config: &Config, con: &mut Conn) -> Fleet {
+    /// Reads the fleet with [`fleet_status`], which also reads each instance's record and the
+    /// dataset token.
+    pub(super) fn read(config: &Config, _con: &mut Conn) -> Fleet {
         let status = fleet_status(config).map_err(|e| e.to_string());
-        let keys = config.keys();
-        let mut records = Vec::new();
-        if let Ok(st) = &status {
-            for i in &st.instances {
-                let info = encode_id(IdKind::Instance, &i.id)
-                    .ok()
-                    .and_then(|w| {
-                        redis::cmd("HGETALL")
-                            .arg(keys.instance_info(&w))
-                            .query::<Vec<(String, String)>>(con)
-                            .ok()
-                    })
-                    .filter(|pairs| !pairs.is_empty())
-                    .map(|pairs| InstanceInfo::from_fields(&pairs).0);
-                records.push((i.id.clone(), info));
-            }
-        }
-        let dataset_ms = redis::cmd("GET")
-            .arg(keys.dataset())
-            .query::<Option<String>>(con)
-            .ok()
-            .flatten()
-            .and_then(|v| v.rsplit_once(':')?.1.parse().ok());
+        let (records, dataset_ms) = match &status {
+            Ok(st) => (
+                st.instances
+                    .iter()
+                    .map(|i| (i.id.clone(), i.info.clone()))
+                    .collect(),
+                st.dataset_created_ms,
+            ),
+            Err(_) => (Vec::new(), None),
+        };
         Fleet {
             status,
             records,
@@ -168,8 +156,9 @@ impl Fleet {
             }
         }
         parts.push(format!(
-            "{} instance(s): {alive} alive, {} late, {} stale, {} being reaped",
+            "{} instance(s): {alive} alive, {} stopped, {} late, {} stale, {} being reaped",
             st.instances.len(),
+            count(InstanceState::Stopped),
             count(InstanceState::Late),
             count(InstanceState::Stale),
             count(InstanceState::BeingReaped)
