@@ -192,6 +192,7 @@ pub struct Config {
     instance_id: String,
     timings: Timings,
     reap_batch: usize,
+    metrics: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -204,6 +205,7 @@ impl std::fmt::Debug for Config {
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
+            .field("metrics", &self.metrics)
             .finish()
     }
 }
@@ -247,6 +249,7 @@ impl Config {
             instance_id: Some(self.instance_id.clone()),
             timings: self.timings,
             reap_batch: self.reap_batch,
+            metrics: self.metrics,
         }
     }
 
@@ -300,6 +303,12 @@ impl Config {
     pub fn reap_batch(&self) -> usize {
         self.reap_batch
     }
+
+    /// Whether the node records the duration histograms of its metrics
+    /// ([`ConfigBuilder::metrics`]; default true).
+    pub fn metrics(&self) -> bool {
+        self.metrics
+    }
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
@@ -318,6 +327,7 @@ pub struct ConfigBuilder {
     instance_id: Option<String>,
     timings: Timings,
     reap_batch: usize,
+    metrics: bool,
 }
 
 impl std::fmt::Debug for ConfigBuilder {
@@ -332,6 +342,7 @@ impl std::fmt::Debug for ConfigBuilder {
             .field("instance_id", &self.instance_id)
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
+            .field("metrics", &self.metrics)
             .finish()
     }
 }
@@ -349,6 +360,7 @@ impl Default for ConfigBuilder {
             instance_id: None,
             timings: Timings::default(),
             reap_batch: REAP_BATCH,
+            metrics: true,
         }
     }
 }
@@ -493,6 +505,16 @@ impl ConfigBuilder {
         self
     }
 
+    /// Whether the node records the duration histograms of its metrics (tick and reap
+    /// durations, `Node::metrics`); default true. Off, each tick and reap skips its two clock
+    /// reads and its histogram update; the counters ([`crate::Stats`]) are kept either way,
+    /// and `Node::metrics` still renders (with empty histograms). For measuring what the
+    /// recording costs (`examples/perf_report.rs`: tick with metrics on vs off).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
@@ -537,6 +559,7 @@ impl ConfigBuilder {
             instance_id,
             timings: self.timings,
             reap_batch: self.reap_batch,
+            metrics: self.metrics,
         })
     }
 }

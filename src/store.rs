@@ -129,11 +129,13 @@ impl RedisStore {
         if !leading() {
             return Err(Error::NotLeader);
         }
+        let started = std::time::Instant::now();
         let counts = sh.pool.run(&sh.redis, |c| {
             crate::reaper::reap_instance(&sh.ctx, &sh.counters, c, &dead.wire, &leading)
         })?;
         if let Some(c) = &counts {
-            sh.counters.reaped(c.rooms, c.peers);
+            sh.counters
+                .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
             sh.events.emit(Event::InstanceReaped {
                 dead: dead.raw.clone(),
                 rooms: c.rooms,
