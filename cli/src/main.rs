@@ -16,6 +16,7 @@ macro_rules! out {
 mod churn;
 mod demo;
 mod fsck;
+mod metrics;
 mod node;
 mod status;
 
