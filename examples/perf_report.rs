@@ -12,6 +12,14 @@
 //! prints one JSON object, then the goals and whether each is met. The comparisons with the
 //! baselines run unpaced (`reap_pace` 0): they time the reap's own work.
 //!
+//! Metrics cost: the tick of a node that records its metrics against the tick of one built
+//! with `ConfigBuilder::metrics(false)` (no clock reads, no histogram updates; the counters
+//! `Stats` reports are kept either way), alternating tick by tick, with `--rooms` pins and with
+//! none (`metrics_tick_ratio`, `metrics_empty_tick_ratio`: the median of each pair's on / off
+//! ratio; `*_on_ms` / `*_off_ms`: the medians), and the time
+//! one `Node::metrics()` render takes (`metrics_render_us`). `--metrics` runs only this part
+//! (one JSON object, its goals).
+//!
 //! `--reap-batch N` sets the leader's reap batch size (default 500); `--pace P` the pace of
 //! the paced big reap (default `sfu_redis::REAP_PACE`).
 //! `--pace-sweep 0,0.5,1,2` instead reaps `--latency-rooms` rooms `--runs` times at each pace,
@@ -388,6 +396,80 @@ struct Ticks {
     round_trips: u64,
 }
 
+/// The tick with metrics recorded and without (medians, alternating), with `--rooms` pins and
+/// with none, and one `Node::metrics()` render.
+struct MetricsCost {
+    tick_on: Duration,
+    tick_off: Duration,
+    /// Median of the pairs' on / off ratios.
+    tick_ratio: f64,
+    empty_on: Duration,
+    empty_off: Duration,
+    empty_ratio: f64,
+    render: Duration,
+}
+
+/// Alternates `on` and `off` ticks `n` times each (each pair in a random order): their medians
+/// and the median of each pair's on / off ratio (a pair shares the machine's load of the
+/// moment, so the ratio is steadier than the ratio of the medians).
+fn paired_ticks(on: &Node, off: &Node, n: usize) -> (Duration, Duration, f64) {
+    let time = |node: &Node| {
+        let t = Instant::now();
+        node.heartbeat_now().expect("tick");
+        t.elapsed()
+    };
+    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        if fastrand::bool() {
+            a.push(time(on));
+            b.push(time(off));
+        } else {
+            b.push(time(off));
+            a.push(time(on));
+        }
+    }
+    let mut ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| secs(*x) / secs(*y)).collect();
+    ratios.sort_by(f64::total_cmp);
+    (median_of(&a), median_of(&b), ratios[ratios.len() / 2])
+}
+
+fn measure_metrics_cost(b: &Bench, rooms: usize, runs: usize) -> MetricsCost {
+    let start = |id: &str, on: bool| {
+        let cfg = config(&b.url, id)
+            .to_builder()
+            .metrics(on)
+            .build()
+            .expect("config");
+        Node::start(cfg).expect("node")
+    };
+    let (empty_on_node, empty_off_node) = (start("empty-on", true), start("empty-off", false));
+    let (empty_on, empty_off, empty_ratio) =
+        paired_ticks(&empty_on_node, &empty_off_node, 200 * runs);
+    let (on, off) = (start("metrics-on", true), start("metrics-off", false));
+    for r in 0..rooms {
+        on.pin_room(&format!("on-r{r}")).expect("pin");
+        off.pin_room(&format!("off-r{r}")).expect("pin");
+    }
+    let (tick_on, tick_off, tick_ratio) = paired_ticks(&on, &off, 20 * runs);
+    let render = median(101, || {
+        let t = Instant::now();
+        std::hint::black_box(on.metrics());
+        t.elapsed()
+    });
+    for n in [empty_on_node, empty_off_node, on, off] {
+        n.leave().ok();
+    }
+    MetricsCost {
+        tick_on,
+        tick_off,
+        tick_ratio,
+        empty_on,
+        empty_off,
+        empty_ratio,
+        render,
+    }
+}
+
 fn measure_ticks(b: &mut Bench, rooms: usize, runs: usize) -> Ticks {
     let ticker = Node::start(config(&b.url, "ticker")).expect("ticker");
     let names: Vec<String> = (0..rooms).map(|r| format!("tick-r{r}")).collect();
@@ -463,6 +545,12 @@ fn main() {
         wait::report(&a);
         return;
     }
+    if flag("--metrics") {
+        let b = Bench::start(a.rtt_ms);
+        let m = measure_metrics_cost(&b, a.rooms, a.runs);
+        let ok = metrics_report(&a, &m);
+        std::process::exit(if ok { 0 } else { 1 });
+    }
     let mut b = Bench::start(a.rtt_ms);
     eprintln!(
         "perf_report: {} rooms x {PEERS_PER_ROOM} peers, rtt {} ms, {} runs each",
@@ -471,6 +559,7 @@ fn main() {
     let leader = fast_leader_with_batch(&b.url, a.batch);
     let reaps = measure_reaps(&mut b, &leader, a.rooms, a.runs);
     let ticks = measure_ticks(&mut b, a.rooms, a.runs);
+    let metrics = measure_metrics_cost(&b, a.rooms, a.runs);
     let direct = b.direct.clone();
     let unpaced = reap_with_pings(&leader, &mut b.fab, &direct, a.latency_rooms);
     // The same reap at the reaper's pace: a leader of its own (the first one leaves, releasing
@@ -479,7 +568,46 @@ fn main() {
     let paced_leader = fast_leader_paced(&Target::plain(&b.url), a.batch, a.pace);
     let paced = reap_with_pings(&paced_leader, &mut b.fab, &direct, a.latency_rooms);
     paced_leader.leave().ok();
-    report(&a, &reaps, &ticks, &unpaced, &paced);
+    report(&a, &reaps, &ticks, &metrics, &unpaced, &paced);
+}
+
+/// The metrics-cost fields of the report.
+fn metrics_fields(m: &MetricsCost) -> serde_json::Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let ratio = |r: f64| (r * 1000.0).round() / 1000.0;
+    json!({
+        "metrics_tick_on_ms": ms(m.tick_on),
+        "metrics_tick_off_ms": ms(m.tick_off),
+        "metrics_tick_ratio": ratio(m.tick_ratio),
+        "metrics_empty_tick_on_ms": ms(m.empty_on),
+        "metrics_empty_tick_off_ms": ms(m.empty_off),
+        "metrics_empty_tick_ratio": ratio(m.empty_ratio),
+        "metrics_render_us": (m.render.as_secs_f64() * 1e7).round() / 10.0,
+    })
+}
+
+/// The metrics-cost goals: (goal, met).
+fn metrics_goals(m: &MetricsCost) -> [(&'static str, bool); 2] {
+    [
+        ("tick with metrics <= 1.05x without", m.tick_ratio <= 1.05),
+        (
+            "empty tick with metrics <= 1.05x without",
+            m.empty_ratio <= 1.05,
+        ),
+    ]
+}
+
+/// `--metrics`: the metrics cost alone; true when its goals are met.
+fn metrics_report(a: &Args, m: &MetricsCost) -> bool {
+    let mut v = metrics_fields(m);
+    v["rooms"] = json!(a.rooms);
+    v["rtt_ms"] = json!(a.rtt_ms);
+    println!("{v}");
+    let goals = metrics_goals(m);
+    for (goal, met) in goals {
+        eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
+    }
+    goals.iter().all(|(_, met)| *met)
 }
 
 /// Prints the JSON report, then each goal and whether it is met. `unpaced` and `paced`: the
@@ -488,6 +616,7 @@ fn report(
     a: &Args,
     r: &Reaps,
     t: &Ticks,
+    m: &MetricsCost,
     unpaced: &(Duration, Vec<Duration>),
     paced: &(Duration, Vec<Duration>),
 ) {
@@ -535,6 +664,12 @@ fn report(
         "ping_p99_ms": ms(pct(0.99)),
         "ping_max_ms": ms(ping_max),
     });
+    let mut report = report;
+    if let (Some(all), serde_json::Value::Object(more)) =
+        (report.as_object_mut(), metrics_fields(m))
+    {
+        all.extend(more);
+    }
     println!("{report}");
     let loopback = a.rtt_ms == 0.0;
     let seed_goal = if loopback { 5.0 } else { 50.0 };
@@ -559,7 +694,7 @@ fn report(
             ping_max < Duration::from_millis(5),
         ),
     ];
-    for (goal, met) in goals {
+    for (goal, met) in goals.into_iter().chain(metrics_goals(m)) {
         eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
     }
 }

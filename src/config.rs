@@ -193,6 +193,7 @@ pub struct Config {
     timings: Timings,
     reap_batch: usize,
     reap_pace: Pace,
+    metrics: bool,
 }
 
 /// A validated [`ConfigBuilder::reap_pace`]: finite, so equality is total.
@@ -212,6 +213,7 @@ impl std::fmt::Debug for Config {
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
             .field("reap_pace", &self.reap_pace.0)
+            .field("metrics", &self.metrics)
             .finish()
     }
 }
@@ -258,6 +260,7 @@ impl Config {
             reap_batch: self.reap_batch,
             reap_pace: self.reap_pace.0,
             reap_pace_env: None,
+            metrics: self.metrics,
         }
     }
 
@@ -317,6 +320,12 @@ impl Config {
     pub fn reap_pace(&self) -> f64 {
         self.reap_pace.0
     }
+
+    /// Whether the node records the duration histograms of its metrics
+    /// ([`ConfigBuilder::metrics`]; default true).
+    pub fn metrics(&self) -> bool {
+        self.metrics
+    }
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] validates.
@@ -338,6 +347,7 @@ pub struct ConfigBuilder {
     reap_pace: f64,
     /// `SFU_REAP_PACE` as read by `from_env`, parsed and checked at build.
     reap_pace_env: Option<String>,
+    metrics: bool,
 }
 
 impl std::fmt::Debug for ConfigBuilder {
@@ -353,6 +363,7 @@ impl std::fmt::Debug for ConfigBuilder {
             .field("timings", &self.timings)
             .field("reap_batch", &self.reap_batch)
             .field("reap_pace", &self.reap_pace)
+            .field("metrics", &self.metrics)
             .finish()
     }
 }
@@ -372,6 +383,7 @@ impl Default for ConfigBuilder {
             reap_batch: REAP_BATCH,
             reap_pace: REAP_PACE,
             reap_pace_env: None,
+            metrics: true,
         }
     }
 }
@@ -538,6 +550,16 @@ impl ConfigBuilder {
         self
     }
 
+    /// Whether the node records the duration histograms of its metrics (tick and reap
+    /// durations, `Node::metrics`); default true. Off, each tick and reap skips its two clock
+    /// reads and its histogram update; the counters ([`crate::Stats`]) are kept either way,
+    /// and `Node::metrics` still renders (with empty histograms). For measuring what the
+    /// recording costs (`examples/perf_report.rs`: tick with metrics on vs off).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
@@ -594,6 +616,7 @@ impl ConfigBuilder {
             reap_batch: self.reap_batch,
             // `+ 0.0` turns -0 into 0.
             reap_pace: Pace(self.reap_pace + 0.0),
+            metrics: self.metrics,
         })
     }
 }

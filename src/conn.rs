@@ -80,6 +80,40 @@ pub struct Redis {
     switched_at: Mutex<Option<Instant>>,
     /// When the current master was last seen with a replica connected (reset by a switch).
     replica_seen: Mutex<Option<Instant>>,
+    /// Reconnects and script reloads of every connection made by this connector (a node's
+    /// metrics).
+    stats: Arc<ConnStats>,
+}
+
+/// What the connection layer counts for a node's metrics: connections made again after one
+/// broke, and script-cache reloads after `NOSCRIPT`. Shared by a connector and every
+/// connection it made; relaxed atomics, so counting costs no lock.
+#[derive(Debug, Default)]
+pub(crate) struct ConnStats {
+    reconnects: AtomicU64,
+    script_reloads: AtomicU64,
+}
+
+impl ConnStats {
+    /// Connections made to replace one that was dropped (an error, a timeout, a failover,
+    /// a dead idle connection), by the worker threads and the host calls' pool.
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Times the scripts were loaded again after a `NOSCRIPT` reply (the server's script
+    /// cache was flushed, or the server restarted), in a single call or a pipeline.
+    pub(crate) fn script_reloads(&self) -> u64 {
+        self.script_reloads.load(Ordering::Relaxed)
+    }
+
+    fn reconnected(&self) {
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn reloaded(&self) {
+        self.script_reloads.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 enum Target {
@@ -93,7 +127,7 @@ enum Target {
 /// slot; see the crate's cluster module). It is a [`redis::ConnectionLike`]: commands,
 /// pipelines and scripts are sent through it as through a driver connection. Timeouts are set
 /// and the scripts preloaded on every server connection it holds.
-pub struct Conn(Inner);
+pub struct Conn(Inner, Arc<ConnStats>);
 
 enum Inner {
     One(Connection),
@@ -333,6 +367,7 @@ impl Redis {
             switches: AtomicU64::new(0),
             switched_at: Mutex::new(None),
             replica_seen: Mutex::new(None),
+            stats: Arc::default(),
         })
     }
 
@@ -357,7 +392,10 @@ impl Redis {
         let (mut con, route) = match &self.target {
             Target::Cluster(c) => {
                 let con = c.connect().map_err(wrap)?;
-                return Ok((Conn(Inner::Cluster(Box::new(con))), self.master_switches()));
+                return Ok((
+                    Conn(Inner::Cluster(Box::new(con)), Arc::clone(&self.stats)),
+                    self.master_switches(),
+                ));
             }
             Target::Direct(client) => {
                 let con = self.dialer.open(client).map_err(|e| {
@@ -424,7 +462,7 @@ impl Redis {
             route.replicas = route.replicas.max(r.replicas);
         }
         let switches = self.note_route(route);
-        Ok((Conn(Inner::One(con)), switches))
+        Ok((Conn(Inner::One(con), Arc::clone(&self.stats)), switches))
     }
 
     /// Counts a master switch when this connection reached another master than the last one:
@@ -459,6 +497,11 @@ impl Redis {
         self.note_replicas(route.replicas);
         *last = route;
         self.master_switches()
+    }
+
+    /// The reconnects and script reloads of this connector's connections.
+    pub(crate) fn stats(&self) -> &ConnStats {
+        &self.stats
     }
 
     /// Records that the master listed `replicas` connected replicas (now).
@@ -575,6 +618,8 @@ impl Redis {
 pub(crate) struct Link {
     /// The connection and [`Redis::master_switches`] when it was made.
     con: Option<(Conn, u64)>,
+    /// A connection was made before: the next one is a reconnect (metrics).
+    connected_before: bool,
 }
 
 impl std::fmt::Debug for Link {
@@ -587,7 +632,10 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     pub(crate) fn new() -> Self {
-        Link { con: None }
+        Link {
+            con: None,
+            connected_before: false,
+        }
     }
 
     /// Drops the connection: the next call makes a new one.
@@ -632,7 +680,13 @@ impl Link {
         }
         let (con, made) = match &mut self.con {
             Some(c) => c,
-            None => self.con.insert(redis.connect_counted()?),
+            None => {
+                let fresh = redis.connect_counted()?;
+                if std::mem::replace(&mut self.connected_before, true) {
+                    redis.stats.reconnected();
+                }
+                self.con.insert(fresh)
+            }
         };
         let out = f(con, *made);
         if let Err(e) = &out {
@@ -671,6 +725,9 @@ pub(crate) struct Pool {
     /// made (one made before a failover is dropped).
     idle: Mutex<Vec<(Conn, Instant, u64)>>,
     max_idle: usize,
+    /// A connection was dropped (broken, dead when idle, made before a failover) since the
+    /// last connection was made: the next one made counts as a reconnect (metrics).
+    dropped: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -691,6 +748,7 @@ impl Pool {
         Pool {
             idle: Mutex::new(Vec::new()),
             max_idle,
+            dropped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -701,11 +759,12 @@ impl Pool {
             let switches = redis.master_switches();
             let taken = self.idle.lock().pop();
             let Some((mut con, since, made)) = taken else {
-                return redis.connect_counted();
+                return self.connect(redis);
             };
             if made != switches {
                 // Made before a failover: the others are older still.
                 self.idle.lock().clear();
+                self.note_dropped();
                 continue;
             }
             if since.elapsed() < PROBE_AFTER || redis::cmd("PING").query::<String>(&mut con).is_ok()
@@ -714,7 +773,21 @@ impl Pool {
             }
             // Dead (server restarted, connection closed): the others are likely dead too.
             self.idle.lock().clear();
+            self.note_dropped();
         }
+    }
+
+    /// A new connection; a reconnect (counted) if one was dropped since the last one made.
+    fn connect(&self, redis: &Redis) -> Result<(Conn, u64)> {
+        let made = redis.connect_counted()?;
+        if self.dropped.swap(false, Ordering::Relaxed) {
+            redis.stats.reconnected();
+        }
+        Ok(made)
+    }
+
+    fn note_dropped(&self) {
+        self.dropped.store(true, Ordering::Relaxed);
     }
 
     /// Runs `f` on a pooled (or new) connection; the connection goes back to the pool unless
@@ -730,7 +803,8 @@ impl Pool {
         let mut out = f(&mut con);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
             self.idle.lock().clear();
-            (con, made) = redis.connect_counted()?;
+            self.note_dropped();
+            (con, made) = self.connect(redis)?;
             out = f(&mut con);
         }
         let keep = match &out {
@@ -742,8 +816,11 @@ impl Pool {
             if idle.len() < self.max_idle {
                 idle.push((con, Instant::now(), made));
             }
-        } else if matches!(&out, Err(e) if e.is_connection_error()) {
-            self.idle.lock().clear();
+        } else {
+            self.note_dropped();
+            if matches!(&out, Err(e) if e.is_connection_error()) {
+                self.idle.lock().clear();
+            }
         }
         out
     }
@@ -889,6 +966,7 @@ pub(crate) fn exec(con: &mut Conn, pipe: &mut Pipeline) -> RedisResult<Vec<Redis
             return Ok(results);
         }
         log::info!("script cache was flushed; reloading scripts");
+        con.1.reloaded();
         reload(con)?;
         if pipe.is_transaction() || results.len() != pipe.len() {
             // Replies do not map one to one onto commands (ignored ones): send it all again
@@ -967,10 +1045,21 @@ pub(crate) fn call<T: FromRedisValue>(
     // `invoke` loads the script and retries once on NOSCRIPT; a flush landing between that
     // load and the retry is survived by sending the script's source (`EVAL`), which cannot
     // meet NOSCRIPT (a script that got NOSCRIPT did not run, so nothing runs twice).
-    match inv.invoke(con) {
+    // (`ScriptInvocation::invoke`'s steps, spelled out so that the reload is counted.)
+    let evalsha = redis::Cmd::invoke_script(inv);
+    let first = match evalsha.query(con) {
         Err(e) if is_noscript(&e) => {
-            let eval =
-                as_eval(&redis::Cmd::invoke_script(inv)).ok_or_else(|| Error::redis(op, e))?;
+            con.1.reloaded();
+            match inv.load(con) {
+                Ok(_) => evalsha.query(con),
+                Err(e) => Err(e),
+            }
+        }
+        out => out,
+    };
+    match first {
+        Err(e) if is_noscript(&e) => {
+            let eval = as_eval(&evalsha).ok_or_else(|| Error::redis(op, e))?;
             eval.query(con).map_err(|e| Error::redis(op, e))
         }
         out => out.map_err(|e| Error::redis(op, e)),

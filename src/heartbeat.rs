@@ -129,8 +129,16 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
     })
 }
 
-/// One tick: heartbeat, then refresh (or restore) every pin.
+/// One tick: heartbeat, then refresh (or restore) every pin; its duration goes to the
+/// tick-duration histogram (failed ticks too) unless metrics are off.
 pub(crate) fn tick(sh: &Shared, link: &mut Link) -> Result<()> {
+    let timer = sh.counters.start_timer();
+    let out = tick_once(sh, link);
+    sh.counters.tick_took(timer);
+    out
+}
+
+fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     // Through sentinels: an old master keeps its clients' connections (and accepts writes)
     // for a while after the sentinels promoted a replica; ask them which master it is now.
     if sh.redis.sentinels_moved() {

@@ -60,9 +60,16 @@ const HISTORY: usize = 64;
 pub(crate) struct LeaderState {
     term: Mutex<Option<Term>>,
     history: Mutex<std::collections::VecDeque<TermRecord>>,
+    /// Terms begun since the node started (the history keeps only the last [`HISTORY`]).
+    begun: std::sync::atomic::AtomicU64,
 }
 
 impl LeaderState {
+    /// Terms begun since the node started.
+    pub(crate) fn terms_begun(&self) -> u64 {
+        self.begun.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The last terms, oldest first.
     pub(crate) fn history(&self) -> Vec<TermRecord> {
         self.history.lock().iter().copied().collect()
@@ -85,6 +92,8 @@ impl LeaderState {
             });
         }
         *term = Some(t);
+        self.begun
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         events.emit(Event::LeaderAcquired { epoch: t.epoch });
     }
 

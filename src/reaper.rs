@@ -704,6 +704,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             return;
         }
     };
+    sh.counters.candidates_found(cands.len());
     sh.events.emit(Event::Candidates {
         instances: cands
             .iter()
@@ -740,7 +741,8 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
             reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading, pace)
         }) {
             Ok(Some(c)) => {
-                sh.counters.reaped(c.rooms, c.peers);
+                sh.counters
+                    .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
                 log::info!(
                     "reaped {dead}: {} rooms, {} peers, {} skipped rooms in {} ms",
                     c.rooms,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventSink};
 use crate::keys::{encode_id, IdKind, KeySpace};
 use crate::leader::LeaderState;
+use crate::metrics::{self, DurationHistogram};
 
 /// What a data-access function (rooms, peers, lease calls, reap batches) needs to know besides
 /// a connection: this instance's id in wire form, the key space and the timings. Built once
@@ -51,22 +52,82 @@ impl Ctx {
     }
 }
 
-/// Counters shared by the worker threads.
-#[derive(Debug, Default)]
+/// Counters shared by the worker threads: what [`crate::Stats`] and the metrics
+/// (`crate::metrics`) report. Relaxed atomics; the two `Mutex`es are taken once per tick or
+/// error, never on a host call.
+#[derive(Debug)]
 pub(crate) struct Counters {
     pub heartbeats: AtomicU64,
     pub heartbeat_failures: AtomicU64,
     pub redis_errors: AtomicU64,
+    /// `redis_errors` by kind (`metrics::REDIS_ERROR_KINDS`).
+    pub redis_errors_by_kind: [AtomicU64; 4],
     pub slow_ticks: AtomicU64,
     pub instances_reaped: AtomicU64,
     pub rooms_reaped: AtomicU64,
     pub peers_reaped: AtomicU64,
+    /// Rooms of reaped instances left alone (a live instance owned them by then).
+    pub skipped_rooms: AtomicU64,
+    /// Stale instances found by reap rounds (each round's list counted once).
+    pub candidates: AtomicU64,
     pub bad_data: AtomicU64,
     pub last_heartbeat: Mutex<Option<Instant>>,
     pub last_error: Mutex<Option<String>>,
+    /// Record the duration histograms (`ConfigBuilder::metrics`); the counters are kept
+    /// either way.
+    pub timed: bool,
+    /// Duration of each heartbeat tick.
+    pub tick_seconds: DurationHistogram,
+    /// Duration of each dead instance's reap.
+    pub reap_seconds: DurationHistogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters::new(true)
+    }
 }
 
 impl Counters {
+    /// Zeroed counters; `timed`: record the duration histograms too.
+    pub(crate) fn new(timed: bool) -> Self {
+        Counters {
+            heartbeats: AtomicU64::new(0),
+            heartbeat_failures: AtomicU64::new(0),
+            redis_errors: AtomicU64::new(0),
+            redis_errors_by_kind: Default::default(),
+            slow_ticks: AtomicU64::new(0),
+            instances_reaped: AtomicU64::new(0),
+            rooms_reaped: AtomicU64::new(0),
+            peers_reaped: AtomicU64::new(0),
+            skipped_rooms: AtomicU64::new(0),
+            candidates: AtomicU64::new(0),
+            bad_data: AtomicU64::new(0),
+            last_heartbeat: Mutex::new(None),
+            last_error: Mutex::new(None),
+            timed,
+            tick_seconds: DurationHistogram::new(metrics::TICK_BUCKETS),
+            reap_seconds: DurationHistogram::new(metrics::REAP_BUCKETS),
+        }
+    }
+
+    /// When timing is on: now, to pass to [`Counters::tick_took`] (no clock read when off).
+    pub(crate) fn start_timer(&self) -> Option<Instant> {
+        self.timed.then(Instant::now)
+    }
+
+    /// A heartbeat tick that began at `started` ([`Counters::start_timer`]) ended.
+    pub(crate) fn tick_took(&self, started: Option<Instant>) {
+        if let Some(t) = started {
+            self.tick_seconds.observe(t.elapsed());
+        }
+    }
+
+    /// A reap round listed `n` stale instances.
+    pub(crate) fn candidates_found(&self, n: usize) {
+        self.candidates.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// Bad data met by a worker (a key of the wrong type, a malformed record): reported, but
     /// not a Redis outage, so it does not make the leader skip reap rounds.
     pub(crate) fn bad_data(&self, e: &Error) {
@@ -93,16 +154,22 @@ impl Counters {
         self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
     }
 
-    /// One instance reaped, with the rooms and peer records it lost.
-    pub(crate) fn reaped(&self, rooms: u64, peers: u64) {
+    /// One instance reaped in `took`, with the rooms and peer records it lost and the rooms
+    /// it skipped (owned by a live instance by then).
+    pub(crate) fn reaped(&self, rooms: u64, peers: u64, skipped: u64, took: Duration) {
         self.instances_reaped.fetch_add(1, Ordering::Relaxed);
         self.rooms_reaped.fetch_add(rooms, Ordering::Relaxed);
         self.peers_reaped.fetch_add(peers, Ordering::Relaxed);
+        self.skipped_rooms.fetch_add(skipped, Ordering::Relaxed);
+        if self.timed {
+            self.reap_seconds.observe(took);
+        }
     }
 
     /// A Redis error met by a worker or a tooling call.
     pub(crate) fn redis_error(&self, e: &Error) {
         self.redis_errors.fetch_add(1, Ordering::Relaxed);
+        self.redis_errors_by_kind[metrics::redis_error_kind(e)].fetch_add(1, Ordering::Relaxed);
         *self.last_error.lock() = Some(e.to_string());
     }
 }

@@ -130,6 +130,7 @@ impl RedisStore {
         if !leading() {
             return Err(Error::NotLeader);
         }
+        let started = std::time::Instant::now();
         let pace = crate::reaper::Pace {
             ratio: sh.ctx.reap_pace,
             stop: Some(stop),
@@ -145,7 +146,8 @@ impl RedisStore {
                 e => e,
             })?;
         if let Some(c) = &counts {
-            sh.counters.reaped(c.rooms, c.peers);
+            sh.counters
+                .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
             sh.events.emit(Event::InstanceReaped {
                 dead: dead.raw.clone(),
                 rooms: c.rooms,

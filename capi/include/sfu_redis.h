@@ -709,6 +709,35 @@ SfuStatus sfu_node_is_leader(const struct SfuNode *node, bool *out_is_leader);
 SfuStatus sfu_node_stats(const struct SfuNode *node, struct SfuStats *out_stats);
 
 /**
+ * Writes the node's metrics in the Prometheus text exposition format 0.0.4 (content type
+ * `text/plain; version=0.0.4; charset=utf-8`) to `*out_text`, for a host to serve on its own
+ * `/metrics` endpoint. The string is owned by the caller: release it with `sfu_string_free`.
+ * Every name starts with `sfu_redis_`; the list is in the README ("Metrics"). Rendered now,
+ * from counters the node keeps anyway (no Redis call); works in memory-only mode and after
+ * `sfu_node_stop`.
+ *
+ * Errors: `SFU_ERR_NULL` (`*out_text` is left alone).
+ *
+ * # Safety
+ * `node` is NULL or a live node; `out_text` is NULL or valid for a write.
+ */
+SfuStatus sfu_node_metrics(const struct SfuNode *node, char **out_text);
+
+/**
+ * Writes whether the node is healthy to `*out_ok` and why to `*out_reason` (may be NULL;
+ * otherwise owned by the caller: `sfu_string_free`): healthy when the last successful
+ * heartbeat is younger than `heartbeat_ttl_ms` (always in memory-only mode), not after
+ * `sfu_node_stop`. What a host's `/healthz` should answer (200 / 503 with the reason).
+ *
+ * Errors: `SFU_ERR_NULL` (nothing is written).
+ *
+ * # Safety
+ * `node` is NULL or a live node; `out_ok` is NULL or valid for a write; `out_reason` is NULL
+ * or valid for a write.
+ */
+SfuStatus sfu_node_health(const struct SfuNode *node, bool *out_ok, char **out_reason);
+
+/**
  * Releases the strings `stats` owns and zeroes it. NULL and a zeroed struct are no-ops.
  *
  * # Safety

@@ -250,6 +250,13 @@ struct Stats {
     std::uint64_t events_dropped = 0;
 };
 
+/// Whether a node is healthy (Node::health): what a host's /healthz answers, 200 when ok,
+/// 503 otherwise, with the reason as body.
+struct Health {
+    bool ok = false;
+    std::string reason;
+};
+
 /// Receives every event on the library's event thread (see Node::on_event).
 using EventHandler = std::function<void(const Event &)>;
 
@@ -394,6 +401,23 @@ public:
         out.events_dropped = s.events_dropped;
         sfu_stats_clear(&s);
         return out;
+    }
+
+    /// The node's metrics in the Prometheus text format 0.0.4 (serve it with the content type
+    /// "text/plain; version=0.0.4; charset=utf-8" on the host's own /metrics endpoint).
+    std::string metrics() const {
+        char *s = nullptr;
+        detail::check(sfu_node_metrics(node_, &s));
+        return detail::take(s).value_or(std::string());
+    }
+
+    /// Healthy when the last successful heartbeat is younger than the heartbeat TTL (always in
+    /// memory-only mode; never after stop()).
+    Health health() const {
+        bool ok = false;
+        char *reason = nullptr;
+        detail::check(sfu_node_health(node_, &ok, &reason));
+        return Health{ok, detail::take(reason).value_or(std::string())};
     }
 
     /// Emits the Ready event (call once the start-up pins and peers are written).

@@ -462,6 +462,64 @@ pub unsafe extern "C" fn sfu_node_stats(
     })
 }
 
+/// Writes the node's metrics in the Prometheus text exposition format 0.0.4 (content type
+/// `text/plain; version=0.0.4; charset=utf-8`) to `*out_text`, for a host to serve on its own
+/// `/metrics` endpoint. The string is owned by the caller: release it with `sfu_string_free`.
+/// Every name starts with `sfu_redis_`; the list is in the README ("Metrics"). Rendered now,
+/// from counters the node keeps anyway (no Redis call); works in memory-only mode and after
+/// `sfu_node_stop`.
+///
+/// Errors: `SFU_ERR_NULL` (`*out_text` is left alone).
+///
+/// # Safety
+/// `node` is NULL or a live node; `out_text` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_node_metrics(
+    node: *const SfuNode,
+    out_text: *mut *mut c_char,
+) -> SfuStatus {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let n = unsafe { node_ref(node)? };
+        not_null(out_text, "out_text")?;
+        let text = owned_c_string(&n.node.metrics());
+        // SAFETY: checked non-NULL; valid for writes per the contract.
+        unsafe { out_text.write(text) };
+        Ok(())
+    })
+}
+
+/// Writes whether the node is healthy to `*out_ok` and why to `*out_reason` (may be NULL;
+/// otherwise owned by the caller: `sfu_string_free`): healthy when the last successful
+/// heartbeat is younger than `heartbeat_ttl_ms` (always in memory-only mode), not after
+/// `sfu_node_stop`. What a host's `/healthz` should answer (200 / 503 with the reason).
+///
+/// Errors: `SFU_ERR_NULL` (nothing is written).
+///
+/// # Safety
+/// `node` is NULL or a live node; `out_ok` is NULL or valid for a write; `out_reason` is NULL
+/// or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn sfu_node_health(
+    node: *const SfuNode,
+    out_ok: *mut bool,
+    out_reason: *mut *mut c_char,
+) -> SfuStatus {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let n = unsafe { node_ref(node)? };
+        not_null(out_ok, "out_ok")?;
+        let health = n.node.health();
+        // SAFETY: checked non-NULL; valid for writes per the contract.
+        unsafe { out_ok.write(health.ok) };
+        if !out_reason.is_null() {
+            // SAFETY: non-NULL; valid for writes per the contract.
+            unsafe { out_reason.write(owned_c_string(&health.reason)) };
+        }
+        Ok(())
+    })
+}
+
 /// Releases the strings `stats` owns and zeroes it. NULL and a zeroed struct are no-ops.
 ///
 /// # Safety

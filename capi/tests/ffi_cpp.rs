@@ -246,6 +246,7 @@ fn example_host_under_valgrind() {
         "{}",
         r.describe()
     );
+    assert_metrics_agree_with_stats(&r);
     assert_memcheck_clean("sfu_host (Redis, callback)", &r);
 
     // Memory-only, polling for events, leaving at the end.
@@ -266,6 +267,44 @@ fn example_host_under_valgrind() {
         r.describe()
     );
     assert_memcheck_clean("sfu_host (memory-only, polling)", &r);
+}
+
+/// The host printed `health ok` and `metrics sfu_redis_rooms N` / `metrics sfu_redis_peers
+/// N` lines (from `Node::metrics()`, the C API's text) that agree with its `stats` line.
+fn assert_metrics_agree_with_stats(r: &ffi_support::Run) {
+    let out = r.stdout();
+    let stat = |key: &str| {
+        out.lines()
+            .find(|l| l.contains("stats "))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(key)))
+            .map(str::to_owned)
+    };
+    let metric = |name: &str| {
+        out.lines()
+            .find_map(|l| {
+                l.split_once(&format!("metrics {name} "))
+                    .map(|(_, v)| v.trim())
+            })
+            .map(str::to_owned)
+    };
+    assert!(
+        out.contains("health ok: last heartbeat"),
+        "{}",
+        r.describe()
+    );
+    assert!(stat("rooms=").is_some(), "{}", r.describe());
+    assert_eq!(
+        metric("sfu_redis_rooms"),
+        stat("rooms="),
+        "{}",
+        r.describe()
+    );
+    assert_eq!(
+        metric("sfu_redis_peers"),
+        stat("peers="),
+        "{}",
+        r.describe()
+    );
 }
 
 #[test]

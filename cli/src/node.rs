@@ -12,6 +12,7 @@ use sfu_redis::keys::{encode_id, IdKind};
 use sfu_redis::{redact_url, Event, Node, PinOutcome, Timings};
 
 use crate::churn::{self, ChurnPlan};
+use crate::metrics::{self, MetricsServer};
 use crate::{
     event_fields, parse_factor, scaled, signal_channel, signalled, with_place, Failure, RedisArgs,
 };
@@ -60,6 +61,12 @@ pub(crate) struct NodeArgs {
     /// them once the instance is seen dead, or a restart with the same id clears them.
     #[arg(long)]
     leave_on_exit: bool,
+    /// Serve GET /metrics (Prometheus text format, OpenMetrics when asked) and GET /healthz
+    /// (200 when the last heartbeat succeeded within the heartbeat TTL, 503 otherwise, the
+    /// reason as body) on this address, e.g. 127.0.0.1:9464; port 0 picks a free port (the
+    /// address is printed on stderr). No TLS, no authentication: bind it to a private address.
+    #[arg(long, env = "SFU_METRICS_ADDR", value_name = "HOST:PORT", value_parser = metrics::parse_addr)]
+    metrics_addr: Option<String>,
     /// For the chaos test only (hidden, not a public contract): after `ready`, keep pinning,
     /// closing, upserting (guest reconnects with new peer ids) and removing over this pool of
     /// rooms shared by the fleet (`churn.rs`); counts as `churn_summary` JSON lines.
@@ -259,6 +266,12 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     let config = builder.build().map_err(|e| Failure::config(&e))?;
     let plan = plan(&args.rooms, args.peers_per_room)?;
     let churn = ChurnPlan::new(&args.churn_rooms, args.churn_for_ms, args.churn_seed)?;
+    // Bound before the node starts: a bad address fails at once, registering nothing.
+    let metrics = args
+        .metrics_addr
+        .as_deref()
+        .map(MetricsServer::bind)
+        .transpose()?;
     // Installed first, so a signal during start-up still ends in a graceful shutdown.
     let signal = signal_channel()?;
     let mut printer = Printer {
@@ -289,6 +302,14 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
             node.instance_id()
         );
     }
+    if let Some(m) = &metrics {
+        // On stderr even with --json (stdout carries only events): with port 0 it is the only
+        // way to learn the port.
+        eprintln!(
+            "sfu-redis: serving http://{}/metrics and /healthz",
+            m.addr()
+        );
+    }
     let stop = |node: &Node| {
         if args.leave_on_exit {
             node.leave()
@@ -311,6 +332,14 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
         let _ = std::thread::Builder::new()
             .name("churn".into())
             .spawn_scoped(scope, move || churn::run(node, churn, json, &signal2));
+        if let Some(m) = &metrics {
+            if let Err(e) = std::thread::Builder::new()
+                .name("sfu-metrics".into())
+                .spawn_scoped(scope, move || m.serve(node))
+            {
+                log::error!("cannot start the metrics thread: {e}; /metrics is not served");
+            }
+        }
         loop {
             select! {
                 recv(events) -> event => match event {
@@ -320,6 +349,10 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
                 // Disconnected when SIGINT/SIGTERM arrives (the churn thread sees it too).
                 recv(signal) -> _ => break,
             }
+        }
+        // The metrics thread ends with the node's run (the scope joins it).
+        if let Some(m) = &metrics {
+            m.stop();
         }
     });
     let shut = if args.leave_on_exit {

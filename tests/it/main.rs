@@ -20,6 +20,7 @@ mod ids;
 mod keys_prop;
 mod lease;
 mod memory;
+mod metrics;
 mod peers;
 mod prefix;
 mod reap_pace;

@@ -315,6 +315,16 @@ int run(const Options &o) {
     auto stats = node.stats();
     say("stats " + stats.instance_id + " rooms=" + std::to_string(stats.rooms) + " peers=" + std::to_string(stats.peers) +
         " leader=" + (stats.is_leader ? "1" : "0") + " reaped=" + std::to_string(stats.instances_reaped));
+    // What a host's own /metrics and /healthz endpoints would serve.
+    const auto health = node.health();
+    say(std::string("health ") + (health.ok ? "ok" : "FAILED") + ": " + health.reason);
+    const std::string exposition = node.metrics();
+    std::istringstream lines(exposition);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("sfu_redis_rooms ", 0) == 0 || line.rfind("sfu_redis_peers ", 0) == 0) {
+            say("metrics " + line);
+        }
+    }
     if (o.leave) {
         node.leave();
     } else {

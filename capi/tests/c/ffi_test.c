@@ -510,6 +510,38 @@ static void exercise_node(SfuNode *node, SfuNode *other, const char *me, int red
     CHECK(st.instance_id == NULL && st.rooms == 0);
     sfu_stats_clear(&st);
 
+    /* metrics: the Prometheus text format, owned by the caller */
+    s = BAD_PTR;
+    EXPECT(sfu_node_metrics(NULL, &s), SFU_ERR_NULL);
+    EXPECT(sfu_node_metrics(node, NULL), SFU_ERR_NULL);
+    MESSAGE_HAS("out_text");
+    CHECK(s == BAD_PTR);
+    EXPECT(sfu_node_metrics(node, &s), SFU_OK);
+    CHECK(s && strstr(s, "# TYPE sfu_redis_rooms gauge\nsfu_redis_rooms 2\n") != NULL);
+    CHECK(s && strstr(s, "\nsfu_redis_peers 1\n") != NULL);
+    CHECK(s && strstr(s, redis ? "mode=\"redis\"" : "mode=\"memory\"") != NULL);
+    CHECK(s && strstr(s, "\nsfu_redis_healthy 1\n") != NULL);
+    if (redis) {
+        /* the registration counts as a heartbeat */
+        CHECK(s && strstr(s, "\nsfu_redis_heartbeats_total ") != NULL);
+        CHECK(s && strstr(s, "\nsfu_redis_heartbeats_total 0\n") == NULL);
+    }
+    sfu_string_free(s);
+
+    /* health */
+    s = BAD_PTR;
+    flag = false;
+    EXPECT(sfu_node_health(NULL, &flag, &s), SFU_ERR_NULL);
+    EXPECT(sfu_node_health(node, NULL, &s), SFU_ERR_NULL);
+    CHECK(s == BAD_PTR && flag == false);
+    EXPECT(sfu_node_health(node, &flag, NULL), SFU_OK);
+    CHECK(flag == true);
+    flag = false;
+    EXPECT(sfu_node_health(node, &flag, &s), SFU_OK);
+    CHECK(flag == true);
+    CHECK(s && s != BAD_PTR && strstr(s, redis ? "last heartbeat" : "memory-only") != NULL);
+    sfu_string_free(s);
+
     /* events by polling */
     SfuEvent ev;
     memset(&ev, 0, sizeof ev);
@@ -622,6 +654,16 @@ static void exercise_stop(SfuNode *node) {
     memset(&st, 0, sizeof st);
     EXPECT(sfu_node_stats(node, &st), SFU_OK);
     sfu_stats_clear(&st);
+    /* a stopped node: unhealthy, its metrics still rendered */
+    leader = true;
+    s = NULL;
+    EXPECT(sfu_node_health(node, &leader, &s), SFU_OK);
+    CHECK(leader == false && s && strcmp(s, "stopped") == 0);
+    sfu_string_free(s);
+    s = NULL;
+    EXPECT(sfu_node_metrics(node, &s), SFU_OK);
+    CHECK(s && strstr(s, "\nsfu_redis_healthy 0\n") != NULL);
+    sfu_string_free(s);
     int stopped = 0;
     SfuStatus rc = SFU_OK;
     for (int i = 0; i < 100 && rc == SFU_OK && !stopped; i++) {
