@@ -142,7 +142,7 @@ fn subscribe_once(config: &Config, ring: &Mutex<Ring>, stop: &AtomicBool) -> Res
             }
             while !stop.load(Ordering::Relaxed) {
                 match sub.get_message() {
-                    Ok(msg) => push(ring, &msg.get_payload_bytes().to_vec()),
+                    Ok(msg) => push(ring, msg.get_payload_bytes()),
                     Err(e) if e.is_timeout() => {}
                     Err(e) => return Err(format!("events channel {channel} lost: {e}")),
                 }

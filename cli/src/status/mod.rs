@@ -391,3 +391,27 @@ pub(crate) fn print_table(out: &mut impl Write, st: &FleetStatus) -> std::io::Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_civil_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        // 2000-02-29 (a leap day of a century leap year) 12:34:56.789.
+        assert_eq!(utc(951_827_696_789), "2000-02-29 12:34:56 UTC");
+        assert_eq!(utc(4_102_444_799_000), "2099-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn serve_addresses() {
+        use serve::parse_addr;
+        assert_eq!(parse_addr("8080").unwrap().to_string(), "127.0.0.1:8080");
+        assert_eq!(parse_addr("0.0.0.0:81").unwrap().to_string(), "0.0.0.0:81");
+        assert_eq!(parse_addr("[::1]:82").unwrap().to_string(), "[::1]:82");
+        assert!(parse_addr("65536").unwrap_err().contains("0 to 65535"));
+        assert!(parse_addr("").unwrap_err().contains("HOST:PORT"));
+        assert!(parse_addr("localhost").unwrap_err().contains("HOST:PORT"));
+    }
+}
