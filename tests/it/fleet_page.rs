@@ -427,12 +427,21 @@ fn redis_going_away_shows_unreachable_and_the_server_keeps_answering() {
         d.contains("class=\"shown\">Redis unreachable since ")
     });
     assert!(!d.contains(SECRET), "password on the page");
+    let ev = wait_for(LONG, "the events subscriber disconnected", || {
+        let ev = status_json(&page.addr)["recent_events"].clone();
+        (ev["subscribed_since_ms"].is_null() && ev["error"].is_string()).then_some(ev)
+    });
+    assert!(!ev.to_string().contains(SECRET), "{ev}");
 
     s.redis_mut().start_again().expect("restart redis-server");
     set_password(&s);
     wait_for(LONG, "the page live again", || {
         let st = status_json(&page.addr);
         (st["error"].is_null() && st["prefix"] == "sfu:pagedown:main").then_some(())
+    });
+    wait_for(LONG, "the events channel subscribed again", || {
+        let ev = status_json(&page.addr)["recent_events"].clone();
+        (ev["subscribed_since_ms"].is_number() && ev["error"].is_null()).then_some(())
     });
 }
 
@@ -507,6 +516,51 @@ fn watch_repeats_the_table_on_a_pipe_and_survives_redis_going_away() {
         child.try_wait().unwrap().is_none(),
         "the watch is still running"
     );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+// `status --watch` on a terminal (a pseudo-terminal from util-linux's `script`): each redraw
+// clears the screen and moves home first. Fails if the terminal gets the pipe format.
+#[test]
+fn watch_on_a_terminal_clears_and_redraws() {
+    let s = Server::start();
+    let cmd = format!(
+        "'{}' status --watch --stage termwatch --redis-url '{}'",
+        cli_bin().display(),
+        s.url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run script(1) (util-linux) for a pseudo-terminal");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let clear = "\x1b[H\x1b[2J";
+    let mut out = String::new();
+    let deadline = Instant::now() + LONG;
+    while out.matches(clear).count() < 3 || !out.contains("prefix     sfu:termwatch:main") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(b) => out.push_str(&String::from_utf8_lossy(&b)),
+            Err(_) => panic!("no three redraws on the terminal: {out:?}"),
+        }
+    }
+    // Every frame starts with the clear sequence.
+    for frame in out.split(clear).skip(1) {
+        assert!(frame.starts_with("prefix "), "frame: {frame:?}");
+    }
     let _ = child.kill();
     let _ = child.wait();
 }
