@@ -38,7 +38,7 @@ pub(crate) struct FsckArgs {
 /// heartbeat interval plus command timeout among the instances' records plus 1 s, whichever is
 /// longer (a `forgotten_room` needs its owner to have had a full interval to re-pin between
 /// the scans). A fleet that cannot be read gets the default (the audit then says why).
-fn fleet_settle(config: &sfu_redis::Config) -> Duration {
+pub(crate) fn fleet_settle(config: &sfu_redis::Config) -> Duration {
     let Ok(st) = sfu_redis::status::fleet_status(config) else {
         return DEFAULT_SETTLE;
     };

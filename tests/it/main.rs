@@ -15,6 +15,7 @@ mod config;
 mod demo;
 mod doctor;
 mod faults;
+mod fleet_page;
 mod fsck;
 mod ids;
 mod keys_prop;

@@ -1,4 +1,10 @@
-//! `sfu-redis status`: the fleet of one prefix as Redis sees it.
+//! `sfu-redis status`: the fleet of one prefix as Redis sees it, once (a table or `--json`),
+//! every second on a terminal (`--watch`, [`watch`]) or as a live web page (`--serve`,
+//! [`serve`]).
+
+mod events;
+mod serve;
+mod watch;
 
 use std::io::Write;
 use std::time::Duration;
@@ -22,8 +28,19 @@ pub(crate) struct StatusArgs {
     #[arg(long, value_name = "FACTOR", value_parser = parse_factor)]
     stale_factor: Option<f64>,
     /// Print one JSON object instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["watch", "serve"])]
     json: bool,
+    /// Redraw the table every second until interrupted (on a terminal: clear and redraw;
+    /// otherwise one table per second, separated by a blank line, no escape codes). Redis
+    /// going away is shown as "Redis unreachable since ..." and the watch goes on.
+    #[arg(long, conflicts_with = "serve")]
+    watch: bool,
+    /// Serve the live fleet page on HOST:PORT (a bare PORT binds 127.0.0.1; port 0 picks a
+    /// free one): `/` is the page (refreshed every second), `/status.json` the data of
+    /// --json plus the recent events of the prefix's events channel, `/fsck.json` a
+    /// report-only audit (POST starts one, GET shows the last). Runs until interrupted.
+    #[arg(long, value_name = "HOST:PORT")]
+    serve: Option<String>,
 }
 
 /// Parses `--heartbeat-ttl-ms`: at least 3 ms (the interval is derived as a third of it).
@@ -35,7 +52,23 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
     }
 }
 
-pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
+/// What every mode of `status` reads with: the configuration, the caller's stale-threshold
+/// override (if any) and the Redis URL (as given; shown only through `redact_url`).
+pub(crate) struct Source {
+    pub config: sfu_redis::Config,
+    pub stale_override: Option<Duration>,
+    pub url: String,
+}
+
+impl Source {
+    /// One read of the fleet; the error names the URL without its password.
+    pub fn read(&self) -> Result<FleetStatus, String> {
+        fleet_status_with_stale(&self.config, self.stale_override)
+            .map_err(|e| with_place("cannot read the fleet status", Some(&self.url), &e))
+    }
+}
+
+fn source(args: &StatusArgs) -> Result<Source, Failure> {
     // Each instance is judged with the timings of its own record; the flags override them
     // for every instance (an operator who knows better, or instances without a record).
     let mut override_ms: Option<Duration> = None;
@@ -58,13 +91,27 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
         .timings(timings)
         .build()
         .map_err(|e| Failure::config(&e))?;
-    let Some(url) = config.redis_url() else {
+    let Some(url) = config.redis_url().map(str::to_owned) else {
         return Err(Failure::usage(
             "status reads the fleet from Redis: pass --redis-url or set REDIS_URL (memory-only mode has no fleet)",
         ));
     };
-    let status = fleet_status_with_stale(&config, override_ms)
-        .map_err(|e| Failure::runtime(with_place("cannot read the fleet status", Some(url), &e)))?;
+    Ok(Source {
+        config,
+        stale_override: override_ms,
+        url,
+    })
+}
+
+pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
+    let src = source(&args)?;
+    if let Some(addr) = &args.serve {
+        return serve::run(src, addr);
+    }
+    if args.watch {
+        return watch::run(&src);
+    }
+    let status = src.read().map_err(Failure::runtime)?;
     let mut out = std::io::stdout().lock();
     let written = if args.json {
         writeln!(out, "{}", status.to_json())
@@ -74,6 +121,62 @@ pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
     written
         .and_then(|()| out.flush())
         .map_err(|e| Failure::runtime(format!("cannot write to stdout: {e}")))
+}
+
+/// Milliseconds since the Unix epoch on this host's clock (0 if the clock is before 1970).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (for "Redis unreachable since ...").
+pub(crate) fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Since when Redis has been unreachable, and why (the last error): kept by the repeating
+/// modes, which go on through an outage.
+#[derive(Debug, Default)]
+pub(crate) struct Outage {
+    since_ms: Option<i64>,
+}
+
+impl Outage {
+    /// Records a read: `Ok` ends an outage; `Err` starts one (or continues it) and returns the
+    /// message to show: `Redis unreachable since <UTC time>: <error>`.
+    pub fn note<T>(&mut self, read: &Result<T, String>) -> Option<(i64, String)> {
+        match read {
+            Ok(_) => {
+                self.since_ms = None;
+                None
+            }
+            Err(e) => {
+                let since = *self.since_ms.get_or_insert_with(now_ms);
+                Some((
+                    since,
+                    format!("Redis unreachable since {}: {e}", utc(since)),
+                ))
+            }
+        }
+    }
 }
 
 /// A duration in ms for people: `850 ms`, `12.3 s`, `4 min 10 s`, `3 h 02 min`, `2 d 05 h`.
@@ -287,4 +390,28 @@ pub(crate) fn print_table(out: &mut impl Write, st: &FleetStatus) -> std::io::Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_civil_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        // 2000-02-29 (a leap day of a century leap year) 12:34:56.789.
+        assert_eq!(utc(951_827_696_789), "2000-02-29 12:34:56 UTC");
+        assert_eq!(utc(4_102_444_799_000), "2099-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn serve_addresses() {
+        use serve::parse_addr;
+        assert_eq!(parse_addr("8080").unwrap().to_string(), "127.0.0.1:8080");
+        assert_eq!(parse_addr("0.0.0.0:81").unwrap().to_string(), "0.0.0.0:81");
+        assert_eq!(parse_addr("[::1]:82").unwrap().to_string(), "[::1]:82");
+        assert!(parse_addr("65536").unwrap_err().contains("0 to 65535"));
+        assert!(parse_addr("").unwrap_err().contains("HOST:PORT"));
+        assert!(parse_addr("localhost").unwrap_err().contains("HOST:PORT"));
+    }
 }

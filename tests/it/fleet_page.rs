@@ -1,0 +1,566 @@
+//! `sfu-redis status --serve` (the live fleet page) and `status --watch`, end to end: node
+//! processes on a private redis-server, the page loaded in Debian's headless `chromium`
+//! (`--dump-dom` after the page's script ran), its DOM asserted; the JSON endpoints over plain
+//! HTTP; bad input (a port in use, Redis going away) and no password anywhere.
+//!
+//! The browser: `chromium` on the PATH (or the `CHROMIUM` variable); `.ci/run` installs the
+//! Debian packages `chromium` and `chromium-driver` when missing. A missing browser fails the
+//! test (it is never skipped). `SFU_FLEET_PAGE_SCREENSHOT=docs/fleet-page.png` keeps the
+//! screenshot the page test takes (README "Fleet page"); without it the screenshot goes to a
+//! temporary directory and is only checked to be a PNG.
+
+use crate::support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::procs::{cli_bin, Spawn};
+use support::*;
+
+/// Fast timings (as `procs::FAST`) but a two-phase delay of 15 s: a killed instance stays
+/// `stale` long enough for a browser poll (a chromium start takes seconds on a loaded
+/// machine) to see it before the leader reaps it.
+const SLOW_REAP: [&str; 14] = [
+    "--heartbeat-interval-ms",
+    "200",
+    "--heartbeat-ttl-ms",
+    "600",
+    "--lease-ttl-ms",
+    "1800",
+    "--lease-refresh-ms",
+    "600",
+    "--two-phase-delay-ms",
+    "15000",
+    "--reap-interval-ms",
+    "300",
+    "--command-timeout-ms",
+    "400",
+];
+
+/// A `status --serve` process; killed on drop.
+struct Serve {
+    child: Child,
+    /// `http://127.0.0.1:<port>` (no trailing slash).
+    base: String,
+    addr: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `sfu-redis status --serve 127.0.0.1:0` (a free port) and waits for the line that
+/// gives its address.
+fn serve(url: &str, stage: &str) -> Serve {
+    let mut child = Command::new(cli_bin())
+        .args(["status", "--serve", "127.0.0.1:0", "--stage", stage])
+        .args(["--redis-url", url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn sfu-redis status --serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(LONG)
+        .expect("status --serve printed its address");
+    assert!(
+        line.starts_with(&format!(
+            "serving the fleet page of sfu:{stage}:main on http://"
+        )),
+        "{line}"
+    );
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("an http:// address")
+        .trim_end_matches('/')
+        .to_owned();
+    let addr = base.trim_start_matches("http://").to_owned();
+    Serve { child, base, addr }
+}
+
+/// One HTTP/1.0 request: `(status code, body)`.
+fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    s.set_read_timeout(Some(LONG)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read the response");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("a header block");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head}"));
+    (code, body.to_owned())
+}
+
+fn status_json(addr: &str) -> Value {
+    let (code, body) = http(addr, "GET", "/status.json");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status.json is not JSON ({e}): {body}"))
+}
+
+fn chromium() -> PathBuf {
+    if let Some(p) = std::env::var_os("CHROMIUM") {
+        return p.into();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .flat_map(|d| [d.join("chromium"), d.join("chromium-browser")])
+        .find(|p| p.is_file())
+        .expect(
+            "no chromium on the PATH: install Debian's chromium and chromium-driver (.ci/run does), or set CHROMIUM",
+        )
+}
+
+/// Runs headless chromium on `url` with `args` (a fresh profile each time), killed after
+/// `LONG`; returns its stdout.
+fn browse(url: &str, args: &[&str]) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let profile = std::env::temp_dir().join(format!(
+        "sfu-page-chromium-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let out_file = profile.with_extension("out");
+    let mut child = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+            // The page's first fetch completes within this much virtual time.
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(std::fs::File::create(&out_file).expect("chromium output file"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromium");
+    let deadline = Instant::now() + LONG;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for chromium") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish within {LONG:?} on {url}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_file);
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(status.success(), "chromium failed ({status}) on {url}");
+    out
+}
+
+/// The DOM of the page after its script drew it.
+fn dom(base: &str) -> String {
+    browse(&format!("{base}/"), &["--dump-dom"])
+}
+
+/// `(instance, state)` of every instance row of a dumped DOM, in page order.
+fn rows(dom: &str) -> Vec<(String, String)> {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let start = tag.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = tag[start..].find('"')? + start;
+        Some(tag[start..end].to_owned())
+    };
+    dom.split("<tr ")
+        .skip(1)
+        .filter_map(|t| {
+            let tag = &t[..t.find('>')?];
+            Some((attr(tag, "data-instance")?, attr(tag, "data-state")?))
+        })
+        .collect()
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// Polls the page in the browser until `pred` holds on its DOM (a deadline of 3 x `LONG`:
+/// each poll starts a browser).
+fn wait_dom(base: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + 3 * LONG;
+    loop {
+        let d = dom(base);
+        if pred(&d) {
+            return d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never showed {what}; last rows {:?}, DOM:\n{d}",
+            rows(&d)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+// The issue's page scenario: three node processes; the page lists each with state alive;
+// a node killed with SIGKILL turns stale on the page, then its row disappears after the
+// leader reaps it (and the reap shows among the recent events). A report-only fsck started
+// from the page's endpoint shows its summary. Fails if the page drew no rows, the wrong states,
+// kept a reaped instance or never showed it stale.
+#[test]
+fn page_lists_every_instance_and_a_killed_one_turns_stale_then_goes() {
+    let s = Server::start();
+    let url = s.url();
+    let stage = "page";
+    let (tx, _rx) = mpsc::channel();
+    let mut nodes: Vec<_> = [("a", ["ra"]), ("b", ["rb"]), ("c", ["rc"])]
+        .iter()
+        .map(|(id, rooms)| {
+            let mut sp = Spawn::new(&url, stage, id, rooms);
+            sp.extra = &SLOW_REAP;
+            sp.run(tx.clone())
+        })
+        .collect();
+    let page = serve(&url, stage);
+    let leader = wait_for(LONG, "three alive instances and a leader", || {
+        let st = status_json(&page.addr);
+        let alive = st["instances"]
+            .as_array()?
+            .iter()
+            .filter(|i| i["state"] == "alive")
+            .count();
+        (alive == 3).then(|| st["leader"].as_str().map(str::to_owned))?
+    });
+    let all_alive = pairs(&[("a", "alive"), ("b", "alive"), ("c", "alive")]);
+    let d = wait_dom(&page.base, "three alive rows", |d| rows(d) == all_alive);
+    assert!(d.contains(&format!(">{leader}<")), "leader {leader} shown");
+
+    // A report-only fsck from the page's endpoint; a second request while it runs is busy.
+    let (code, body) = http(&page.addr, "POST", "/fsck.json");
+    assert_eq!(code, 202, "{body}");
+    let (code, body) = http(&page.addr, "POST", "/fsck.json");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("already running"), "{body}");
+    let fsck = wait_for(LONG, "the fsck result", || {
+        let (_, body) = http(&page.addr, "GET", "/fsck.json");
+        let v: Value = serde_json::from_str(&body).expect("fsck.json is JSON");
+        (v["running"] == false).then_some(v)
+    });
+    assert_eq!(fsck["error"], Value::Null, "{fsck}");
+    assert_eq!(fsck["report"]["clean"], true, "{fsck}");
+
+    let victim_pos = nodes
+        .iter()
+        .position(|n| n.id != leader)
+        .expect("a node that is not the leader");
+    let victim = nodes[victim_pos].id.clone();
+    nodes[victim_pos].kill9();
+    let expect_stale: Vec<(String, String)> = all_alive
+        .iter()
+        .map(|(i, st)| {
+            let st = if *i == victim { "stale" } else { st.as_str() };
+            (i.clone(), st.to_owned())
+        })
+        .collect();
+    let d = wait_dom(&page.base, &format!("{victim} stale"), |d| {
+        rows(d) == expect_stale
+    });
+    assert!(d.contains("clean: no problems"), "fsck summary on the page");
+
+    // The screenshot, while one row is stale.
+    let shot = std::env::var_os("SFU_FLEET_PAGE_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("sfu-fleet-page-{}.png", std::process::id()))
+        });
+    let shot = if shot.is_relative() {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(shot)
+    } else {
+        shot
+    };
+    browse(
+        &format!("{}/", page.base),
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1200,640",
+        ],
+    );
+    let png = std::fs::read(&shot).expect("the screenshot file");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "{} is a PNG",
+        shot.display()
+    );
+    if std::env::var_os("SFU_FLEET_PAGE_SCREENSHOT").is_none() {
+        let _ = std::fs::remove_file(&shot);
+    }
+
+    let survivors: Vec<(String, String)> = all_alive
+        .into_iter()
+        .filter(|(i, _)| *i != victim)
+        .collect();
+    let d = wait_dom(&page.base, &format!("{victim} reaped and gone"), |d| {
+        rows(d) == survivors && d.contains("data-event=\"instance_reaped\"")
+    });
+    assert!(
+        d.contains(&format!("\"dead\":\"{victim}\"")),
+        "the reap event names {victim}"
+    );
+    let st = status_json(&page.addr);
+    let reaps: Vec<&Value> = st["recent_events"]["events"]
+        .as_array()
+        .expect("recent_events.events")
+        .iter()
+        .filter(|e| e["event"] == "instance_reaped")
+        .collect();
+    assert_eq!(reaps.len(), 1, "{st}");
+    assert_eq!(reaps[0]["dead"], victim.as_str(), "{st}");
+}
+
+// Bad input of --serve: a port another socket holds (exit 2, the message names the address
+// and the OS error), an address that is no HOST:PORT, a port out of range. Fails if any of them
+// panics, hangs or exits with another code.
+#[test]
+fn serve_on_a_port_in_use_or_a_bad_address_exits_2() {
+    let s = Server::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for (arg, needle) in [
+        (
+            addr.as_str(),
+            format!("cannot serve the fleet page on {addr}"),
+        ),
+        ("no-port-here", "expected HOST:PORT or PORT".to_owned()),
+        ("70000", "a port is 0 to 65535".to_owned()),
+    ] {
+        let out = Command::new(cli_bin())
+            .args(["status", "--serve", arg, "--redis-url", &s.url()])
+            .output()
+            .expect("run status --serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--serve {arg}: {err}");
+        assert!(err.contains(&needle), "--serve {arg}: {err}");
+        assert!(!err.contains("panicked"), "--serve {arg}: {err}");
+        if arg == addr {
+            assert!(err.contains("in use"), "the OS error: {err}");
+        }
+    }
+}
+
+// Redis going away while the page is open: /status.json says "Redis unreachable since ..."
+// (with the last reading kept), the page shows it, the server keeps answering, and when Redis
+// is back the page is live again. The URL's password appears nowhere (page, JSON, errors).
+// Fails if the server dies or hangs with Redis, or a password leaks.
+#[test]
+fn redis_going_away_shows_unreachable_and_the_server_keeps_answering() {
+    const SECRET: &str = "pagepw-s3cret";
+    let mut s = Server::start_with(&[]);
+    let set_password = |s: &Server| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg(SECRET)
+            .query(&mut s.raw_con())
+            .unwrap();
+    };
+    set_password(&s);
+    let url = format!("redis://:{SECRET}@127.0.0.1:{}", s.redis().port());
+    let stage = "pagedown";
+    let (tx, _rx) = mpsc::channel();
+    let _node = Spawn::new(&url, stage, "n1", &["r1"]).run(tx);
+    let page = serve(&url, stage);
+    let st = wait_for(LONG, "n1 alive", || {
+        let st = status_json(&page.addr);
+        (st["instances"][0]["state"] == "alive").then_some(st)
+    });
+    assert!(!st.to_string().contains(SECRET), "{st}");
+    assert!(
+        st["redis"]["url"].as_str().unwrap().contains("127.0.0.1"),
+        "{st}"
+    );
+    let d = wait_dom(&page.base, "n1 alive", |d| {
+        rows(d) == pairs(&[("n1", "alive")])
+    });
+    assert!(!d.contains(SECRET), "password on the page");
+
+    s.redis_mut().kill9();
+    let st = wait_for(LONG, "the unreachable error", || {
+        let st = status_json(&page.addr);
+        st["error"].as_str().is_some().then_some(st)
+    });
+    let error = st["error"].as_str().unwrap();
+    assert!(error.starts_with("Redis unreachable since "), "{error}");
+    assert!(error.contains("UTC: "), "{error}");
+    assert!(!st.to_string().contains(SECRET), "{st}");
+    assert_eq!(
+        st["last_status"]["instances"][0]["id"], "n1",
+        "last reading kept: {st}"
+    );
+    let (code, html) = http(&page.addr, "GET", "/");
+    assert_eq!(code, 200);
+    assert!(html.contains("<script>"));
+    let d = wait_dom(&page.base, "the unreachable banner", |d| {
+        d.contains("class=\"shown\">Redis unreachable since ")
+    });
+    assert!(!d.contains(SECRET), "password on the page");
+    let ev = wait_for(LONG, "the events subscriber disconnected", || {
+        let ev = status_json(&page.addr)["recent_events"].clone();
+        (ev["subscribed_since_ms"].is_null() && ev["error"].is_string()).then_some(ev)
+    });
+    assert!(!ev.to_string().contains(SECRET), "{ev}");
+
+    s.redis_mut().start_again().expect("restart redis-server");
+    set_password(&s);
+    wait_for(LONG, "the page live again", || {
+        let st = status_json(&page.addr);
+        (st["error"].is_null() && st["prefix"] == "sfu:pagedown:main").then_some(())
+    });
+    wait_for(LONG, "the events channel subscribed again", || {
+        let ev = status_json(&page.addr)["recent_events"].clone();
+        (ev["subscribed_since_ms"].is_number() && ev["error"].is_null()).then_some(())
+    });
+}
+
+// `status --watch` into a pipe: one table per second separated by a blank line and no escape
+// codes; Redis going away prints "Redis unreachable since ..." and the watch goes on. Fails if
+// the watch prints once and exits, writes terminal escapes into a pipe, or dies with Redis.
+#[test]
+fn watch_repeats_the_table_on_a_pipe_and_survives_redis_going_away() {
+    let mut s = Server::start_with(&[]);
+    let stage = "watch";
+    let (tx, _rx) = mpsc::channel();
+    let _node = Spawn::new(&s.url(), stage, "w1", &["r1"]).run(tx);
+    let mut child = Command::new(cli_bin())
+        .args([
+            "status",
+            "--watch",
+            "--stage",
+            stage,
+            "--redis-url",
+            &s.url(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn status --watch");
+    let stdout = child.stdout.take().expect("stdout");
+    let (ltx, lrx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = ltx.send(line);
+        }
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let mut read_until = |what: &str, pred: &dyn Fn(&[String]) -> bool| {
+        let deadline = Instant::now() + LONG;
+        while !pred(&seen) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lrx.recv_timeout(left) {
+                Ok(l) => seen.push(l),
+                Err(_) => panic!("no {what} in the watch output:\n{}", seen.join("\n")),
+            }
+        }
+        seen.clone()
+    };
+    let header = "prefix     sfu:watch:main";
+    let tables = |n: usize| {
+        move |s: &[String]| {
+            s.iter().filter(|l| *l == header).count() >= n && s.iter().any(|l| l.starts_with("w1 "))
+        }
+    };
+    let out = read_until("three tables", &tables(3));
+    assert!(
+        out.iter().all(|l| !l.contains('\x1b')),
+        "escape codes in a pipe: {out:?}"
+    );
+    for (i, l) in out.iter().enumerate().skip(1) {
+        if l == header {
+            assert_eq!(out[i - 1], "", "a blank line before each table: {out:?}");
+        }
+    }
+    s.redis_mut().kill9();
+    let out = read_until("the unreachable line", &|s: &[String]| {
+        s.iter().any(|l| l.starts_with("Redis unreachable since "))
+    });
+    let at = out.len();
+    read_until("a second unreachable line", &|s: &[String]| {
+        s[at..]
+            .iter()
+            .any(|l| l.starts_with("Redis unreachable since "))
+    });
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the watch is still running"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+// `status --watch` on a terminal (a pseudo-terminal from util-linux's `script`): each redraw
+// clears the screen and moves home first. Fails if the terminal gets the pipe format.
+#[test]
+fn watch_on_a_terminal_clears_and_redraws() {
+    let s = Server::start();
+    let cmd = format!(
+        "'{}' status --watch --stage termwatch --redis-url '{}'",
+        cli_bin().display(),
+        s.url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run script(1) (util-linux) for a pseudo-terminal");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let clear = "\x1b[H\x1b[2J";
+    let mut out = String::new();
+    let deadline = Instant::now() + LONG;
+    while out.matches(clear).count() < 3 || !out.contains("prefix     sfu:termwatch:main") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(b) => out.push_str(&String::from_utf8_lossy(&b)),
+            Err(_) => panic!("no three redraws on the terminal: {out:?}"),
+        }
+    }
+    // Every frame starts with the clear sequence.
+    for frame in out.split(clear).skip(1) {
+        assert!(frame.starts_with("prefix "), "frame: {frame:?}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
