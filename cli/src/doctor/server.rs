@@ -198,6 +198,11 @@ pub(super) fn persistence(c: &mut Connection) -> (Status, String) {
     let save = conf.get("save").map(|s| s.trim()).unwrap_or("");
     let aof = conf.get("appendonly").is_some_and(|v| v == "yes");
     let fsync = conf.get("appendfsync").map(String::as_str).unwrap_or("?");
+    let status = if !aof && save.is_empty() {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
     let detail = match (aof, save.is_empty()) {
         (true, _) => format!(
             "AOF on (appendfsync {fsync}): a restart replays the log and loses at most the writes not yet synced (about 1 s with everysec, none with always); {PARTIAL}"
@@ -209,7 +214,7 @@ pub(super) fn persistence(c: &mut Connection) -> (Status, String) {
             "none (no RDB, no AOF): a restart empties Redis; {RESTORE}"
         ),
     };
-    (Status::Ok, detail)
+    (status, detail)
 }
 
 pub(super) fn replicas(c: &mut Connection, cluster: bool) -> (Status, String) {
@@ -237,7 +242,7 @@ pub(super) fn replicas(c: &mut Connection, cluster: bool) -> (Status, String) {
     };
     if n == 0 {
         return (
-            Status::Ok,
+            Status::Warn,
             "no replica: a failover is not possible, and losing this server loses the data (as a restart without persistence)".to_owned(),
         );
     }
