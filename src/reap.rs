@@ -200,7 +200,10 @@ pub fn reap_instance(
     let mut con = redis.connect()?;
     let (stale, from) = match own_threshold(&mut con, &ctx.keys, &dead)? {
         Some(ms) => (ms, "record"),
-        None => (config.timings().stale_threshold.as_millis() as u64, "config"),
+        None => (
+            config.timings().stale_threshold.as_millis() as u64,
+            "config",
+        ),
     };
     let mut report = ReapReport {
         instance: instance.to_owned(),
@@ -408,7 +411,10 @@ fn sample(ks: &KeySpace, con: &mut Conn, dead: &str, report: &mut ReapReport) ->
                 break;
             };
             let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
-            out.extend(raw.into_iter().map(|m| String::from_utf8_lossy(&m).into_owned()));
+            out.extend(
+                raw.into_iter()
+                    .map(|m| String::from_utf8_lossy(&m).into_owned()),
+            );
         }
         out.truncate(SAMPLE);
         Ok(out)

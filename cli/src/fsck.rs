@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::Args;
 use sfu_redis::audit::{
-    audit_with_progress, AuditOptions, AuditReport, Phase, Progress as AuditProgress, DEFAULT_SETTLE,
+    audit_with_progress, AuditOptions, AuditReport, Phase, Progress as AuditProgress,
+    DEFAULT_SETTLE,
 };
 use sfu_redis::{ErrorKind, Timings};
 
@@ -124,10 +125,7 @@ fn show(shown: &Progress, p: &AuditProgress, settle: Duration) {
     let status = match p.phase {
         Phase::Scanning => format!("scan {}: {} keys", p.scan, p.keys),
         Phase::Checking => format!("scan {}: checking {} keys", p.scan, p.keys),
-        Phase::Settling => format!(
-            "waiting {} ms before the second scan",
-            settle.as_millis()
-        ),
+        Phase::Settling => format!("waiting {} ms before the second scan", settle.as_millis()),
         Phase::Repairing => format!("repairing {} problems", p.problems),
         Phase::Done => format!("done: {} problems", p.problems),
         _ => p.phase.as_str().to_owned(),

@@ -72,7 +72,10 @@ impl Progress {
             View::Plain { last, pending } => {
                 let line = self.line(status);
                 let now = Instant::now();
-                if last.get().map_or(true, |t| now.duration_since(t) >= PLAIN_EVERY) {
+                if last
+                    .get()
+                    .map_or(true, |t| now.duration_since(t) >= PLAIN_EVERY)
+                {
                     last.set(Some(now));
                     plain(&line);
                     *pending.borrow_mut() = None;

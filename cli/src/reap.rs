@@ -54,9 +54,8 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
     let shown: RefCell<Option<Progress>> = RefCell::new(None);
     let progress = |p: &ReapProgress| {
         let mut shown = shown.borrow_mut();
-        let bar = shown.get_or_insert_with(|| {
-            Progress::new("reap", Some(p.rooms_listed + p.peers_listed))
-        });
+        let bar = shown
+            .get_or_insert_with(|| Progress::new("reap", Some(p.rooms_listed + p.peers_listed)));
         let c = &p.counts;
         bar.update(
             Some(c.rooms + c.skipped_rooms + c.peers),
@@ -79,10 +78,7 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
         bar.finish();
     }
     let report = report.map_err(|e| match e.kind() {
-        ErrorKind::InvalidId => Failure::usage(format!(
-            "--instance {:?}: {e}",
-            args.instance
-        )),
+        ErrorKind::InvalidId => Failure::usage(format!("--instance {:?}: {e}", args.instance)),
         _ => Failure::usage(with_place("cannot reap", Some(url), &e)),
     })?;
     if args.json {

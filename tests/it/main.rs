@@ -22,6 +22,7 @@ mod lease;
 mod memory;
 mod peers;
 mod prefix;
+mod reap_cmd;
 mod reap_pace;
 mod reaper;
 mod regress_failover;
