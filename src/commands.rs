@@ -153,7 +153,9 @@ pub fn acl_probes(keys: &KeySpace) -> Vec<Probe> {
         }
     }
     for (name, source) in SCRIPTS.sources() {
-        let need = if name.starts_with("audit_") {
+        // The audit's scripts and the operator's reap (`sfu-redis fsck`, `sfu-redis reap`)
+        // are the tools'; a node never sends them.
+        let need = if name.starts_with("audit_") || name == "reap_force_begin" {
             Need::Tools
         } else {
             Need::Node

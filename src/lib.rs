@@ -11,6 +11,7 @@
 //! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
 //! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`);
 //!   [`audit::scan`] is one scan of it.
+//! - [`reap`]: an operator's reap of one instance, now (`sfu-redis reap`).
 //! - [`commands`]: every Redis command the library sends, for ACL checks (`sfu-redis doctor`).
 //! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
 //! - [`conn`]: the connection layer; [`conn::Redis`] is the connector (timeouts, preloaded
@@ -42,6 +43,7 @@ mod memory;
 mod metrics;
 mod node;
 mod peers;
+pub mod reap;
 mod reaper;
 mod rooms;
 pub mod scan;

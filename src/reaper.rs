@@ -230,6 +230,8 @@ pub(crate) struct Reap<'a> {
     pub leading: &'a dyn Fn() -> bool,
     /// The pause after each batch but the last (before the `leading` check of the next).
     pub pace: Pace<'a>,
+    /// Called after each batch with the counts so far (an operator's reap shows progress).
+    pub progress: Option<&'a dyn Fn(&ReapCounts)>,
     /// `Some` when this node cleans up after its own earlier life (`dead` is this instance):
     /// what its host holds now. Its own index entries are then removed right after each batch,
     /// under the room locks of the entries, skipping every room and peer the host holds (a
@@ -429,6 +431,9 @@ fn reap_room_batches(
                     .map(|room| (room, "0".to_owned())),
             );
         }
+        if let Some(progress) = r.progress {
+            progress(counts);
+        }
         last = Some(started.elapsed());
     }
 }
@@ -547,6 +552,9 @@ pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
                 reply.map_err(|e| Error::redis(op, e))?;
             }
         }
+        if let Some(progress) = r.progress {
+            progress(counts);
+        }
         if cursor.done() {
             return Ok(());
         }
@@ -641,10 +649,31 @@ pub(crate) fn reap_instance(
         t0,
         leading,
         pace,
+        progress: None,
         own: None,
     };
     reap_rooms(&reap, con, &mut counts)?;
     reap_peers(&reap, con, &mut counts)?;
+    finish(ctx, con, dead, counts.kept)?;
+    Ok(Some(counts))
+}
+
+/// How `reap_finish.lua` ended a reap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// The sorted-set entry (and the info hash) went; index members that could not be reaped
+    /// (bad data) may remain for the audit.
+    Done,
+    /// `dead` registered again meanwhile: nothing touched.
+    Alive,
+    /// Members written after `t0` were kept and `dead` did not register again: the entry keeps
+    /// score 0, so the next round reaps them.
+    Retry,
+}
+
+/// Step 4 of a reap: `reap_finish.lua` removes `dead`'s sorted-set entry once its indexes are
+/// empty (`kept`: index members kept as a new life's, [`ReapCounts::kept`]).
+pub(crate) fn finish(ctx: &Ctx, con: &mut Conn, dead: &str, kept: u64) -> Result<Finish> {
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
@@ -652,18 +681,23 @@ pub(crate) fn reap_instance(
         .key(ctx.keys.instance_peers(dead))
         .key(ctx.keys.instance_info(dead))
         .arg(dead)
-        .arg(counts.kept);
+        .arg(kept);
     let (status, rooms_left, peers_left): (String, i64, i64) =
         conn::call(con, "finish reap", &inv)?;
-    if status == "retry" {
-        log::info!("{dead} wrote {} index members after its reap began but did not register again; the next round reaps them", counts.kept);
-    }
-    if status == "incomplete" {
-        log::warn!(
-            "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped (bad data); left for the audit"
-        );
-    }
-    Ok(Some(counts))
+    Ok(match status.as_str() {
+        "retry" => {
+            log::info!("{dead} wrote {kept} index members after its reap began but did not register again; the next round reaps them");
+            Finish::Retry
+        }
+        "alive" => Finish::Alive,
+        "incomplete" => {
+            log::warn!(
+                "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped (bad data); left for the audit"
+            );
+            Finish::Done
+        }
+        _ => Finish::Done,
+    })
 }
 
 /// Removes what an earlier life of this instance id left behind: rooms and peer records of its
@@ -685,6 +719,7 @@ pub(crate) fn clean_own_leftovers(
         t0,
         leading: &|| true,
         pace: Pace::NONE,
+        progress: None,
         own: Some(local),
     };
     reap_rooms(&reap, con, &mut counts)?;
@@ -865,6 +900,7 @@ mod tests {
             t0: i64::MAX / 2,
             leading: &leading,
             pace: Pace::NONE,
+            progress: None,
             own: None,
         };
         let out = reap_rooms(&reap, &mut con, &mut counts);

@@ -57,6 +57,7 @@ scripts!(
     lease_release,
     candidates,
     reap_begin,
+    reap_force_begin,
     reap_room,
     reap_peer,
     reap_finish,

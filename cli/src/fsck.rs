@@ -7,9 +7,13 @@
 use std::time::Duration;
 
 use clap::Args;
-use sfu_redis::audit::{audit, AuditOptions, AuditReport, DEFAULT_SETTLE};
+use sfu_redis::audit::{
+    audit_with_progress, AuditOptions, AuditReport, Phase, Progress as AuditProgress,
+    DEFAULT_SETTLE,
+};
 use sfu_redis::{ErrorKind, Timings};
 
+use crate::progress::Progress;
 use crate::{with_place, Failure, RedisArgs};
 
 #[derive(Debug, Args)]
@@ -82,7 +86,10 @@ pub(crate) fn run(args: FsckArgs) -> Result<(), Failure> {
         repair: args.repair,
         settle,
     };
-    let report = audit(&config, &options).map_err(|e| {
+    let shown = Progress::new("fsck", None);
+    let report = audit_with_progress(&config, &options, &|p| show(&shown, p, settle));
+    shown.finish();
+    let report = report.map_err(|e| {
         if e.kind() == ErrorKind::InvalidArgument {
             // The settle delay against the command timeout: say which flags set them.
             error(format!(
@@ -111,6 +118,24 @@ pub(crate) fn run(args: FsckArgs) -> Result<(), Failure> {
             ),
         })
     }
+}
+
+/// One step of the audit on the progress display (stderr): the keys of the current scan.
+fn show(shown: &Progress, p: &AuditProgress, settle: Duration) {
+    let status = match p.phase {
+        Phase::Scanning => format!("scan {}: {} keys", p.scan, p.keys),
+        Phase::Checking => format!("scan {}: checking {} keys", p.scan, p.keys),
+        Phase::Settling => format!("waiting {} ms before the second scan", settle.as_millis()),
+        Phase::Repairing => format!("repairing {} problems", p.problems),
+        Phase::Done => format!("done: {} problems", p.problems),
+        _ => p.phase.as_str().to_owned(),
+    };
+    let keys = match p.phase {
+        Phase::Scanning | Phase::Checking => Some(p.keys),
+        // The last count stays (and the rate, the scan's).
+        _ => None,
+    };
+    shown.update(keys, &status);
 }
 
 /// The human report: two lines per problem, then a summary line.

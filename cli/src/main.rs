@@ -19,6 +19,8 @@ mod doctor;
 mod fsck;
 mod metrics;
 mod node;
+mod progress;
+mod reap;
 mod status;
 
 use std::path::PathBuf;
@@ -55,6 +57,13 @@ enum Command {
     /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1
     /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.
     Fsck(fsck::FsckArgs),
+    /// Reap one dead instance now (no stale wait, no two-phase delay, no lease), with the
+    /// leader's owner-CAS scripts; safe while a leader reaps it too. Refuses an instance that
+    /// still has a heartbeat key or heartbeated within its stale threshold unless --force, and
+    /// one whose heartbeat key holds a live boot token always. Exit 0 reaped (or would be,
+    /// --dry-run), 1 refused, 2 bad input or cannot check (malformed or unknown id, Redis
+    /// unreachable).
+    Reap(reap::ReapArgs),
     /// Check the Redis a fleet uses and the fleet: server version, eviction policy,
     /// persistence, replicas, ACL, latency, topology, leader and instances. Exit 0 all good
     /// (warnings included), 1 a check failed, 2 nothing could be checked (bad flags, Redis
@@ -392,6 +401,7 @@ fn main() -> ExitCode {
         Command::Node(args) => node::run(*args),
         Command::Status(args) => status::run(args),
         Command::Fsck(args) => fsck::run(args),
+        Command::Reap(args) => reap::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Demo(args) => demo::run(args),
     };

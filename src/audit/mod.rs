@@ -140,6 +140,59 @@ impl Default for AuditOptions {
 /// [`Error::Redis`] when Redis is unreachable or a call fails (a repair may then be partly
 /// done; every step is safe to redo by running the audit again).
 pub fn audit(config: &Config, options: &AuditOptions) -> Result<AuditReport> {
+    audit_with_progress(config, options, &|_| {})
+}
+
+/// What an audit is doing, in the order an audit goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Listing the prefix's keys (`SCAN`, page by page): [`Progress::keys`] grows.
+    Scanning,
+    /// Checking the keys listed ([`Progress::keys`] is the scan's total).
+    Checking,
+    /// Waiting the settle delay between the two scans.
+    Settling,
+    /// Repairing [`Progress::problems`] problems seen in both scans.
+    Repairing,
+    /// Finished: [`Progress::problems`] problems found.
+    Done,
+}
+
+impl Phase {
+    /// `scanning`, `checking`, `settling`, `repairing` or `done`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Scanning => "scanning",
+            Phase::Checking => "checking",
+            Phase::Settling => "settling",
+            Phase::Repairing => "repairing",
+            Phase::Done => "done",
+        }
+    }
+}
+
+/// Where an audit stands, given to the callback of [`audit_with_progress`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// What it is doing.
+    pub phase: Phase,
+    /// Which scan: 1, or 2 after the settle delay (0 before the first).
+    pub scan: u32,
+    /// Keys of the prefix the current scan listed so far.
+    pub keys: u64,
+    /// Problems found (by both scans when there are two); 0 until the scans are done.
+    pub problems: u64,
+}
+
+/// [`audit`], calling `progress` on the calling thread as it goes: after each `SCAN` page
+/// (about [`SCAN_COUNT`] keys) and at each change of [`Phase`]. The callback should return
+/// quickly (it runs between Redis calls); it cannot stop the audit. Same errors as [`audit`].
+pub fn audit_with_progress(
+    config: &Config,
+    options: &AuditOptions,
+    progress: &dyn Fn(&Progress),
+) -> Result<AuditReport> {
     if config.redis_url().is_none() {
         return Err(Error::config(
             "redis_url",
@@ -151,22 +204,42 @@ pub fn audit(config: &Config, options: &AuditOptions) -> Result<AuditReport> {
     let redis = Redis::from_config(config)?;
     let ks = config.keys();
     let mut con = redis.connect()?;
-    let first = find(ks, &mut con)?;
+    let first = find_reporting(ks, &mut con, 1, progress)?;
     let found = if options.settle.is_zero() {
         single_scan(first)
     } else {
+        progress(&Progress {
+            phase: Phase::Settling,
+            scan: 1,
+            keys: 0,
+            problems: 0,
+        });
         // A new connection after each pause: a server with an idle `timeout` may have closed
         // the old one.
         drop(con);
         std::thread::sleep(options.settle);
         con = redis.connect()?;
-        in_both(&first, find(ks, &mut con)?)
+        in_both(&first, find_reporting(ks, &mut con, 2, progress)?)
     };
     let mut entries: Vec<Entry> = found.into_values().map(Entry::open).collect();
-    if options.repair {
+    let scans = if options.settle.is_zero() { 1 } else { 2 };
+    if options.repair && !entries.is_empty() {
+        progress(&Progress {
+            phase: Phase::Repairing,
+            scan: scans,
+            keys: 0,
+            problems: entries.len() as u64,
+        });
         repair(ks, &redis, con, &mut entries, options.settle)?;
     }
-    Ok(AuditReport::from_entries(ks.prefix(), entries))
+    let report = AuditReport::from_entries(ks.prefix(), entries);
+    progress(&Progress {
+        phase: Phase::Done,
+        scan: scans,
+        keys: 0,
+        problems: report.problems.len() as u64,
+    });
+    Ok(report)
 }
 
 /// A repair needs a settle delay longer than the command timeout.
@@ -218,12 +291,35 @@ pub fn scan(keys: &KeySpace, con: &mut Conn) -> Result<Vec<Problem>> {
 
 /// One full scan of the prefix: every finding, keyed by identity.
 fn find(ks: &KeySpace, con: &mut Conn) -> Result<Findings> {
+    find_reporting(ks, con, 1, &|_| {})
+}
+
+/// [`find`], telling `progress` how it goes (scan number `scan`).
+fn find_reporting(
+    ks: &KeySpace,
+    con: &mut Conn,
+    scan: u32,
+    progress: &dyn Fn(&Progress),
+) -> Result<Findings> {
     let mut s = Scan {
         ks,
         con,
         out: Findings::new(),
     };
-    let seen = s.keys()?;
+    let seen = s.keys(&|keys| {
+        progress(&Progress {
+            phase: Phase::Scanning,
+            scan,
+            keys,
+            problems: 0,
+        })
+    })?;
+    progress(&Progress {
+        phase: Phase::Checking,
+        scan,
+        keys: seen.keys,
+        problems: 0,
+    });
     let registry = s.registry(&seen)?;
     s.control(&seen, registry.as_ref())?;
     s.room_indexes(&seen)?;

@@ -60,6 +60,8 @@ pub(super) struct Seen {
     pub(super) epoch: bool,
     pub(super) rooms: BTreeMap<String, RoomSeen>,
     pub(super) instances: BTreeMap<String, InstanceSeen>,
+    /// Keys the `SCAN` listed (of any kind).
+    pub(super) keys: u64,
 }
 
 impl Seen {
@@ -144,13 +146,15 @@ fn ids_of(parsed: &ParsedKey) -> Vec<&String> {
 }
 
 impl Scan<'_> {
-    /// `SCAN MATCH P:*` with a pipelined `TYPE` per page: what exists, by role.
-    pub(super) fn keys(&mut self) -> Result<Seen> {
+    /// `SCAN MATCH P:*` with a pipelined `TYPE` per page: what exists, by role. `listed` is
+    /// told the number of keys listed so far after each page.
+    pub(super) fn keys(&mut self, listed: &dyn Fn(u64)) -> Result<Seen> {
         let mut cursor = Cursor::new(ScanOf::keys(self.ks.scan_pattern()));
         let mut seen = Seen::default();
         let redis_err = |e| Error::redis(OP, e);
         while let Some(items) = cursor.next_page(self.con).map_err(redis_err)? {
             let names: Vec<Vec<u8>> = items_as(items).map_err(redis_err)?;
+            seen.keys += names.len() as u64;
             let mut pipe = redis::pipe();
             for n in &names {
                 pipe.cmd("TYPE").arg(n);
@@ -160,6 +164,7 @@ impl Scan<'_> {
                 let t: String = get(Some(&t)).unwrap_or_default();
                 self.classify(&mut seen, name, &t);
             }
+            listed(seen.keys);
         }
         Ok(seen)
     }

@@ -1,0 +1,51 @@
+#!lua
+-- reap_force_begin.lua: an operator's reap of one instance (`sfu-redis reap`, src/reap.rs):
+-- check that the instance may be reaped now and, with 'begin', mark it as being reaped (score
+-- 0), as reap_begin.lua does for a leader, but without a lease and without the two-phase wait.
+-- The rest of the reap is the leader's: the same owner-CAS scripts (reap_room.lua,
+-- reap_peer.lua, reap_unindex.lua) and reap_finish.lua, so a leader reaping the same instance
+-- at the same moment and this reap interleave safely (each step is idempotent).
+--
+-- KEYS[1] P:{ctl}:heartbeats
+-- KEYS[2] P:{ctl}:hb:<D>
+-- ARGV[1] D, the instance to reap (wire form)
+-- ARGV[2] D's stale threshold, ms (its own record's, else the caller's configuration)
+-- ARGV[3] '1': forced (a heartbeat key holding 'released' and a last heartbeat within the
+--         stale threshold no longer refuse the reap), '0': not forced
+-- ARGV[4] 'begin' (mark it) or 'check' (a dry run: nothing written)
+--
+-- Reply: {status, server_ms, score, server_us}; score is D's sorted-set score (server ms,
+-- 0 = being reaped already, -1 = not registered); status is
+--   'dead'     it may be reaped; with 'begin' its score is now 0 and a heartbeat key holding
+--              'released' was deleted (so the reap's scripts, which treat any heartbeat key as
+--              a registration, see it gone); server_us is t0 for the room and peer scripts;
+--   'live'     its heartbeat key holds a live process's boot token (any value but
+--              'released', or a key of another type): never reaped, forced or not;
+--   'released' its heartbeat key holds 'released' (a clean stop whose key has not expired
+--              yet) and the call is not forced;
+--   'fresh'    its last heartbeat is within the stale threshold and the call is not forced;
+--   'gone'     it is not in the sorted set (not registered, or reaped meanwhile).
+--
+-- Protects: invariant 1 (a live instance is never reaped: its heartbeat key holds its boot
+-- token while it runs, heartbeat.lua) and the zombie rule (score 0 tells a paused instance
+-- that resumes that it was reaped).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local forced = ARGV[3] == '1'
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local s = -1
+if score ~= false then s = math.floor(tonumber(score) or 0) end
+local holder = redis.pcall('GET', KEYS[2])
+if type(holder) == 'table' then return {'live', now, s, now_us} end
+if holder and holder ~= 'released' then return {'live', now, s, now_us} end
+if score == false then return {'gone', now, s, now_us} end
+if holder and not forced then return {'released', now, s, now_us} end
+if not forced and s ~= 0 and s >= now - tonumber(ARGV[2]) then
+  return {'fresh', now, s, now_us}
+end
+if ARGV[4] == 'begin' then
+  if holder then redis.call('DEL', KEYS[2]) end
+  redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+end
+return {'dead', now, s, now_us}

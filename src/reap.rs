@@ -1,0 +1,435 @@
+//! An operator's reap of one instance, now (`sfu-redis reap --instance ID`): no stale wait, no
+//! two-phase delay, no lease, and the leader's own steps otherwise.
+//!
+//! [`reap_instance`] follows the leader's order (`crate::reaper`'s module docs) with one
+//! different first step: `reap_force_begin.lua` instead of `reap_begin.lua`. It checks, on
+//! Redis server time and atomically, that the instance may be reaped, and marks it as being
+//! reaped (score 0). Then the rooms and peers go with the leader's owner-CAS scripts
+//! (`reap_room.lua`, `reap_peer.lua`, `reap_unindex.lua`) in the leader's batches, and
+//! `reap_finish.lua` ends it.
+//!
+//! # When an instance is refused ([`Refusal`])
+//!
+//! - its heartbeat key holds a live boot token (any value but `released`, written by
+//!   `heartbeat.lua` while the process runs): never reaped, even with [`ReapOptions::force`];
+//! - its heartbeat key holds `released` (a clean stop whose key has not expired yet), or its
+//!   last heartbeat is younger than its own stale threshold (the `stale_threshold_ms` of its
+//!   record `P:{ctl}:instance:<I>:info`, else the [`Config`]'s): refused unless forced (a
+//!   forced reap deletes the `released` key, as the reap's scripts count any heartbeat key as
+//!   a registration);
+//! - it is not in the heartbeat sorted set: nothing to reap (its leftover index sets, if any,
+//!   are `fsck --repair`'s to hand to the reaper).
+//!
+//! # Against a leader reaping the same instance
+//!
+//! This reap holds no lease, so a leader may reap the same instance at the same moment. Every
+//! step is an owner CAS or idempotent: a room or peer record is deleted by exactly one of the
+//! two scripts that reach it (the other sees it gone), so the counts of the two reaps add up;
+//! `reap_finish.lua` may run twice. Instead of the leader's lease check, the instance is
+//! checked before every batch: its heartbeat key must still be absent and its score 0 or gone
+//! (a leader finished). Should it register again, the reap stops
+//! ([`Refusal::RegisteredAgain`]); what its new life wrote after the reap began is kept by the
+//! scripts in any case (invariant 1).
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+
+use crate::config::Config;
+use crate::conn::{self, Conn, Redis};
+use crate::error::{Error, Result};
+use crate::keys::{decode_id, encode_id, split_peer_member, IdKind, KeySpace};
+use crate::reaper::{self, Finish, Pace, Reap, ReapCounts};
+use crate::scan::{self, Cursor, Scan};
+use crate::scripts::SCRIPTS;
+use crate::state::{Counters, Ctx};
+
+/// Most room ids and most peer ids a dry run lists ([`ReapReport::room_ids`],
+/// [`ReapReport::peer_ids`]).
+pub const SAMPLE: usize = 20;
+
+const OP: &str = "operator reap";
+
+/// How [`reap_instance`] runs.
+#[derive(Clone, Copy, Default)]
+pub struct ReapOptions<'a> {
+    /// Reap an instance whose heartbeat key holds `released` or whose last heartbeat is within
+    /// its stale threshold. Never overrides a live boot token.
+    pub force: bool,
+    /// Check and list what would go; write nothing.
+    pub dry_run: bool,
+    /// Called after each batch of the reap (not in a dry run), on the calling thread.
+    pub progress: Option<&'a dyn Fn(&ReapProgress)>,
+}
+
+impl fmt::Debug for ReapOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReapOptions")
+            .field("force", &self.force)
+            .field("dry_run", &self.dry_run)
+            .field("progress", &self.progress.map(|_| "Fn"))
+            .finish()
+    }
+}
+
+/// Where a reap stands, given to [`ReapOptions::progress`] after each batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReapProgress {
+    /// What this reap did so far.
+    pub counts: ReapCounts,
+    /// Members of the instance's room index when the reap began (`SCARD`).
+    pub rooms_listed: u64,
+    /// Members of the instance's peer index when the reap began (`SCARD`).
+    pub peers_listed: u64,
+}
+
+/// Why [`reap_instance`] did not reap (or did not finish).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Its heartbeat key holds a live process's boot token: never reaped, forced or not.
+    Live,
+    /// Its heartbeat key holds `released` (it stopped cleanly, the key has not expired yet):
+    /// reaped only when forced.
+    Released,
+    /// Its last heartbeat is younger than its stale threshold: reaped only when forced.
+    Fresh {
+        /// Age of its last heartbeat on server time, ms.
+        age_ms: i64,
+    },
+    /// It is not in the heartbeat sorted set.
+    NotRegistered {
+        /// Index sets, an info hash or a heartbeat key of it exist all the same
+        /// (`fsck --repair` hands such an instance to the reaper).
+        leftovers: bool,
+    },
+    /// It registered again while it was being reaped: the reap stopped; its new life's data
+    /// is kept.
+    RegisteredAgain,
+}
+
+impl Refusal {
+    /// `live`, `released`, `fresh`, `not_registered` or `registered_again` (the CLI's JSON).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Refusal::Live => "live",
+            Refusal::Released => "released",
+            Refusal::Fresh { .. } => "fresh",
+            Refusal::NotRegistered { .. } => "not_registered",
+            Refusal::RegisteredAgain => "registered_again",
+        }
+    }
+}
+
+/// What [`reap_instance`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReapReport {
+    /// The instance (caller's id).
+    pub instance: String,
+    /// A dry run: nothing was written.
+    pub dry_run: bool,
+    /// `Some`: not reaped (or stopped part way, see [`Refusal::RegisteredAgain`]).
+    pub refused: Option<Refusal>,
+    /// The reap ran to its end: its sorted-set entry and info hash are gone (index members
+    /// that could not be reaped, bad data, are left for the audit: [`ReapCounts::failed`]).
+    /// `false` with no refusal when members its new life wrote were kept
+    /// ([`ReapCounts::kept`]): a leader's round finishes it.
+    pub reaped: bool,
+    /// What this call deleted (zero in a dry run). A leader reaping at the same moment deletes
+    /// the rest: the two add up.
+    pub counts: ReapCounts,
+    /// Members of its room index (`SCARD`) when checked: what a dry run says would go.
+    pub rooms_listed: u64,
+    /// Members of its peer index (`SCARD`) when checked.
+    pub peers_listed: u64,
+    /// A dry run: up to [`SAMPLE`] of the rooms that would go (callers' ids).
+    pub room_ids: Vec<String>,
+    /// A dry run: up to [`SAMPLE`] of the peers that would go, as `<room>/<peer>` (callers'
+    /// ids).
+    pub peer_ids: Vec<String>,
+    /// Its stale threshold, ms, and where it came from: `record` or `config`.
+    pub stale_threshold_ms: u64,
+    /// `record` (its info hash) or `config` (none readable: the caller's configuration).
+    pub stale_threshold_from: &'static str,
+    /// Its sorted-set score when checked (server ms; 0: being reaped already; -1: not
+    /// registered).
+    pub last_heartbeat_ms: i64,
+    /// Redis server time of the check, ms.
+    pub server_ms: i64,
+}
+
+/// Reaps the instance `instance` (caller's id) of `config`'s prefix now, or says why not
+/// ([`ReapReport::refused`]; module docs for the rules). In a dry run ([`ReapOptions::dry_run`])
+/// the same check runs and nothing is written. Needs no lease and may run while a leader
+/// reaps the same instance (module docs).
+///
+/// ```no_run
+/// # fn main() -> sfu_redis::Result<()> {
+/// let config = sfu_redis::Config::from_env()?;
+/// let report = sfu_redis::reap::reap_instance(&config, "sfu-a", &Default::default())?;
+/// match &report.refused {
+///     None => println!("reaped {} rooms", report.counts.rooms),
+///     Some(why) => println!("refused: {}", why.as_str()),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidId`] for an id that is empty, longer than 256 bytes or holds a control
+/// character; [`Error::InvalidConfig`] in memory-only mode; [`Error::Redis`] when a call fails
+/// (the reap is then partly done; every step is safe to redo, and the instance's score 0
+/// makes it a leader's candidate); [`Error::BadData`] for replies this crate would not send
+/// or an index of the wrong type.
+pub fn reap_instance(
+    config: &Config,
+    instance: &str,
+    options: &ReapOptions<'_>,
+) -> Result<ReapReport> {
+    let dead = encode_id(IdKind::Instance, instance)?;
+    if config.redis_url().is_none() {
+        return Err(Error::config(
+            "redis_url",
+            "reaping needs Redis (set REDIS_URL); memory-only mode has nothing to reap",
+        ));
+    }
+    let mut ctx = Ctx::from_config(config)?;
+    // Not an instance: no id (the reap's own-index paths are for an instance's own life).
+    ctx.me = String::new();
+    let redis = Redis::from_config(config)?;
+    let mut con = redis.connect()?;
+    let (stale, from) = match own_threshold(&mut con, &ctx.keys, &dead)? {
+        Some(ms) => (ms, "record"),
+        None => (
+            config.timings().stale_threshold.as_millis() as u64,
+            "config",
+        ),
+    };
+    let mut report = ReapReport {
+        instance: instance.to_owned(),
+        dry_run: options.dry_run,
+        refused: None,
+        reaped: false,
+        counts: ReapCounts::default(),
+        rooms_listed: 0,
+        peers_listed: 0,
+        room_ids: Vec::new(),
+        peer_ids: Vec::new(),
+        stale_threshold_ms: stale,
+        stale_threshold_from: from,
+        last_heartbeat_ms: -1,
+        server_ms: 0,
+    };
+    let Some(t0) = begin(&ctx, &mut con, &dead, stale, options, &mut report)? else {
+        return Ok(report);
+    };
+    (report.rooms_listed, report.peers_listed) = index_sizes(&ctx.keys, &mut con, &dead)?;
+    if options.dry_run {
+        sample(&ctx.keys, &mut con, &dead, &mut report)?;
+        return Ok(report);
+    }
+    let check = RefCell::new(redis.connect()?);
+    let came_back = Cell::new(false);
+    let check_failed = RefCell::new(None);
+    let still_dead = || match still_dead(&ctx.keys, &mut check.borrow_mut(), &dead) {
+        Ok(dead) => {
+            came_back.set(!dead);
+            dead
+        }
+        Err(e) => {
+            *check_failed.borrow_mut() = Some(e);
+            false
+        }
+    };
+    let (rooms_listed, peers_listed) = (report.rooms_listed, report.peers_listed);
+    let progress = |counts: &ReapCounts| {
+        if let Some(p) = options.progress {
+            p(&ReapProgress {
+                counts: *counts,
+                rooms_listed,
+                peers_listed,
+            });
+        }
+    };
+    // The configured pace, with nothing to stop it early (this call ends when the reap does).
+    let (_keep, never) = crossbeam_channel::bounded::<()>(0);
+    let reap = Reap {
+        ctx: &ctx,
+        counters: &Counters::default(),
+        dead: &dead,
+        t0,
+        leading: &still_dead,
+        pace: Pace {
+            ratio: ctx.reap_pace,
+            stop: Some(&never),
+        },
+        progress: Some(&progress),
+        own: None,
+    };
+    let mut counts = ReapCounts::default();
+    let out = reaper::reap_rooms(&reap, &mut con, &mut counts)
+        .and_then(|()| reaper::reap_peers(&reap, &mut con, &mut counts));
+    report.counts = counts;
+    match out {
+        Ok(()) => {}
+        Err(Error::NotLeader) => {
+            if let Some(e) = check_failed.into_inner() {
+                return Err(e);
+            }
+            debug_assert!(came_back.get());
+            report.refused = Some(Refusal::RegisteredAgain);
+            return Ok(report);
+        }
+        Err(e) => return Err(e),
+    }
+    match reaper::finish(&ctx, &mut con, &dead, counts.kept)? {
+        Finish::Done => report.reaped = true,
+        Finish::Alive => report.refused = Some(Refusal::RegisteredAgain),
+        Finish::Retry => {}
+    }
+    Ok(report)
+}
+
+/// The stale threshold (ms) of `dead`'s own record, `None` without a readable one.
+fn own_threshold(con: &mut Conn, ks: &KeySpace, dead: &str) -> Result<Option<u64>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("HGETALL").arg(ks.instance_info(dead));
+    let reply = conn::exec(con, &mut pipe)
+        .map_err(|e| Error::redis(OP, e))?
+        .pop();
+    // An error reply (a key of another type) or an unexpected shape: no record.
+    let pairs: Vec<(String, String)> = match reply {
+        Some(Ok(v)) => redis::from_redis_value(v).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let (info, _) = crate::info::InstanceInfo::from_fields(&pairs);
+    Ok(info.stale_threshold().map(|d| d.as_millis() as u64))
+}
+
+/// `reap_force_begin.lua` (module docs): `Some(t0)` (server microseconds) when `dead` may be
+/// reaped (and, unless a dry run, is now marked as being reaped); else `None`, with the
+/// refusal in `report`.
+fn begin(
+    ctx: &Ctx,
+    con: &mut Conn,
+    dead: &str,
+    stale_ms: u64,
+    options: &ReapOptions<'_>,
+    report: &mut ReapReport,
+) -> Result<Option<i64>> {
+    // On a cluster, t0 is the earliest master clock read before the mark (`reaper::begin`).
+    let before = if con.is_cluster() && !options.dry_run {
+        Some(conn::server_time_us(con)?)
+    } else {
+        None
+    };
+    let mut inv = SCRIPTS.reap_force_begin.prepare_invoke();
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .arg(dead)
+        .arg(stale_ms)
+        .arg(if options.force { "1" } else { "0" })
+        .arg(if options.dry_run { "check" } else { "begin" });
+    let (status, now_ms, score, now_us): (String, i64, i64, i64) = conn::call(con, OP, &inv)?;
+    report.server_ms = now_ms;
+    report.last_heartbeat_ms = score;
+    report.refused = match status.as_str() {
+        "dead" => return Ok(Some(before.map_or(now_us, |b| b.min(now_us)))),
+        "live" => Some(Refusal::Live),
+        "released" => Some(Refusal::Released),
+        "fresh" => Some(Refusal::Fresh {
+            age_ms: now_ms - score,
+        }),
+        "gone" => Some(Refusal::NotRegistered {
+            leftovers: leftovers(&ctx.keys, con, dead)?,
+        }),
+        other => {
+            return Err(Error::bad_data(
+                OP,
+                format!("unexpected reply {other:?} from reap_force_begin.lua"),
+            ))
+        }
+    };
+    Ok(None)
+}
+
+/// Sends `pipe` and returns each reply decoded as `T` (an error reply is bad data: a key of
+/// another type).
+fn each<T: redis::FromRedisValue>(con: &mut Conn, pipe: &mut redis::Pipeline) -> Result<Vec<T>> {
+    conn::exec(con, pipe)
+        .map_err(|e| Error::redis(OP, e))?
+        .into_iter()
+        .map(|r| conn::decode(OP, r))
+        .collect()
+}
+
+/// True when any key of `dead`'s registration exists: index sets, info hash, heartbeat key.
+fn leftovers(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
+    let mut pipe = redis::pipe();
+    for key in [
+        ks.instance_rooms(dead),
+        ks.instance_peers(dead),
+        ks.instance_info(dead),
+        ks.heartbeat(dead),
+    ] {
+        pipe.exists(key);
+    }
+    Ok(each::<bool>(con, &mut pipe)?.into_iter().any(|e| e))
+}
+
+/// The sizes of `dead`'s room and peer indexes.
+fn index_sizes(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<(u64, u64)> {
+    let mut pipe = redis::pipe();
+    pipe.scard(ks.instance_rooms(dead))
+        .scard(ks.instance_peers(dead));
+    match each::<u64>(con, &mut pipe)?[..] {
+        [rooms, peers] => Ok((rooms, peers)),
+        _ => Err(Error::bad_data(OP, "fewer replies than commands")),
+    }
+}
+
+/// Before each batch: `dead` has no heartbeat key and its score is 0 or gone (a leader may
+/// have finished the reap meanwhile).
+fn still_dead(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
+    let mut pipe = redis::pipe();
+    pipe.exists(ks.heartbeat(dead))
+        .zscore(ks.heartbeats(), dead);
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(OP, e))?;
+    let mut replies = replies.into_iter();
+    let hb: bool = conn::decode(OP, replies.next().unwrap_or(Ok(redis::Value::Nil)))?;
+    let score: Option<f64> = conn::decode(OP, replies.next().unwrap_or(Ok(redis::Value::Nil)))?;
+    Ok(!hb && score.map_or(true, |s| s == 0.0))
+}
+
+/// A dry run's lists: up to [`SAMPLE`] rooms and peers of `dead`'s indexes, callers' ids.
+fn sample(ks: &KeySpace, con: &mut Conn, dead: &str, report: &mut ReapReport) -> Result<()> {
+    let page = |con: &mut Conn, index: String| -> Result<Vec<String>> {
+        let mut cursor = Cursor::new(Scan::set(index).count(SAMPLE));
+        let mut out = Vec::new();
+        while out.len() < SAMPLE {
+            let Some(items) = cursor.next_page(con).map_err(|e| Error::redis(OP, e))? else {
+                break;
+            };
+            let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
+            out.extend(
+                raw.into_iter()
+                    .map(|m| String::from_utf8_lossy(&m).into_owned()),
+            );
+        }
+        out.truncate(SAMPLE);
+        Ok(out)
+    };
+    let readable = |w: &str| decode_id(w).unwrap_or_else(|_| w.to_owned());
+    report.room_ids = page(con, ks.instance_rooms(dead))?
+        .iter()
+        .map(|w| readable(w))
+        .collect();
+    report.peer_ids = page(con, ks.instance_peers(dead))?
+        .iter()
+        .map(|m| match split_peer_member(m) {
+            Some((r, p)) => format!("{}/{}", readable(r), readable(p)),
+            None => m.clone(),
+        })
+        .collect();
+    Ok(())
+}
