@@ -52,13 +52,18 @@ impl Trace {
         }
         self.counts.insert(id.to_owned(), stats.heartbeats);
         self.unseen += stats.heartbeats - before - 1;
-        if let Some(age) = stats.last_heartbeat_age {
-            self.beats
-                .entry(id.to_owned())
-                .or_default()
-                .push(now.saturating_sub(age));
-        } else {
-            self.unseen += 1;
+        let beats = self.beats.entry(id.to_owned()).or_default();
+        // The count and the age are two reads: when a beat lands between them, a poll can see
+        // a time it already drew (within 1 ms): that beat is counted as unseen, not drawn twice.
+        match stats.last_heartbeat_age.map(|age| now.saturating_sub(age)) {
+            Some(at)
+                if beats
+                    .last()
+                    .map_or(true, |&last| at > last + Duration::from_millis(1)) =>
+            {
+                beats.push(at);
+            }
+            _ => self.unseen += 1,
         }
     }
 
