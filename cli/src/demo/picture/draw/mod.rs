@@ -215,7 +215,7 @@ fn header(w: &mut W, p: &Picture) -> io::Result<()> {
     label(12.0, 62.0).at("fill", "#444444").text(
         w,
         &format!(
-            "Ticks: heartbeats when they succeeded (each node's stats polled every {} at most); {unseen}. Hover a mark for its details.",
+            "Ticks: heartbeats when they succeeded (each node's stats, polled in the demo's waits every {} at most); {unseen}. Hover a mark for its details.",
             ms(POLL)
         ),
     )
