@@ -1,9 +1,13 @@
 //! `sfu-redis demo` through Redis Sentinel, as a user runs it (the CLI binary): with
 //! `--sentinel` it starts its own group and fails the master over mid-show; with `REDIS_URL`
 //! naming someone else's sentinel group it runs through it and never fails it over; with
-//! `--sentinel` and a plain URL it refuses before starting anything.
+//! `--sentinel` and a plain URL it refuses before starting anything. `demo --svg FILE` draws
+//! the run (checked on the `--sentinel` run, the one with the most to draw), and refuses a
+//! FILE it cannot write before starting anything.
 
+use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -135,11 +139,172 @@ fn all_passed(run: &Run) -> usize {
         .unwrap_or_else(|_| panic!("{last:?}\n{}", run.show()))
 }
 
+/// A fresh directory under the system's temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "sfu-redis-demo-test-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("create a temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The timeline's lines of `event`: (instance, the line with a space after it). The
+/// narration above the timeline names events too, as `<instance>: <event> ...`.
+fn timeline(run: &Run, event: &str) -> Vec<(String, String)> {
+    run.stdout
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().skip(1);
+            let who = words.next().filter(|w| !w.ends_with(':'))?;
+            (words.next() == Some(event)).then(|| (who.to_owned(), format!("{l} ")))
+        })
+        .collect()
+}
+
+/// The timeline's `instance_reaped` lines: dead instance -> the instance that reaped it.
+fn reaps(run: &Run) -> BTreeMap<String, String> {
+    timeline(run, "instance_reaped")
+        .into_iter()
+        .map(|(reaper, line)| (between(&line, " dead=", " ").to_owned(), reaper))
+        .collect()
+}
+
+/// The timeline's `leader_acquired` lines: (instance, epoch).
+fn terms(run: &Run) -> Vec<(String, u64)> {
+    timeline(run, "leader_acquired")
+        .into_iter()
+        .map(|(who, line)| {
+            let epoch = between(&line, " epoch=", " ").parse().expect("an epoch");
+            (who, epoch)
+        })
+        .collect()
+}
+
+/// The `<g class=..>` marks of `class` on instance `id`'s lane (legend samples excluded).
+fn marks<'a, 'i>(
+    doc: &'a roxmltree::Document<'i>,
+    class: &str,
+    id: &str,
+) -> Vec<roxmltree::Node<'a, 'i>> {
+    doc.descendants()
+        .filter(|n| {
+            n.has_tag_name("g")
+                && n.attribute("class") == Some(class)
+                && n.attribute("data-instance") == Some(id)
+        })
+        .collect()
+}
+
+/// Every text under `node` (its `<title>` included), joined.
+fn all_text(node: roxmltree::Node) -> String {
+    node.descendants()
+        .filter_map(|n| n.text())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// `demo --svg`'s file, read back with a strict XML parser and held against the run's own
+/// timeline: a lane named after each instance, with its heartbeats; a bar per leadership term
+/// with its epoch; one crash, one two-phase wait of at least the delay, and one reap (naming
+/// the reaper) on each reaped instance's lane; the failover line; the legend's samples.
+fn check_picture(path: &Path, run: &Run) {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("read {}: {e}\n{}", path.display(), run.show()));
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{} is not well-formed XML: {e}\n{text}", path.display()));
+    let root = doc.root_element();
+    assert!(
+        root.has_tag_name(("http://www.w3.org/2000/svg", "svg")),
+        "root element {:?}",
+        root.tag_name()
+    );
+    run.line(&format!("picture: wrote {} (3 lanes, ", path.display()));
+    let reaped = reaps(run);
+    assert_eq!(reaped.len(), 2, "{reaped:?}\n{}", run.show());
+    for id in ["sfu-a", "sfu-b", "sfu-c"] {
+        let labels = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text") && n.text() == Some(id))
+            .count();
+        assert_eq!(labels, 1, "the lane label {id}\n{text}");
+        let beats = marks(&doc, "beat", id).len();
+        assert!(beats >= 3, "{id}: {beats} heartbeat ticks\n{text}");
+        let (crashes, reaps) = (marks(&doc, "crash", id), marks(&doc, "reap", id));
+        let waits = marks(&doc, "two-phase-wait", id);
+        match reaped.get(id) {
+            Some(reaper) => {
+                assert_eq!(
+                    (crashes.len(), reaps.len(), waits.len()),
+                    (1, 1, 1),
+                    "{id}\n{text}"
+                );
+                let reap = all_text(reaps[0]);
+                assert!(
+                    reap.contains(&format!("reaped by {reaper}: 3 rooms, 9 peers")),
+                    "{reap}"
+                );
+                let wait = all_text(waits[0]);
+                let secs: f64 = between(&wait, "two-phase wait ", " s")
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{wait}"));
+                // Timings::fast(): 1200 ms, drawn to 10 ms.
+                assert!(secs >= 1.195, "{wait}");
+                assert!(!marks(&doc, "candidate", id).is_empty(), "{id}\n{text}");
+            }
+            None => assert_eq!((crashes.len(), reaps.len()), (0, 0), "{id}\n{text}"),
+        }
+    }
+    let terms = terms(run);
+    assert!(terms.len() >= 2, "{terms:?}\n{}", run.show());
+    for (id, epoch) in terms {
+        let bars: Vec<String> = marks(&doc, "term", &id).into_iter().map(all_text).collect();
+        let label = format!("leader, epoch {epoch}");
+        assert!(
+            bars.iter().any(|b| b.contains(&label)),
+            "{label} on {id}: {bars:?}"
+        );
+    }
+    let failover = marks(&doc, "failover", "redis");
+    assert!(
+        failover
+            .iter()
+            .any(|f| all_text(*f).contains("SENTINEL FAILOVER mymaster")),
+        "{text}"
+    );
+    let legend = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("legend"))
+        .expect("a legend");
+    for (mark, says) in [("crash", "crash"), ("reap", "reap"), ("beat", "heartbeat")] {
+        let item = legend
+            .descendants()
+            .find(|n| n.attribute("data-mark") == Some(mark))
+            .unwrap_or_else(|| panic!("legend item {mark}\n{text}"));
+        assert!(all_text(item).contains(says), "{}", all_text(item));
+    }
+}
+
 #[test]
 fn demo_sentinel_fails_its_own_master_over_and_every_check_passes_on_the_new_one() {
-    let run = run_cli(&["demo", "--sentinel"], &[]);
+    let dir = TempDir::new();
+    let svg = dir.0.join("demo.svg");
+    let svg_arg = svg.to_str().expect("a UTF-8 temp path");
+    let run = run_cli(&["demo", "--sentinel", "--svg", svg_arg], &[]);
     eprintln!("demo --sentinel: {:.1} s", run.took.as_secs_f64());
     assert!(run.status.success(), "{}", run.show());
+    check_picture(&svg, &run);
     assert!(
         run.stdout.starts_with(
             "sfu-redis demo: three SFU instances share one Redis, through Redis Sentinel\n"
@@ -282,6 +447,30 @@ fn demo_runs_through_someone_elses_sentinel_group_without_failing_it_over() {
         Some("master")
     );
     assert_eq!(node.cli(&["DBSIZE"]).expect("DBSIZE"), "0");
+}
+
+/// `--svg` to a path that cannot be opened for writing (a missing directory, a directory):
+/// refused before the demo starts anything (no output, exit 2), naming the path.
+#[test]
+fn demo_svg_to_an_unwritable_path_is_a_usage_error() {
+    let dir = TempDir::new();
+    let missing = dir.0.join("no-such-dir").join("demo.svg");
+    let is_dir = dir.0.clone();
+    for path in [&missing, &is_dir] {
+        let arg = path.to_str().expect("a UTF-8 temp path");
+        let run = run_cli(&["demo", "--svg", arg], &[]);
+        assert_eq!(run.status.code(), Some(2), "{}", run.show());
+        assert!(run.stdout.is_empty(), "{}", run.show());
+        assert!(
+            run.stderr.contains(&format!(
+                "demo --svg {arg}: cannot write the picture there: "
+            )),
+            "{}",
+            run.show()
+        );
+        assert!(!run.stderr.contains("panicked"), "{}", run.show());
+    }
+    assert!(!missing.exists() && is_dir.is_dir());
 }
 
 #[test]

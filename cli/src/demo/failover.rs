@@ -79,7 +79,7 @@ impl Demo {
         let mark = self.entries.len();
         let sent = self.elapsed();
         self.note(
-            "redis",
+            picture::REDIS_LANE,
             format!("** SENTINEL FAILOVER {name} (master {old}) **"),
         );
         let mut narrated = mark;
@@ -263,7 +263,7 @@ impl Demo {
                             secs(at.saturating_sub(sent))
                         ));
                         self.note(
-                            "redis",
+                            picture::REDIS_LANE,
                             format!(
                                 "** new master {} ({}) **",
                                 found.addr,

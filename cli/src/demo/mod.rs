@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use crate::{event_fields, signal_channel, signalled, Failure, TransportArgs};
 
 mod checks;
 mod failover;
+mod picture;
 mod report;
 mod steps;
 
@@ -69,6 +71,13 @@ pub(crate) struct DemoArgs {
     /// that cluster; any other URL is refused (exit 2).
     #[arg(long, conflicts_with = "sentinel")]
     cluster: bool,
+    /// Also draw the run as an SVG picture into FILE (created or replaced): one lane per
+    /// instance on a time axis (seconds since the demo started) with its heartbeats as ticks,
+    /// its leadership terms as bars with their epochs, the candidates events naming it, the
+    /// two-phase wait, its crash and its reap; a Redis failover as a line across the lanes.
+    /// A FILE that cannot be opened for writing is refused before the demo starts (exit 2).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -187,6 +196,8 @@ struct Demo {
     /// the checks, so that it reads the master the sentinels name now.
     con: Conn,
     checks: Vec<Check>,
+    /// Heartbeats, crashes and the lease left by a crashed leader, for `--svg`.
+    trace: picture::Trace,
     leader_polls: u64,
     most_leaders: usize,
     /// (survivor, [dead non-leader, dead leader]) once step c has run.
@@ -196,6 +207,8 @@ struct Demo {
 pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
     let signal = signal_channel()?;
     let start = Instant::now();
+    // Before anything starts: a picture that cannot be written is a usage error.
+    let mut picture = args.svg.as_deref().map(picture::Output::open).transpose()?;
     let external = args
         .redis_url
         .map(|u| u.trim().to_owned())
@@ -305,6 +318,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         signal,
         con,
         checks: Vec::new(),
+        trace: picture::Trace::default(),
         leader_polls: 0,
         most_leaders: 0,
         outcome: None,
@@ -341,7 +355,12 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
         let _ = out.flush();
     }
     demo.print_checks();
-    conclude(demo, backend, start)
+    let drawn = match picture.as_mut() {
+        Some(out) => demo.write_picture(out),
+        None => Ok(()),
+    };
+    conclude(demo, backend, start)?;
+    drawn.map_err(Failure::runtime)
 }
 
 /// The connector of the demo's own connections: `base`'s URL, TLS files and sentinel

@@ -6,6 +6,7 @@ impl Demo {
     /// Shuts down every live node (the survivor releases the lease and emits `stopped`), then
     /// collects the last events.
     pub(super) fn finish(&mut self) {
+        self.sample_beats();
         for m in &self.members {
             if !m.crashed {
                 if let Err(e) = m.node.shutdown() {
@@ -22,6 +23,7 @@ impl Demo {
         }
         self.tx = None;
         self.pump();
+        self.trace.ended(self.elapsed());
         self.members.clear();
     }
 

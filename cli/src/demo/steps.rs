@@ -35,6 +35,7 @@ impl Demo {
             .collect();
         self.leader_polls += 1;
         self.most_leaders = self.most_leaders.max(leaders.len());
+        self.sample_beats();
         leaders
     }
 
@@ -118,9 +119,11 @@ impl Demo {
     pub(super) fn crash(&mut self, i: usize) -> (usize, Duration) {
         self.pump();
         let mark = self.entries.len();
+        self.sample_beats();
         self.members[i].node.simulate_crash();
         self.members[i].crashed = true;
         let at = self.elapsed();
+        self.trace.crashed(&self.members[i].id, at);
         self.entries.push(Entry {
             at,
             instance: self.members[i].id.clone(),
@@ -369,6 +372,10 @@ impl Demo {
             query::<i64>(&mut self.con, redis::cmd("PTTL").arg(self.keys.leader()))
                 .ok()
                 .filter(|ms| *ms >= 0);
+        if let Some(ms) = lease_left {
+            let expiry = crashed_at + Duration::from_millis(ms as u64);
+            self.trace.lease_expires(&leader_id, expiry);
+        }
         self.say(&format!(
             "{leader_id} crashed holding the lease{}",
             lease_left.map_or(String::new(), |ms| format!(" ({ms} ms of its TTL left)"))
