@@ -172,8 +172,8 @@ fn verdict(r: &ReapReport, forced: bool) -> Result<(), Failure> {
             r.counts.kept
         )),
         Some(Refusal::Live) => refuse(format!(
-            "{id} is alive: its heartbeat key holds a live process's boot token; refused{}",
-            if forced { " (--force never reaps a live instance)" } else { "" }
+            "{id} is alive: its heartbeat key holds a process's boot token (a live process, or one that died less than its heartbeat TTL ago: the key expires by itself, retry then); refused, and --force {}",
+            if forced { "never reaps such an instance" } else { "does not override this" }
         )),
         Some(Refusal::Released) => refuse(format!(
             "{id} stopped cleanly but its heartbeat key has not expired yet; refused (pass --force to reap it now)"

@@ -41,7 +41,13 @@ pub(crate) fn run(src: &Source) -> Result<(), Failure> {
         drawn
             .and_then(|()| out.write_all(&frame))
             .and_then(|()| out.flush())
-            .map_err(|e| Failure::runtime(format!("cannot write to stdout: {e}")))?;
+            .map_err(|e| {
+                // A reader that went away (`| head`) ends the watch quietly, as for any filter.
+                if e.kind() == std::io::ErrorKind::BrokenPipe {
+                    std::process::exit(0);
+                }
+                Failure::runtime(format!("cannot write to stdout: {e}"))
+            })?;
         drop(out);
         std::thread::sleep(WATCH_INTERVAL.saturating_sub(started.elapsed()));
     }
