@@ -8,7 +8,9 @@
 //! Runs the reap comparison (library / seed-style baseline / floor) at 10,000 rooms of 4 peers,
 //! the heartbeat tick with 10,000 rooms against its floor (with its round trips counted), and
 //! the latency a second client sees (PING in a loop) while 100,000 rooms are reaped, once
-//! unpaced (`unpaced_*` fields) and once at the reaper's pace (`latency_reap_ms`, `ping_*`);
+//! unpaced (`unpaced_*` fields) and once at the reaper's pace (`latency_reap_ms`, `ping_*`),
+//! against the same PING loop for 5 s with nothing else running (`alone_*`: the machine's own
+//! tail);
 //! prints one JSON object, then the goals and whether each is met. The comparisons with the
 //! baselines run unpaced (`reap_pace` 0): they time the reap's own work.
 //!
@@ -23,7 +25,8 @@
 //! `--reap-batch N` sets the leader's reap batch size (default 500); `--pace P` the pace of
 //! the paced big reap (default `sfu_redis::REAP_PACE`).
 //! `--pace-sweep 0,0.5,1,2` instead reaps `--latency-rooms` rooms `--runs` times at each pace,
-//! with the PING client running, one JSON line per reap (with the machine's load average):
+//! with the PING client running, one JSON line per reap (with the machine's load average),
+//! after one line per run of the PING loop alone (5 s):
 //! the measurement behind the default pace.
 //! `SFU_PERF_STATS=1` also prints the server's `INFO commandstats` of each library reap (where
 //! the server's time goes, command by command, including the commands inside the scripts).
@@ -189,12 +192,40 @@ fn sweep(sizes: &[usize], rooms: usize, latency_rooms: usize, runs: usize) {
     }
 }
 
+/// PING in a loop for `secs` with nothing else running: the machine's own tail latency, against
+/// which the PING latency during a reap is judged. Sorted round trips.
+fn ping_alone(direct: &str, secs: f64) -> Vec<Duration> {
+    let mut con = connect(direct);
+    let mut samples = Vec::new();
+    let t = Instant::now();
+    while t.elapsed().as_secs_f64() < secs {
+        let s = Instant::now();
+        let _: String = redis::cmd("PING").query(&mut con).expect("PING");
+        samples.push(s.elapsed());
+    }
+    samples.sort();
+    samples
+}
+
 /// `--pace-sweep`: the big reap and the PING latency at each pace, `runs` times, at loopback.
 fn pace_sweep(paces: &[f64], batch: usize, rooms: usize, runs: usize) {
     let server = server();
     let url = server.url();
     let mut fab = connect(&url);
     for run in 0..runs {
+        let alone = ping_alone(&url, 5.0);
+        let pct = |p: f64| alone[((alone.len() - 1) as f64 * p) as usize];
+        println!(
+            "{}",
+            json!({
+                "run": run,
+                "baseline": "PING alone, 5 s",
+                "ping_samples": alone.len(),
+                "ping_p99_ms": ms(pct(0.99)),
+                "ping_max_ms": ms(*alone.last().expect("samples")),
+                "loadavg": load_average(),
+            })
+        );
         for &pace in paces {
             let leader = fast_leader_paced(&Target::plain(&url), batch, pace);
             let (took, samples) = reap_with_pings(&leader, &mut fab, &url, rooms);
@@ -206,6 +237,8 @@ fn pace_sweep(paces: &[f64], batch: usize, rooms: usize, runs: usize) {
                     "run": run,
                     "reap_pace": pace,
                     "reap_batch": batch,
+                    // What a paced reap's batches hold (sfu_redis::PACED_REAP_BATCH).
+                    "effective_batch": if pace > 0.0 { batch.min(sfu_redis::PACED_REAP_BATCH) } else { batch },
                     "rooms": rooms,
                     "reap_ms": ms(took),
                     "ping_samples": samples.len(),
@@ -561,6 +594,8 @@ fn main() {
     let ticks = measure_ticks(&mut b, a.rooms, a.runs);
     let metrics = measure_metrics_cost(&b, a.rooms, a.runs);
     let direct = b.direct.clone();
+    // The machine's own PING tail with no reap running, to judge the two below against.
+    let alone = ping_alone(&direct, 5.0);
     let unpaced = reap_with_pings(&leader, &mut b.fab, &direct, a.latency_rooms);
     // The same reap at the reaper's pace: a leader of its own (the first one leaves, releasing
     // the lease).
@@ -568,7 +603,7 @@ fn main() {
     let paced_leader = fast_leader_paced(&Target::plain(&b.url), a.batch, a.pace);
     let paced = reap_with_pings(&paced_leader, &mut b.fab, &direct, a.latency_rooms);
     paced_leader.leave().ok();
-    report(&a, &reaps, &ticks, &metrics, &unpaced, &paced);
+    report(&a, &reaps, &ticks, &metrics, &alone, &unpaced, &paced);
 }
 
 /// The metrics-cost fields of the report.
@@ -617,6 +652,7 @@ fn report(
     r: &Reaps,
     t: &Ticks,
     m: &MetricsCost,
+    alone: &[Duration],
     unpaced: &(Duration, Vec<Duration>),
     paced: &(Duration, Vec<Duration>),
 ) {
@@ -650,6 +686,8 @@ fn report(
         "tick_round_trips": t.round_trips,
         "tick_vs_floor": ratio(t.tick, t.floor),
         "latency_rooms": a.latency_rooms,
+        "alone_ping_p99_ms": ms(alone[((alone.len() - 1) as f64 * 0.99) as usize]),
+        "alone_ping_max_ms": ms(*alone.last().expect("samples")),
         "unpaced_latency_reap_ms": ms(unpaced.0),
         "unpaced_ping_samples": unpaced.1.len(),
         "unpaced_ping_p50_ms": ms(unpaced_pct(0.50)),

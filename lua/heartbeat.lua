@@ -6,6 +6,11 @@
 -- KEYS[3] P:{ctl}:dataset      STRING, the dataset token
 -- KEYS[4] P:{ctl}:epoch        the last fencing token handed out
 -- KEYS[5] P:{ctl}:instance:<I>:info  HASH, how the instance describes itself (src/info.rs)
+-- KEYS[6] P:{ctl}:instance:<I>:rooms           its indexes ...
+-- KEYS[7] P:{ctl}:instance:<I>:peers
+-- KEYS[8] P:{ctl}:instance:<I>:reaping-rooms   ... as a reap of an earlier life moved them
+-- KEYS[9] P:{ctl}:instance:<I>:reaping-peers   aside (reap_begin.lua), and that reap's token
+-- KEYS[10] P:{ctl}:instance:<I>:reaping
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
@@ -25,6 +30,11 @@
 -- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
 -- started_ms is this call's server time at 'register' (a new life) or when ARGV[8] is '0'.
 -- It goes with the registration: reap_finish.lua and Node::leave delete it.
+--
+-- At 'register', indexes a reap of an earlier life moved aside (a reap under way, or one a
+-- leader left unfinished) are merged back into the live indexes and the reap's token deleted:
+-- the new life's clean-up of its earlier life (heartbeat.rs, `register`) then sees every
+-- member, and a reap still running ends as 'alive' without deleting anything of this life.
 --
 -- Reply: {status, server_ms, token, epoch, server_us}; status is
 --   'ok'        heartbeat written;
@@ -81,6 +91,16 @@ if tonumber(ARGV[7]) > tonumber(epoch) then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
+if ARGV[3] == 'register' then
+  for i = 8, 9 do
+    local live = redis.call('TYPE', KEYS[i - 2]).ok
+    if redis.call('TYPE', KEYS[i]).ok == 'set' and (live == 'set' or live == 'none') then
+      redis.call('SUNIONSTORE', KEYS[i - 2], KEYS[i - 2], KEYS[i])
+      redis.call('UNLINK', KEYS[i])
+    end
+  end
+  redis.call('DEL', KEYS[10])
+end
 if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
   local started = ARGV[8]
   if ARGV[3] == 'register' or started == '0' then started = string.format('%d', now) end

@@ -5,6 +5,11 @@
 -- KEYS[1] P:{ctl}:heartbeats
 -- KEYS[2] P:{ctl}:hb:<D>
 -- KEYS[3] P:{ctl}:leader
+-- KEYS[4] P:{ctl}:instance:<D>:rooms           the live indexes ...
+-- KEYS[5] P:{ctl}:instance:<D>:peers
+-- KEYS[6] P:{ctl}:instance:<D>:reaping-rooms   ... and where the reap moves them
+-- KEYS[7] P:{ctl}:instance:<D>:reaping-peers
+-- KEYS[8] P:{ctl}:instance:<D>:reaping         STRING: the token of the reap that owns them
 -- ARGV[1] candidate instance id (wire form)
 -- ARGV[2] stale_threshold, ms
 -- ARGV[3] the calling leader's instance id (wire form)
@@ -13,8 +18,18 @@
 -- A dead instance's score is set to 0, which (a) keeps it a candidate should this leader die
 -- mid-reap and (b) tells the instance, should it resume, that it was reaped (heartbeat.lua).
 --
+-- A dead instance's indexes are moved aside (RENAME, O(1)), unless a reap under way or
+-- interrupted moved them already (then they stay where they are and this reap takes over the
+-- moved ones: a moved index never grows, so whichever reap scans it to the end has seen every
+-- member). What a new life or a zombie of D indexes from now on goes to the fresh live
+-- indexes, which the reap never touches: no per-member removal, no new-life check per batch;
+-- reap_finish.lua UNLINKs the moved indexes, and heartbeat.lua merges them back into the live
+-- ones should D register again first. KEYS[8] gets this reap's token (server_us), so that only
+-- the reap that scanned the moved indexes deletes them.
+--
 -- Reply: {status, server_ms, server_us}; status is 'dead' (reap it; server_us is t0 for the
--- room and peer scripts: microseconds, so a new life's write cannot tie with it), 'alive' (it heartbeated again: leave it), 'gone' (not registered) or
+-- room and peer scripts: microseconds, so a new life's write cannot tie with it; and the
+-- reap's token), 'alive' (it heartbeated again: leave it), 'gone' (not registered) or
 -- 'not_leader' (the lease does not hold the caller's id: fencing, e.g. after Redis lost the
 -- lease while the caller still believed it led).
 --
@@ -29,4 +44,10 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score == false then return {'gone', now, now_us} end
 if tonumber(score) >= now - tonumber(ARGV[2]) then return {'alive', now, now_us} end
 redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+if redis.call('EXISTS', KEYS[6], KEYS[7]) == 0 then
+  for i = 4, 5 do
+    if redis.call('TYPE', KEYS[i]).ok == 'set' then redis.call('RENAME', KEYS[i], KEYS[i + 2]) end
+  end
+end
+redis.call('SET', KEYS[8], now_us)
 return {'dead', now, now_us}

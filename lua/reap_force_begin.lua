@@ -3,11 +3,16 @@
 -- check that the instance may be reaped now and, with 'begin', mark it as being reaped (score
 -- 0), as reap_begin.lua does for a leader, but without a lease and without the two-phase wait.
 -- The rest of the reap is the leader's: the same owner-CAS scripts (reap_room.lua,
--- reap_peer.lua, reap_unindex.lua) and reap_finish.lua, so a leader reaping the same instance
+-- reap_peer.lua) and reap_finish.lua, so a leader reaping the same instance
 -- at the same moment and this reap interleave safely (each step is idempotent).
 --
 -- KEYS[1] P:{ctl}:heartbeats
 -- KEYS[2] P:{ctl}:hb:<D>
+-- KEYS[3] P:{ctl}:instance:<D>:rooms           moved aside with 'begin', as reap_begin.lua
+-- KEYS[4] P:{ctl}:instance:<D>:peers           does (see there)
+-- KEYS[5] P:{ctl}:instance:<D>:reaping-rooms
+-- KEYS[6] P:{ctl}:instance:<D>:reaping-peers
+-- KEYS[7] P:{ctl}:instance:<D>:reaping
 -- ARGV[1] D, the instance to reap (wire form)
 -- ARGV[2] D's stale threshold, ms (its own record's, else the caller's configuration)
 -- ARGV[3] '1': forced (a heartbeat key holding 'released' and a last heartbeat within the
@@ -18,7 +23,9 @@
 -- 0 = being reaped already, -1 = not registered); status is
 --   'dead'     it may be reaped; with 'begin' its score is now 0 and a heartbeat key holding
 --              'released' was deleted (so the reap's scripts, which treat any heartbeat key as
---              a registration, see it gone); server_us is t0 for the room and peer scripts;
+--              a registration, see it gone), and its indexes are moved aside as by
+--              reap_begin.lua; server_us is t0 for the room and peer scripts and the reap's
+--              token;
 --   'live'     its heartbeat key holds a live process's boot token (any value but
 --              'released', or a key of another type): never reaped, forced or not;
 --   'released' its heartbeat key holds 'released' (a clean stop whose key has not expired
@@ -47,5 +54,11 @@ end
 if ARGV[4] == 'begin' then
   if holder then redis.call('DEL', KEYS[2]) end
   redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+  if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then
+    for i = 3, 4 do
+      if redis.call('TYPE', KEYS[i]).ok == 'set' then redis.call('RENAME', KEYS[i], KEYS[i + 2]) end
+    end
+  end
+  redis.call('SET', KEYS[7], now_us)
 end
 return {'dead', now, s, now_us}

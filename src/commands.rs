@@ -81,6 +81,9 @@ pub const COMMANDS: &[Command] = &[
     c("SREM", "$K m", Need::Node),
     c("SCARD", "$K", Need::Node),
     c("SMEMBERS", "$K", Need::Node),
+    c("SUNIONSTORE", "$K $K $K", Need::Node),
+    c("RENAME", "$K $K", Need::Node),
+    c("UNLINK", "$K", Need::Node),
     c("SSCAN", "$K 0 COUNT 1000", Need::Node),
     c("ZADD", "$K 0 m", Need::Node),
     c("ZREM", "$K m", Need::Node),
@@ -232,7 +235,7 @@ mod tests {
             .iter()
             .find(|p| p.what == "EVALSHA heartbeat.lua")
             .expect("heartbeat probe");
-        assert_eq!(hb.argv[2], "5");
+        assert_eq!(hb.argv[2], "10");
         assert_eq!(hb.argv[3], "sfu:prod:main:{ctl}:heartbeats");
         assert_eq!(hb.argv[4], "sfu:prod:main:{ctl}:hb:doctor-probe");
         assert_eq!(hb.argv[7], "sfu:prod:main:{ctl}:instance:doctor-probe:info");

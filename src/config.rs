@@ -529,12 +529,14 @@ impl ConfigBuilder {
         self
     }
 
-    /// The reaper's pace, so that a big reap leaves Redis to the SFU's own traffic: after each
-    /// reap batch (one pipelined round trip of [`ConfigBuilder::reap_batch`] members) the
+    /// The reaper's pace, so that a big reap leaves Redis to the SFU's own traffic: a paced
+    /// reap's batches hold at most [`PACED_REAP_BATCH`] (32) members (one pipelined round trip
+    /// each: another client waits behind at most one such batch), and after each batch the
     /// reaper pauses `pace` times the batch's measured duration before the next one. Redis is
     /// then busy with the reap at most `1 / (1 + pace)` of the time and a reap takes about
-    /// `1 + pace` times as long; the pause adapts to the server's speed and the network (a
-    /// slow batch is followed by a long pause). 0 = no pause (the fastest reap).
+    /// `1 + pace` times as long as with batches of that size; the pause adapts to the server's
+    /// speed and the network (a slow batch is followed by a long pause). 0 = no pause and
+    /// batches of [`ConfigBuilder::reap_batch`] (the fastest reap).
     ///
     /// Default [`REAP_PACE`] = 1, allowed 0 to [`MAX_REAP_PACE`], any finite number in
     /// between (measured trade-off: README "Reap pace"). Environment `SFU_REAP_PACE`.
@@ -734,6 +736,14 @@ pub const MAX_REAP_BATCH: usize = 10_000;
 /// Default of [`ConfigBuilder::reap_pace`]: the reaper pauses as long as each batch took,
 /// tuned with `examples/perf_report.rs --pace` (README "Reap pace").
 pub const REAP_PACE: f64 = 1.0;
+
+/// Most index members of one batch of a paced reap ([`ConfigBuilder::reap_pace`] > 0; a
+/// smaller [`ConfigBuilder::reap_batch`] is kept). Redis runs a pipeline's commands without
+/// serving other clients in between for as long as one read of its input holds (16 KB, some 60
+/// `reap_room.lua` calls, about 2 ms): a smaller batch bounds what another client waits behind
+/// the reap, whatever the pause. Measured with `examples/perf_report.rs --pace-sweep`
+/// (README "Reap pace").
+pub const PACED_REAP_BATCH: usize = 32;
 
 /// Largest [`ConfigBuilder::reap_pace`]: a reap at most 101 times as long as unpaced.
 pub const MAX_REAP_PACE: f64 = 100.0;

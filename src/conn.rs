@@ -1136,31 +1136,37 @@ mod tests {
         let server = LocalRedis::start().expect("start redis-server");
         let redis = Redis::new(&server.url(), std::time::Duration::from_secs(2)).unwrap();
         let mut con = redis.connect().unwrap();
-        let _: () = redis::cmd("SADD")
-            .arg("set")
+        let _: () = redis::cmd("MSET")
             .arg("a")
+            .arg("x")
             .arg("b")
+            .arg("x")
             .query(&mut con)
             .unwrap();
-        // reap_unindex.lua removes its members (the instance "x" is not registered).
-        let unindex = |member: &str| {
-            let mut inv = SCRIPTS.reap_unindex.prepare_invoke();
-            inv.key("hbs").key("hb").key("set").arg("x").arg(member);
+        // lease_release.lua deletes its key when it holds the caller's id: 1 the first time,
+        // 0 on a second run.
+        let release = |key: &str| {
+            let mut inv = SCRIPTS.lease_release.prepare_invoke();
+            inv.key(key).arg("x");
             inv
         };
         let mut pipe = redis::pipe();
-        pipe.invoke_script(&unindex("a"));
+        pipe.invoke_script(&release("a"));
         pipe.cmd("SCRIPT").arg("FLUSH");
-        pipe.invoke_script(&unindex("b"));
+        pipe.invoke_script(&release("b"));
         let replies = exec(&mut con, &mut pipe).unwrap();
         let got: Vec<Option<i64>> = replies
             .into_iter()
             .map(|r| r.ok().and_then(|v| redis::from_redis_value::<i64>(v).ok()))
             .collect();
         // Sent whole again, the first script would run twice (its reply then 0, "nothing
-        // removed") and the third would find no script again.
+        // deleted") and the third would find no script again.
         assert_eq!(got, vec![Some(1), None, Some(1)]);
-        let left: i64 = redis::cmd("SCARD").arg("set").query(&mut con).unwrap();
+        let left: i64 = redis::cmd("EXISTS")
+            .arg("a")
+            .arg("b")
+            .query(&mut con)
+            .unwrap();
         assert_eq!(left, 0);
     }
 
@@ -1172,20 +1178,16 @@ mod tests {
         let server = LocalRedis::start().expect("start redis-server");
         let redis = Redis::new(&server.url(), std::time::Duration::from_secs(2)).unwrap();
         let mut con = redis.connect().unwrap();
-        let _: () = redis::cmd("SADD")
-            .arg("set")
-            .arg("a")
-            .query(&mut con)
-            .unwrap();
+        let _: () = redis::cmd("SET").arg("a").arg("x").query(&mut con).unwrap();
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
-        let mut inv = SCRIPTS.reap_unindex.prepare_invoke();
-        inv.key("hbs").key("hb").key("set").arg("x").arg("a");
+        let mut inv = SCRIPTS.lease_release.prepare_invoke();
+        inv.key("a").arg("x");
         let evalsha = redis::Cmd::invoke_script(&inv);
         let err = evalsha.query::<i64>(&mut con).unwrap_err();
         assert!(is_noscript(&err), "{err}");
         let removed: i64 = as_eval(&evalsha).expect("an EVAL").query(&mut con).unwrap();
         assert_eq!(removed, 1);
-        let left: i64 = redis::cmd("SCARD").arg("set").query(&mut con).unwrap();
+        let left: i64 = redis::cmd("EXISTS").arg("a").query(&mut con).unwrap();
         assert_eq!(left, 0);
         assert!(as_eval(&redis::cmd("GET").arg("k").to_owned()).is_none());
     }

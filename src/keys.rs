@@ -261,6 +261,29 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:peers", self.prefix)
     }
 
+    /// `P:{ctl}:instance:<I>:reaping-rooms` (`instance` in wire form): the room index of an
+    /// instance being reaped, moved aside by the reap's first step (`reap_begin.lua`) so that
+    /// what a new life (or a zombie) of the instance indexes meanwhile goes to a fresh
+    /// [`KeySpace::instance_rooms`], untouched by the reap, and the reap ends with one `UNLINK`
+    /// instead of a removal per member. It exists only while a reap is under way (or was
+    /// interrupted: the next reap of the instance, or its next registration, takes it over).
+    pub fn instance_reaping_rooms(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:reaping-rooms", self.prefix)
+    }
+
+    /// `P:{ctl}:instance:<I>:reaping-peers`: the peer index moved aside, as
+    /// [`KeySpace::instance_reaping_rooms`].
+    pub fn instance_reaping_peers(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:reaping-peers", self.prefix)
+    }
+
+    /// `P:{ctl}:instance:<I>:reaping` (STRING): the start (server microseconds, t0) of the
+    /// reap that owns the moved indexes; only that reap deletes them when it ends
+    /// (`reap_finish.lua`).
+    pub fn instance_reaping(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:reaping", self.prefix)
+    }
+
     /// `P:{ctl}:instance:<I>:info` (`instance` in wire form): the hash in which an instance
     /// describes itself (version, host, pid, start, timings, transport), written with its
     /// registration and removed by its reap and by [`Node::leave`](crate::Node::leave).
@@ -323,6 +346,21 @@ impl KeySpace {
                         .and_then(|s| s.strip_suffix(":info"))
                     {
                         ParsedKey::InstanceInfo(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":reaping-rooms"))
+                    {
+                        ParsedKey::InstanceReapingRooms(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":reaping-peers"))
+                    {
+                        ParsedKey::InstanceReapingPeers(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":reaping"))
+                    {
+                        ParsedKey::InstanceReaping(i.to_owned())
                     } else {
                         return None;
                     }
@@ -355,6 +393,9 @@ pub enum ParsedKey {
     InstanceRooms(String),
     InstancePeers(String),
     InstanceInfo(String),
+    InstanceReapingRooms(String),
+    InstanceReapingPeers(String),
+    InstanceReaping(String),
     RoomOwner(String),
     RoomMeta(String),
     RoomPeers(String),
@@ -383,7 +424,10 @@ impl ParsedKey {
             ParsedKey::Heartbeat(i)
             | ParsedKey::InstanceRooms(i)
             | ParsedKey::InstancePeers(i)
-            | ParsedKey::InstanceInfo(i) => Some(i),
+            | ParsedKey::InstanceInfo(i)
+            | ParsedKey::InstanceReapingRooms(i)
+            | ParsedKey::InstanceReapingPeers(i)
+            | ParsedKey::InstanceReaping(i) => Some(i),
             _ => None,
         }
     }

@@ -57,7 +57,7 @@ mod worker;
 
 pub use config::{
     redact_url, Config, ConfigBuilder, IntoRedisUrl, Mode, Timings, TlsOptions, MAX_REAP_BATCH,
-    MAX_REAP_PACE, REAP_PACE,
+    MAX_REAP_PACE, PACED_REAP_BATCH, REAP_PACE,
 };
 /// The receiver of [`Node::events`] (re-exported so a host that stores it needs no
 /// `crossbeam-channel` dependency of its own).

@@ -5,7 +5,7 @@
 //! different first step: `reap_force_begin.lua` instead of `reap_begin.lua`. It checks, on
 //! Redis server time and atomically, that the instance may be reaped, and marks it as being
 //! reaped (score 0). Then the rooms and peers go with the leader's owner-CAS scripts
-//! (`reap_room.lua`, `reap_peer.lua`, `reap_unindex.lua`) in the leader's batches, and
+//! (`reap_room.lua`, `reap_peer.lua`) in the leader's batches, and
 //! `reap_finish.lua` ends it.
 //!
 //! # When an instance is refused ([`Refusal`])
@@ -220,7 +220,7 @@ pub fn reap_instance(
         last_heartbeat_ms: -1,
         server_ms: 0,
     };
-    let Some(t0) = begin(&ctx, &mut con, &dead, stale, options, &mut report)? else {
+    let Some((t0, token)) = begin(&ctx, &mut con, &dead, stale, options, &mut report)? else {
         return Ok(report);
     };
     (report.rooms_listed, report.peers_listed) = index_sizes(&ctx.keys, &mut con, &dead)?;
@@ -258,6 +258,8 @@ pub fn reap_instance(
         counters: &Counters::default(),
         dead: &dead,
         t0,
+        token,
+        keep: Default::default(),
         leading: &still_dead,
         pace: Pace {
             ratio: ctx.reap_pace,
@@ -282,7 +284,7 @@ pub fn reap_instance(
         }
         Err(e) => return Err(e),
     }
-    match reaper::finish(&ctx, &mut con, &dead, counts.kept)? {
+    match reaper::finish(&reap, &mut con, counts.kept)? {
         Finish::Done => report.reaped = true,
         Finish::Alive => report.refused = Some(Refusal::RegisteredAgain),
         Finish::Retry => {}
@@ -306,9 +308,10 @@ fn own_threshold(con: &mut Conn, ks: &KeySpace, dead: &str) -> Result<Option<u64
     Ok(info.stale_threshold().map(|d| d.as_millis() as u64))
 }
 
-/// `reap_force_begin.lua` (module docs): `Some(t0)` (server microseconds) when `dead` may be
-/// reaped (and, unless a dry run, is now marked as being reaped); else `None`, with the
-/// refusal in `report`.
+/// `reap_force_begin.lua` (module docs): `Some((t0, token))` (server microseconds; the token
+/// identifies this reap to `reap_finish.lua`) when `dead` may be reaped (and, unless a dry run,
+/// is now marked as being reaped, its indexes moved aside); else `None`, with the refusal in
+/// `report`.
 fn begin(
     ctx: &Ctx,
     con: &mut Conn,
@@ -316,7 +319,7 @@ fn begin(
     stale_ms: u64,
     options: &ReapOptions<'_>,
     report: &mut ReapReport,
-) -> Result<Option<i64>> {
+) -> Result<Option<(i64, i64)>> {
     // On a cluster, t0 is the earliest master clock read before the mark (`reaper::begin`).
     let before = if con.is_cluster() && !options.dry_run {
         Some(conn::server_time_us(con)?)
@@ -326,6 +329,11 @@ fn begin(
     let mut inv = SCRIPTS.reap_force_begin.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.instance_rooms(dead))
+        .key(ctx.keys.instance_peers(dead))
+        .key(ctx.keys.instance_reaping_rooms(dead))
+        .key(ctx.keys.instance_reaping_peers(dead))
+        .key(ctx.keys.instance_reaping(dead))
         .arg(dead)
         .arg(stale_ms)
         .arg(if options.force { "1" } else { "0" })
@@ -334,7 +342,7 @@ fn begin(
     report.server_ms = now_ms;
     report.last_heartbeat_ms = score;
     report.refused = match status.as_str() {
-        "dead" => return Ok(Some(before.map_or(now_us, |b| b.min(now_us)))),
+        "dead" => return Ok(Some((before.map_or(now_us, |b| b.min(now_us)), now_us))),
         "live" => Some(Refusal::Live),
         "released" => Some(Refusal::Released),
         "fresh" => Some(Refusal::Fresh {
@@ -363,12 +371,15 @@ fn each<T: redis::FromRedisValue>(con: &mut Conn, pipe: &mut redis::Pipeline) ->
         .collect()
 }
 
-/// True when any key of `dead`'s registration exists: index sets, info hash, heartbeat key.
+/// True when any key of `dead`'s registration exists: index sets (live or moved aside by an
+/// interrupted reap), info hash, heartbeat key.
 fn leftovers(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
     let mut pipe = redis::pipe();
     for key in [
         ks.instance_rooms(dead),
         ks.instance_peers(dead),
+        ks.instance_reaping_rooms(dead),
+        ks.instance_reaping_peers(dead),
         ks.instance_info(dead),
         ks.heartbeat(dead),
     ] {
@@ -377,13 +388,15 @@ fn leftovers(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
     Ok(each::<bool>(con, &mut pipe)?.into_iter().any(|e| e))
 }
 
-/// The sizes of `dead`'s room and peer indexes.
+/// The sizes of `dead`'s room and peer indexes (live and moved aside by the reap).
 fn index_sizes(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<(u64, u64)> {
     let mut pipe = redis::pipe();
     pipe.scard(ks.instance_rooms(dead))
-        .scard(ks.instance_peers(dead));
+        .scard(ks.instance_reaping_rooms(dead))
+        .scard(ks.instance_peers(dead))
+        .scard(ks.instance_reaping_peers(dead));
     match each::<u64>(con, &mut pipe)?[..] {
-        [rooms, peers] => Ok((rooms, peers)),
+        [rooms, rooms_aside, peers, peers_aside] => Ok((rooms + rooms_aside, peers + peers_aside)),
         _ => Err(Error::bad_data(OP, "fewer replies than commands")),
     }
 }
@@ -403,33 +416,42 @@ fn still_dead(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
 
 /// A dry run's lists: up to [`SAMPLE`] rooms and peers of `dead`'s indexes, callers' ids.
 fn sample(ks: &KeySpace, con: &mut Conn, dead: &str, report: &mut ReapReport) -> Result<()> {
-    let page = |con: &mut Conn, index: String| -> Result<Vec<String>> {
-        let mut cursor = Cursor::new(Scan::set(index).count(SAMPLE));
+    // The live index first, then one a reap under way moved aside.
+    let page = |con: &mut Conn, indexes: [String; 2]| -> Result<Vec<String>> {
         let mut out = Vec::new();
-        while out.len() < SAMPLE {
-            let Some(items) = cursor.next_page(con).map_err(|e| Error::redis(OP, e))? else {
-                break;
-            };
-            let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
-            out.extend(
-                raw.into_iter()
-                    .map(|m| String::from_utf8_lossy(&m).into_owned()),
-            );
+        for index in indexes {
+            let mut cursor = Cursor::new(Scan::set(index).count(SAMPLE));
+            while out.len() < SAMPLE {
+                let Some(items) = cursor.next_page(con).map_err(|e| Error::redis(OP, e))? else {
+                    break;
+                };
+                let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
+                out.extend(
+                    raw.into_iter()
+                        .map(|m| String::from_utf8_lossy(&m).into_owned()),
+                );
+            }
         }
         out.truncate(SAMPLE);
         Ok(out)
     };
     let readable = |w: &str| decode_id(w).unwrap_or_else(|_| w.to_owned());
-    report.room_ids = page(con, ks.instance_rooms(dead))?
-        .iter()
-        .map(|w| readable(w))
-        .collect();
-    report.peer_ids = page(con, ks.instance_peers(dead))?
-        .iter()
-        .map(|m| match split_peer_member(m) {
-            Some((r, p)) => format!("{}/{}", readable(r), readable(p)),
-            None => m.clone(),
-        })
-        .collect();
+    report.room_ids = page(
+        con,
+        [ks.instance_rooms(dead), ks.instance_reaping_rooms(dead)],
+    )?
+    .iter()
+    .map(|w| readable(w))
+    .collect();
+    report.peer_ids = page(
+        con,
+        [ks.instance_peers(dead), ks.instance_reaping_peers(dead)],
+    )?
+    .iter()
+    .map(|m| match split_peer_member(m) {
+        Some((r, p)) => format!("{}/{}", readable(r), readable(p)),
+        None => m.clone(),
+    })
+    .collect();
     Ok(())
 }

@@ -4,15 +4,22 @@
 //! Order for one dead instance D (each step idempotent, so a new leader can redo a reap that
 //! its predecessor left half done):
 //! 1. `reap_begin.lua`: D has no heartbeat key and a stale score -> score set to 0 ("being
-//!    reaped"), server time t0 returned.
-//! 2. Rooms: `SSCAN` D's room index; `reap_room.lua` for each room of the batch, pipelined
-//!    (owner CAS; a room pinned after t0 belongs to a new life of D and is kept); the
-//!    deleted records' index entries and the batch's room-index entries go with the next
-//!    batch's round trip, after the scripts that deleted them (index after record), together
-//!    with the `SSCAN` of the next page: one round trip per batch.
-//! 3. Peers: `SSCAN` D's peer index; `reap_peer.lua` for each, pipelined; then index entries.
-//! 4. `reap_finish.lua`: D's sorted-set entry goes (members that could not be reaped stay in
-//!    its indexes for the audit to report).
+//!    reaped"), server time t0 returned; D's indexes are moved aside (`RENAME` to
+//!    `P:{ctl}:instance:<D>:reaping-rooms` / `-peers`), so what a new life or a zombie of D
+//!    indexes meanwhile goes to fresh live indexes that the reap never touches.
+//! 2. Rooms: `SSCAN` the moved room index; `reap_room.lua` for each room of the batch,
+//!    pipelined (owner CAS; a room pinned after t0 belongs to a new life of D and is kept);
+//!    the deleted records' entries in peer indexes (other instances' live ones, D's moved
+//!    one: plain `SREM`, as only reaps touch a moved index) go with the next batch's round
+//!    trip, after the scripts that deleted them (index after record), together with the
+//!    `SSCAN` of the next page: one round trip per batch. D's room entries are not removed
+//!    one by one: the moved room index goes whole at the end.
+//! 3. Peers: `SSCAN` what is left in the moved peer index; `reap_peer.lua` for each,
+//!    pipelined.
+//! 4. The members that could not be reaped (bad data) or were kept (a new life's) are put
+//!    back into D's live indexes, then `reap_finish.lua` `UNLINK`s the moved indexes and
+//!    removes D's sorted-set entry (members put back for bad data stay for the audit to
+//!    report).
 //!
 //! A leader's reap is paced ([`Pace`], `ConfigBuilder::reap_pace`): after each batch but the
 //! last it pauses in proportion to the batch's measured duration, so that the SFU's own Redis
@@ -27,7 +34,7 @@ use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
-use crate::rooms::{unindex_reaped, Unindex, PEER_BATCH};
+use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
 use crate::state::{Counters, Ctx, Local, Shared};
@@ -83,7 +90,9 @@ pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn) -> Result<Vec<String>> {
 /// On a cluster, `t0` is the earliest of every master's clock read just before the re-check
 /// (a room's `pinned_us` is its own master's time: a new life's pin, which follows the
 /// re-check, is newer than `t0` on every master whatever their skew; invariant 1).
-pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<i64>> {
+/// Phase two (`reap_begin.lua`): `Some((t0, token))` when `dead` is really dead and now being
+/// reaped (its indexes moved aside); `token` identifies this reap to `reap_finish.lua`.
+pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64, i64)>> {
     let before = if con.is_cluster() {
         Some(conn::server_time_us(con)?)
     } else {
@@ -93,6 +102,11 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<i64>
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
         .key(ctx.keys.leader())
+        .key(ctx.keys.instance_rooms(dead))
+        .key(ctx.keys.instance_peers(dead))
+        .key(ctx.keys.instance_reaping_rooms(dead))
+        .key(ctx.keys.instance_reaping_peers(dead))
+        .key(ctx.keys.instance_reaping(dead))
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);
@@ -102,7 +116,7 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<i64>
         return Err(Error::NotLeader);
     }
     let t0 = before.map_or(now_us, |b| b.min(now_us));
-    Ok((status == "dead").then_some(t0))
+    Ok((status == "dead").then_some((t0, now_us)))
 }
 
 /// The next `SSCAN` page of an instance's index (`cursor`: about
@@ -163,8 +177,7 @@ pub(crate) fn reap_rooms(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
     let mut cleanup = Cleanup::default();
     let out = reap_room_batches(r, con, counts, &mut cleanup);
     if cleanup.len > 0 {
-        // Through `exec`: the clean-up holds `reap_unindex.lua` calls, and a script cache
-        // flushed meanwhile must not cost the clean-up (NOSCRIPT is reloaded and resent).
+        // Through `exec`, as every batch (NOSCRIPT is reloaded and resent).
         let sent = conn::exec(con, &mut cleanup.pipe)
             .and_then(|replies| replies.into_iter().try_for_each(|r| r.map(|_| ())));
         if let Err(e) = sent {
@@ -197,6 +210,12 @@ impl Pace<'_> {
         stop: None,
     };
 
+    /// True when this pace pauses at all (then a reap's batches are small:
+    /// [`crate::PACED_REAP_BATCH`]).
+    fn paused(&self) -> bool {
+        self.stop.is_some() && self.ratio > 0.0
+    }
+
     /// Waits `ratio` times `batch` (the duration of the batch just done), or until `stop`
     /// disconnects, whichever comes first. The caller checks its lease after it: a pause
     /// never lets a batch start after the lease's local deadline.
@@ -225,6 +244,12 @@ pub(crate) struct Reap<'a> {
     /// new life of `dead` (docs/DESIGN.md: a same-instant write is never taken for the old
     /// life's).
     pub t0: i64,
+    /// This reap's token (`reap_begin.lua`'s server time): `reap_finish.lua` deletes the moved
+    /// indexes only for the reap whose token they carry. Unused with [`Reap::own`].
+    pub token: i64,
+    /// Index members this reap must put back into `dead`'s live indexes before it finishes:
+    /// those it could not reap (bad data, for the audit) and those it kept (a new life's).
+    pub keep: std::cell::RefCell<Keep>,
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].
     pub leading: &'a dyn Fn() -> bool,
@@ -239,32 +264,42 @@ pub(crate) struct Reap<'a> {
     pub own: Option<&'a Local>,
 }
 
+/// Members of a reaped instance's indexes to put back into its live indexes (see
+/// [`Reap::keep`]).
+#[derive(Debug, Default)]
+pub(crate) struct Keep {
+    pub rooms: std::collections::BTreeSet<String>,
+    pub peers: std::collections::BTreeSet<String>,
+}
+
 impl Reap<'_> {
-    /// The instance whose own index clean-ups must be skipped should it register again: the
-    /// reaped one, unless this node cleans up after its own earlier life (it has registered
-    /// by then; what its host holds is kept out of the clean-up under the room locks: see
-    /// [`Reap::own`]).
-    fn guarded(&self) -> Option<&str> {
-        (self.dead != self.ctx.me).then_some(self.dead)
+    /// Index members per batch: [`crate::ConfigBuilder::reap_batch`], at most
+    /// [`crate::PACED_REAP_BATCH`] when the reap is paced.
+    fn batch(&self) -> usize {
+        if self.pace.paused() {
+            self.ctx.reap_batch.min(crate::config::PACED_REAP_BATCH)
+        } else {
+            self.ctx.reap_batch
+        }
     }
 
-    /// Adds the removal of `members` from `index` (one of `dead`'s indexes) to `pipe`: plain
-    /// `SREM` for this node's own clean-up, else `reap_unindex.lua` (skipped once `dead`
-    /// registered again: a new life's entries are never stripped).
-    /// Returns how many commands it added (at most `MEMBERS_PER_COMMAND` members each: a
-    /// script's arguments are bounded by Lua's stack).
-    fn unindex(&self, pipe: &mut redis::Pipeline, index: &str, members: &[String]) -> usize {
-        let mut n = 0;
-        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-            match self.guarded() {
-                Some(dead) => unindex_reaped(&self.ctx.keys, pipe, dead, index, chunk),
-                None => {
-                    pipe.srem(index, chunk);
-                }
-            }
-            n += 1;
+    /// The room index this reap scans: the one `reap_begin.lua` moved aside, or this
+    /// instance's own live index when it cleans up after its own earlier life.
+    fn room_index(&self) -> String {
+        let keys = &self.ctx.keys;
+        match self.own {
+            Some(_) => keys.instance_rooms(self.dead),
+            None => keys.instance_reaping_rooms(self.dead),
         }
-        n
+    }
+
+    /// The peer index this reap scans (as [`Reap::room_index`]).
+    fn peer_index(&self) -> String {
+        let keys = &self.ctx.keys;
+        match self.own {
+            Some(_) => keys.instance_peers(self.dead),
+            None => keys.instance_reaping_peers(self.dead),
+        }
     }
 }
 
@@ -342,13 +377,14 @@ fn reap_room_batches(
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
 ) -> Result<()> {
-    let (ctx, leading) = (r.ctx, r.leading);
+    let leading = r.leading;
     let op = "reap rooms";
-    let index = ctx.keys.instance_rooms(r.dead);
+    let index = r.room_index();
     if !leading() {
         return Err(Error::NotLeader);
     }
-    let mut cursor = index_scan(&index, ctx.reap_batch);
+    let batch = r.batch();
+    let mut cursor = index_scan(&index, batch);
     let members = index_page(con, op, &mut cursor)?;
     // (room, SSCAN cursor over its peers): "0" for a room not started yet.
     let mut pending: Vec<(String, String)> = members
@@ -374,7 +410,7 @@ fn reap_room_batches(
         add_room_scripts(r, &mut pipe, &pending);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
-        let scan = !cursor.done() && pending.len() < 2 * ctx.reap_batch;
+        let scan = !cursor.done() && pending.len() < 2 * batch;
         if scan {
             cursor.add_to(&mut pipe);
         }
@@ -396,15 +432,7 @@ fn reap_room_batches(
                 failed.get_or_insert(Error::redis(op, e));
             }
         }
-        let again = room_replies(
-            r,
-            &index,
-            pending,
-            &mut replies,
-            counts,
-            cleanup,
-            &mut failed,
-        );
+        let again = room_replies(r, pending, &mut replies, counts, cleanup, &mut failed);
         if let Some(local) = r.own {
             // Own clean-up: at once, under the room locks (see `Reap::own`).
             let owed = std::mem::take(cleanup);
@@ -465,7 +493,6 @@ fn add_room_scripts(r: &Reap<'_>, pipe: &mut redis::Pipeline, pending: &[(String
 /// one wins); bad data skips its room.
 fn room_replies(
     r: &Reap<'_>,
-    index: &str,
     pending: Vec<(String, String)>,
     replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
     counts: &mut ReapCounts,
@@ -497,6 +524,7 @@ fn room_replies(
                     // Pinned again by a new life of the same instance: keep indexed.
                     _ => {
                         counts.kept += 1;
+                        r.keep.borrow_mut().rooms.insert(room);
                         continue;
                     }
                 }
@@ -506,6 +534,7 @@ fn room_replies(
                 counts.failed += 1;
                 r.counters.bad_data(&e);
                 log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
+                r.keep.borrow_mut().rooms.insert(room);
             }
             // Anything else (a script cache flushed again, OOM, BUSY) is transient:
             // stop; the instance stays "being reaped" and the next round redoes it.
@@ -517,19 +546,28 @@ fn room_replies(
     if r.own.is_some() {
         cleanup.own_peers.extend(unindex.take(&r.ctx.me));
         cleanup.own_rooms.extend(unindexed);
-        cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
     } else {
-        cleanup.len += unindex.flush_reaped(&r.ctx.keys, &mut cleanup.pipe, r.guarded());
-        cleanup.len += r.unindex(&mut cleanup.pipe, index, &unindexed);
+        // `dead`'s own room entries stay in the moved room index, which goes whole at the end.
+        // Its peer entries of the records just deleted leave the moved peer index (plain
+        // SREM: only reaps touch a moved index), so the peer phase does not look at them
+        // again; whatever stays there (a record the room's peers set did not list, an entry
+        // whose record is gone) gets its `reap_peer.lua` call.
+        let deleted = unindex.take(dead);
+        let aside = r.peer_index();
+        for chunk in deleted.chunks(conn::MEMBERS_PER_COMMAND) {
+            cleanup.pipe.srem(&aside, chunk);
+            cleanup.len += 1;
+        }
     }
+    cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
     again
 }
 
 /// Reaps the peer records of `dead` (wire form) listed in its peer index.
 pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
     let op = "reap peers";
-    let index = r.ctx.keys.instance_peers(r.dead);
-    let mut cursor = index_scan(&index, r.ctx.reap_batch);
+    let index = r.peer_index();
+    let mut cursor = index_scan(&index, r.batch());
     let mut last: Option<Duration> = None;
     loop {
         if let Some(took) = last {
@@ -541,16 +579,10 @@ pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) 
         let started = Instant::now();
         let members = index_page(con, op, &mut cursor)?;
         let unindexed = reap_peer_batch(r, con, members, counts)?;
+        // A reap of another instance removes nothing here: the moved index goes whole at the
+        // end (`finish`).
         if let Some(local) = r.own {
             remove_own_entries(r, local, con, redis::pipe(), Vec::new(), unindexed)?;
-        } else {
-            let mut pipe = redis::pipe();
-            r.unindex(&mut pipe, &index, &unindexed);
-            // Every reply is checked: a failed clean-up must fail the reap (it is redone), not
-            // let it finish with the entries left behind.
-            for reply in conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))? {
-                reply.map_err(|e| Error::redis(op, e))?;
-            }
         }
         if let Some(progress) = r.progress {
             progress(counts);
@@ -606,6 +638,7 @@ fn reap_peer_batch(
                 counts.failed += 1;
                 r.counters.bad_data(&e);
                 log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
+                r.keep.borrow_mut().peers.insert(member);
                 continue;
             }
             // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
@@ -618,10 +651,14 @@ fn reap_peer_batch(
                 unindexed.push(member);
             }
             "gone" | "moved" => unindexed.push(member),
-            "new_life" => counts.kept += 1,
+            "new_life" => {
+                counts.kept += 1;
+                r.keep.borrow_mut().peers.insert(member);
+            }
             other => {
                 counts.failed += 1;
                 log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
+                r.keep.borrow_mut().peers.insert(member);
             }
         }
     }
@@ -638,7 +675,7 @@ pub(crate) fn reap_instance(
     leading: &dyn Fn() -> bool,
     pace: Pace<'_>,
 ) -> Result<Option<ReapCounts>> {
-    let Some(t0) = begin(ctx, con, dead)? else {
+    let Some((t0, token)) = begin(ctx, con, dead)? else {
         return Ok(None);
     };
     let mut counts = ReapCounts::default();
@@ -647,6 +684,8 @@ pub(crate) fn reap_instance(
         counters,
         dead,
         t0,
+        token,
+        keep: Default::default(),
         leading,
         pace,
         progress: None,
@@ -654,7 +693,7 @@ pub(crate) fn reap_instance(
     };
     reap_rooms(&reap, con, &mut counts)?;
     reap_peers(&reap, con, &mut counts)?;
-    finish(ctx, con, dead, counts.kept)?;
+    finish(&reap, con, counts.kept)?;
     Ok(Some(counts))
 }
 
@@ -671,22 +710,48 @@ pub(crate) enum Finish {
     Retry,
 }
 
-/// Step 4 of a reap: `reap_finish.lua` removes `dead`'s sorted-set entry once its indexes are
-/// empty (`kept`: index members kept as a new life's, [`ReapCounts::kept`]).
-pub(crate) fn finish(ctx: &Ctx, con: &mut Conn, dead: &str, kept: u64) -> Result<Finish> {
+/// Step 4 of a reap: the members of [`Reap::keep`] go back into `dead`'s live indexes, then
+/// `reap_finish.lua` deletes the moved indexes (if this reap owns them) and removes `dead`'s
+/// sorted-set entry unless something is left to reap (`kept`: index members kept as a new
+/// life's, [`ReapCounts::kept`]). One round trip.
+pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> {
+    let (ctx, dead, op) = (r.ctx, r.dead, "finish reap");
+    let keep = r.keep.take();
+    let mut pipe = redis::pipe();
+    let rooms: Vec<&String> = keep.rooms.iter().collect();
+    let peers: Vec<&String> = keep.peers.iter().collect();
+    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.sadd(ctx.keys.instance_rooms(dead), chunk);
+    }
+    for chunk in peers.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.sadd(ctx.keys.instance_peers(dead), chunk);
+    }
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
         .key(ctx.keys.instance_rooms(dead))
         .key(ctx.keys.instance_peers(dead))
         .key(ctx.keys.instance_info(dead))
+        .key(ctx.keys.instance_reaping_rooms(dead))
+        .key(ctx.keys.instance_reaping_peers(dead))
+        .key(ctx.keys.instance_reaping(dead))
         .arg(dead)
-        .arg(kept);
-    let (status, rooms_left, peers_left): (String, i64, i64) =
-        conn::call(con, "finish reap", &inv)?;
+        .arg(kept)
+        .arg(r.token)
+        .arg(rooms.len() + peers.len());
+    pipe.invoke_script(&inv);
+    let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    let last = replies
+        .pop()
+        .ok_or_else(|| Error::bad_data(op, "fewer replies than commands"))?;
+    for reply in replies {
+        // A member not put back would be lost with the moved index: fail (the reap is redone).
+        reply.map_err(|e| Error::redis(op, e))?;
+    }
+    let (status, rooms_left, peers_left): (String, i64, i64) = conn::decode(op, last)?;
     Ok(match status.as_str() {
         "retry" => {
-            log::info!("{dead} wrote {kept} index members after its reap began but did not register again; the next round reaps them");
+            log::info!("{dead} wrote {kept} index members after its reap began ({rooms_left} rooms and {peers_left} peers in its indexes now) or another reap of it is under way, and it did not register again; the next round reaps what is left");
             Finish::Retry
         }
         "alive" => Finish::Alive,
@@ -717,6 +782,8 @@ pub(crate) fn clean_own_leftovers(
         counters,
         dead: &ctx.me,
         t0,
+        token: 0,
+        keep: Default::default(),
         leading: &|| true,
         pace: Pace::NONE,
         progress: None,
@@ -867,7 +934,9 @@ mod tests {
         let mut pipe = redis::pipe();
         for room in &rooms {
             let rk = ctx.keys.room(room);
-            pipe.sadd(ctx.keys.instance_rooms("dead"), room).ignore();
+            // As reap_begin.lua leaves it: the index moved aside.
+            pipe.sadd(ctx.keys.instance_reaping_rooms("dead"), room)
+                .ignore();
             pipe.sadd(ctx.keys.instance_peers("x"), peer_member(room, "xp"))
                 .ignore();
             pipe.hset_multiple(&rk.meta, &[("owner", "dead"), ("pinned_ms", "1")])
@@ -898,6 +967,8 @@ mod tests {
             counters: &counters,
             dead: "dead",
             t0: i64::MAX / 2,
+            token: 1,
+            keep: Default::default(),
             leading: &leading,
             pace: Pace::NONE,
             progress: None,

@@ -231,56 +231,19 @@ impl Unindex {
         self.by_instance.remove(instance).unwrap_or_default()
     }
 
-    /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not ignored) and forgets
-    /// them; returns how many commands it added.
+    /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not
+    /// ignored) and forgets them; returns how many commands it added.
     pub(crate) fn flush(&mut self, keys: &KeySpace, pipe: &mut Pipeline) -> usize {
-        self.flush_reaped(keys, pipe, None)
-    }
-
-    /// [`Unindex::flush`] for a reap of `dead` (wire form) by another instance: the members of
-    /// `dead`'s own index go through `reap_unindex.lua`, which keeps them should `dead` have
-    /// registered again (see [`unindex_reaped`]).
-    pub(crate) fn flush_reaped(
-        &mut self,
-        keys: &KeySpace,
-        pipe: &mut Pipeline,
-        dead: Option<&str>,
-    ) -> usize {
         let mut n = 0;
         for (instance, members) in std::mem::take(&mut self.by_instance) {
             let key = keys.instance_peers(&instance);
             for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-                match dead {
-                    Some(d) if d == instance => unindex_reaped(keys, pipe, d, &key, chunk),
-                    _ => {
-                        pipe.srem(&key, chunk);
-                    }
-                }
+                pipe.srem(&key, chunk);
                 n += 1;
             }
         }
         n
     }
-}
-
-/// Adds to `pipe` the removal of `members` from `index`, an index of `dead` (wire form), unless
-/// `dead` registered again since its reap began (`reap_unindex.lua`: a new life cleans its own
-/// indexes at registration, and removing them here could strip an entry it has just written
-/// again). One command; its reply is the count removed, or -1 when skipped.
-pub(crate) fn unindex_reaped<M: redis::ToRedisArgs>(
-    keys: &KeySpace,
-    pipe: &mut Pipeline,
-    dead: &str,
-    index: &str,
-    members: &[M],
-) {
-    let mut inv = SCRIPTS.reap_unindex.prepare_invoke();
-    inv.key(keys.heartbeats())
-        .key(keys.heartbeat(dead))
-        .key(index)
-        .arg(dead)
-        .arg(members);
-    pipe.invoke_script(&inv);
 }
 
 /// Per-command replies of a pipeline (`conn::exec`).

@@ -61,7 +61,6 @@ scripts!(
     reap_room,
     reap_peer,
     reap_finish,
-    reap_unindex,
     audit_room_index,
     audit_delete_room,
     audit_enqueue,

@@ -118,7 +118,7 @@ impl Scan<'_> {
     /// Instances with index sets or a heartbeat key but no entry in the sorted set.
     fn unregistered(&mut self, seen: &Seen, registry: &BTreeSet<String>) {
         for (i, s) in &seen.instances {
-            if registry.contains(i) || !(s.hb || s.rooms || s.peers || s.info) {
+            if registry.contains(i) || !(s.hb || s.rooms || s.peers || s.info || s.reaping) {
                 continue;
             }
             let (detail, fix) = self.unregistered_finding(i, s);
@@ -126,6 +126,8 @@ impl Scan<'_> {
                 self.ks.instance_rooms(i)
             } else if s.peers {
                 self.ks.instance_peers(i)
+            } else if s.reaping && !s.hb {
+                self.ks.instance_reaping_rooms(i)
             } else if s.info && !s.hb {
                 self.ks.instance_info(i)
             } else {
@@ -147,6 +149,10 @@ impl Scan<'_> {
         }
         let detail = if s.rooms || s.peers {
             format!("instance {i} has index sets but no entry in {zset} (sets but no heartbeat)")
+        } else if s.reaping {
+            format!(
+                "instance {i} has indexes an interrupted reap moved aside but no entry in {zset}"
+            )
         } else {
             format!("instance {i} has an info hash but no entry in {zset} (info but no heartbeat)")
         };

@@ -156,11 +156,12 @@ impl Scan<'_> {
     fn records_second(&mut self, named: &[Named<'_>]) -> Result<()> {
         let mut pipe = redis::pipe();
         for e in named {
-            pipe.sismember(
-                self.ks.instance_peers(&e.instance),
-                peer_member(e.room, e.peer),
-            )
-            .hget(self.ks.room(e.room).guests, &e.guest);
+            // An index a reap moved aside counts (the reap deletes the record or puts the
+            // entry back).
+            let member = peer_member(e.room, e.peer);
+            pipe.sismember(self.ks.instance_peers(&e.instance), &member)
+                .sismember(self.ks.instance_reaping_peers(&e.instance), &member)
+                .hget(self.ks.room(e.room).guests, &e.guest);
             read_fields(&mut pipe, &e.key);
         }
         let r = self.exec(&mut pipe)?;
@@ -172,13 +173,15 @@ impl Scan<'_> {
 
     /// The second pass's verdict on record `n`.
     fn record_indexes(&mut self, e: &Named<'_>, r: &[RedisResult<Value>], n: usize) {
-        let (Some(indexed), Some(pointer), Some(f)) = (
-            get::<bool>(r.get(3 * n)),
-            get::<Option<String>>(r.get(3 * n + 1)),
-            get::<Vec<Option<String>>>(r.get(3 * n + 2)),
+        let (Some(live), Some(aside), Some(pointer), Some(f)) = (
+            get::<bool>(r.get(4 * n)),
+            get::<bool>(r.get(4 * n + 1)),
+            get::<Option<String>>(r.get(4 * n + 2)),
+            get::<Vec<Option<String>>>(r.get(4 * n + 3)),
         ) else {
             return;
         };
+        let indexed = live || aside;
         let (now_instance, now_guest, _) = record_fields(f);
         if !indexed && now_instance.as_ref() == Some(&e.instance) {
             let set = self.ks.instance_peers(&e.instance);

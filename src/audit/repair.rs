@@ -167,6 +167,9 @@ fn enqueue_cmd(ks: &KeySpace, pipe: &mut Pipeline, fix: &Fix) {
             .key(ks.instance_rooms(instance))
             .key(ks.instance_peers(instance))
             .key(ks.instance_info(instance))
+            .key(ks.instance_reaping_rooms(instance))
+            .key(ks.instance_reaping_peers(instance))
+            .key(ks.instance_reaping(instance))
             .arg(instance);
         pipe.invoke_script(&inv);
     }

@@ -268,16 +268,20 @@ impl Scan<'_> {
         let mut pipe = redis::pipe();
         for ((room, _), owner) in owned {
             let rk = ks.room(room);
+            // An index a reap moved aside counts: that reap deletes the room or puts its entry
+            // back (reap_begin.lua, reap_finish.lua).
             pipe.sismember(ks.instance_rooms(owner), *room)
+                .sismember(ks.instance_reaping_rooms(owner), *room)
                 .get(&rk.owner)
                 .hget(&rk.meta, "owner");
         }
         let r = self.exec(&mut pipe)?;
         for (n, ((room, rs), owner)) in owned.iter().enumerate() {
-            let (Some(false), Some(pin), Some(meta)) = (
-                get::<bool>(r.get(3 * n)),
-                get::<Option<String>>(r.get(3 * n + 1)),
-                get::<Option<String>>(r.get(3 * n + 2)),
+            let (Some(false), Some(false), Some(pin), Some(meta)) = (
+                get::<bool>(r.get(4 * n)),
+                get::<bool>(r.get(4 * n + 1)),
+                get::<Option<String>>(r.get(4 * n + 2)),
+                get::<Option<String>>(r.get(4 * n + 3)),
             ) else {
                 continue;
             };

@@ -49,6 +49,9 @@ pub(super) struct InstanceSeen {
     pub(super) peers: bool,
     /// Its self-description (`P:{ctl}:instance:<I>:info`).
     pub(super) info: bool,
+    /// Indexes moved aside by a reap under way or interrupted
+    /// (`P:{ctl}:instance:<I>:reaping-rooms`, `:reaping-peers`, `:reaping`).
+    pub(super) reaping: bool,
 }
 
 /// What one `SCAN` of the prefix saw, by role.
@@ -85,6 +88,11 @@ impl Seen {
             ParsedKey::InstanceRooms(i) => self.instances.entry(i).or_default().rooms |= ok,
             ParsedKey::InstancePeers(i) => self.instances.entry(i).or_default().peers |= ok,
             ParsedKey::InstanceInfo(i) => self.instances.entry(i).or_default().info |= ok,
+            ParsedKey::InstanceReapingRooms(i)
+            | ParsedKey::InstanceReapingPeers(i)
+            | ParsedKey::InstanceReaping(i) => {
+                self.instances.entry(i).or_default().reaping |= ok;
+            }
             ParsedKey::RoomOwner(r) => self.room_flag(r, ok, |s| &mut s.owner),
             ParsedKey::RoomMeta(r) => self.room_flag(r, ok, |s| &mut s.meta),
             ParsedKey::RoomPeers(r) => self.room_flag(r, ok, |s| &mut s.peers),
@@ -116,10 +124,13 @@ fn expected_type(k: &ParsedKey) -> &'static str {
         | ParsedKey::Leader
         | ParsedKey::Epoch
         | ParsedKey::Dataset
+        | ParsedKey::InstanceReaping(_)
         | ParsedKey::RoomOwner(_) => "string",
-        ParsedKey::InstanceRooms(_) | ParsedKey::InstancePeers(_) | ParsedKey::RoomPeers(_) => {
-            "set"
-        }
+        ParsedKey::InstanceRooms(_)
+        | ParsedKey::InstancePeers(_)
+        | ParsedKey::InstanceReapingRooms(_)
+        | ParsedKey::InstanceReapingPeers(_)
+        | ParsedKey::RoomPeers(_) => "set",
         ParsedKey::InstanceInfo(_)
         | ParsedKey::RoomMeta(_)
         | ParsedKey::RoomGuests(_)
@@ -134,7 +145,10 @@ fn ids_of(parsed: &ParsedKey) -> Vec<&String> {
         ParsedKey::Heartbeat(i)
         | ParsedKey::InstanceRooms(i)
         | ParsedKey::InstancePeers(i)
-        | ParsedKey::InstanceInfo(i) => vec![i],
+        | ParsedKey::InstanceInfo(i)
+        | ParsedKey::InstanceReapingRooms(i)
+        | ParsedKey::InstanceReapingPeers(i)
+        | ParsedKey::InstanceReaping(i) => vec![i],
         ParsedKey::RoomOwner(r)
         | ParsedKey::RoomMeta(r)
         | ParsedKey::RoomPeers(r)

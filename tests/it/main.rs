@@ -24,6 +24,7 @@ mod memory;
 mod metrics;
 mod peers;
 mod prefix;
+mod reap_aside;
 mod reap_cmd;
 mod reap_pace;
 mod reaper;
