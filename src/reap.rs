@@ -285,11 +285,34 @@ pub fn reap_instance(
         Err(e) => return Err(e),
     }
     match reaper::finish(&reap, &mut con, counts.kept)? {
-        Finish::Done => report.reaped = true,
+        Finish::Done => {
+            report.reaped = true;
+            publish_reaped(&ctx, &mut con, &dead, &counts);
+        }
         Finish::Alive => report.refused = Some(Refusal::RegisteredAgain),
         Finish::Retry => {}
     }
     Ok(report)
+}
+
+/// Publishes `instance_reaped` on `P:events`, as a leader does after a reap (its `instance`
+/// field: this caller's own id, the reaper), so the fleet page and other subscribers see an
+/// operator's reap too. Best effort: a failure is logged, the reap is done all the same.
+fn publish_reaped(ctx: &Ctx, con: &mut Conn, dead: &str, counts: &ReapCounts) {
+    let event = crate::event::Event::InstanceReaped {
+        dead: decode_id(dead).unwrap_or_else(|_| dead.to_owned()),
+        rooms: counts.rooms,
+        peers: counts.peers,
+        skipped_rooms: counts.skipped_rooms,
+    };
+    let me = decode_id(&ctx.me).unwrap_or_else(|_| ctx.me.clone());
+    let sent = redis::cmd("PUBLISH")
+        .arg(ctx.keys.events_channel())
+        .arg(event.to_json(&me).to_string())
+        .query::<i64>(con);
+    if let Err(e) = sent {
+        log::warn!("could not publish instance_reaped for {dead}: {e}");
+    }
 }
 
 /// The stale threshold (ms) of `dead`'s own record, `None` without a readable one.

@@ -167,9 +167,12 @@ fn verdict(r: &ReapReport, forced: bool) -> Result<(), Failure> {
     let refuse = |m: String| Err(Failure::runtime(m));
     match &r.refused {
         None if r.reaped || r.dry_run => Ok(()),
-        None => refuse(format!(
+        None if r.counts.kept > 0 => refuse(format!(
             "{id}: {} members written after the reap began were kept (a new life of the same id that has not registered yet); a leader's next round finishes the reap",
             r.counts.kept
+        )),
+        None => refuse(format!(
+            "{id}: not finished: another reap of it (the leader's) is under way, or something was indexed under it after this reap began; a leader's next round finishes the reap"
         )),
         Some(Refusal::Live) => refuse(format!(
             "{id} is alive: its heartbeat key holds a process's boot token (a live process, or one that died less than its heartbeat TTL ago: the key expires by itself, retry then); refused, and --force {}",
