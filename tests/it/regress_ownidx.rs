@@ -253,9 +253,9 @@ fn host_calls_never_wait_for_a_hung_tick() {
     );
 }
 
-/// reap_unindex.lua removes its members with `unpack(ARGV, 2)`; Lua's unpack fails above
-/// ~8000 values, and `Reap::unindex` does not chunk (only `Unindex::flush_reaped` does, by
-/// MEMBERS_PER_COMMAND). With reap_batch up to MAX_REAP_BATCH (10 000, accepted by the
+/// (Written when the reap removed index entries through reap_unindex.lua, whose
+/// `unpack(ARGV, 2)` fails above ~8000 values, and `Reap::unindex` did not chunk; the reap
+/// now moves the indexes aside and deletes them whole, and still must empty them.) With reap_batch up to MAX_REAP_BATCH (10 000, accepted by the
 /// config) one batch's room clean-up is one script call with thousands of members: it fails,
 /// the reap stops, and every later round redoes it and fails again: never reaped.
 /// Protection: every index clean-up is sent in commands of at most MEMBERS_PER_COMMAND members.
@@ -268,6 +268,7 @@ fn the_largest_reap_batch_reaps_every_room() {
         config_for(&s.url(), RB, "leader", t)
             .to_builder()
             .reap_batch(10_000)
+            .reap_pace(0.0) // unpaced: paced batches hold at most PACED_REAP_BATCH
             .build()
             .unwrap(),
     )
@@ -281,10 +282,16 @@ fn the_largest_reap_batch_reaps_every_room() {
         Duration::from_secs(30),
         |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "big"),
     );
-    let left: i64 = redis::cmd("SCARD")
-        .arg(ks.instance_rooms("big"))
-        .query(&mut s.con())
-        .unwrap();
+    // Live and moved-aside room index (the reap moves it aside at its start).
+    let left: i64 = [ks.instance_rooms("big"), ks.instance_reaping_rooms("big")]
+        .iter()
+        .map(|k| {
+            redis::cmd("SCARD")
+                .arg(k)
+                .query::<i64>(&mut s.con())
+                .unwrap()
+        })
+        .sum();
     let st = leader.stats();
     eprintln!(
         "reaped event: {reaped:?}; room index left: {left}; last_error: {:?}",
@@ -296,7 +303,7 @@ fn the_largest_reap_batch_reaps_every_room() {
     );
 }
 
-/// The peer-index variant: `reap_peers` sends reap_unindex.lua through `conn::exec` and never
+/// The peer-index variant (written against reap_unindex.lua): `reap_peers` sent it through `conn::exec` and never
 /// looks at the per-command result, so the "too many results to unpack" error is swallowed;
 /// reap_finish then finds the index non-empty, reports 'incomplete' and drops the instance
 /// from the sorted set: its peer index stays forever (invariant 2).
@@ -311,6 +318,7 @@ fn the_largest_reap_batch_empties_the_peer_index() {
         config_for(&s.url(), RB, "leader", t)
             .to_builder()
             .reap_batch(10_000)
+            .reap_pace(0.0) // unpaced: paced batches hold at most PACED_REAP_BATCH
             .build()
             .unwrap(),
     )
@@ -335,10 +343,16 @@ fn the_largest_reap_batch_empties_the_peer_index() {
         |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "bigp"),
     );
     std::thread::sleep(Duration::from_secs(2));
-    let left: i64 = redis::cmd("SCARD")
-        .arg(ks.instance_peers("bigp"))
-        .query(&mut s.con())
-        .unwrap();
+    // Live and moved-aside peer index (the reap moves it aside at its start).
+    let left: i64 = [ks.instance_peers("bigp"), ks.instance_reaping_peers("bigp")]
+        .iter()
+        .map(|k| {
+            redis::cmd("SCARD")
+                .arg(k)
+                .query::<i64>(&mut s.con())
+                .unwrap()
+        })
+        .sum();
     let zs: Option<f64> = redis::cmd("ZSCORE")
         .arg(ks.heartbeats())
         .arg("bigp")
@@ -349,4 +363,5 @@ fn the_largest_reap_batch_empties_the_peer_index() {
         left, 0,
         "dead instance's peer index left behind after its reap"
     );
+    assert_eq!(zs, None, "the reap did not finish");
 }

@@ -597,9 +597,12 @@ const LIFE: &str = "life";
 // the leader's round trip that carries the first batch's index clean-up (its SREM of the
 // room index); meanwhile "lazarus" starts again (registers, cleans its earlier life) and pins
 // every room and upserts every peer again; then the held round trip goes through.
-// Protection: the deferred clean-up of a dead instance's own indexes is a `{ctl}` script
-// (reap_unindex.lua) that skips the removal once that instance has registered again (its new life cleans its own
-// indexes at registration, before it pins anything).
+// Protection (since the reap moves the indexes aside): the reap never removes the dead
+// instance's room entries one by one; reap_begin.lua moved its indexes aside, so the new life's
+// entries go to fresh live indexes the reap never touches, and the registration merges what is
+// still moved aside back into them. (Before that, a `{ctl}` script, reap_unindex.lua, skipped
+// the per-batch removal once the instance had registered again.) The request held below is now
+// the reap's last step, reap_finish.lua, whose keys name the heartbeat key then the room index.
 #[test]
 fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
     const ROOMS: usize = 300;
@@ -616,9 +619,10 @@ fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
     let lazarus_w = wire(IdKind::Instance, "lazarus");
     let index = ks.instance_rooms(&lazarus_w);
     let proxy = s.proxy();
-    // The clean-up of the room index: the one request naming lazarus's heartbeat key right
-    // before its room index (reap_unindex.lua's keys; before the fix, a plain SREM of the
-    // index, held by the marker "SREM\r\n$<len>\r\n<index>", failed this test the same way).
+    // The request naming lazarus's heartbeat key right before its room index: once the
+    // clean-up of the room index (reap_unindex.lua's keys; before that fix, a plain SREM of the
+    // index, held by the marker "SREM\r\n$<len>\r\n<index>", failed this test the same way),
+    // now the reap's final step (reap_finish.lua's keys).
     let hb = ks.heartbeat(&lazarus_w);
     proxy.hold_request_of(format!("{hb}\r\n${}\r\n{index}", index.len()).as_bytes());
     let t = Timings::fast();
