@@ -10,11 +10,15 @@
 -- KEYS[6] P:{ctl}:instance:<D>:reaping-rooms   ... and where the reap moves them
 -- KEYS[7] P:{ctl}:instance:<D>:reaping-peers
 -- KEYS[8] P:{ctl}:instance:<D>:reaping         STRING: the token of the reap that owns them
+-- KEYS[9] P:{ctl}:instance:<D>:info            HASH: D's own stale_threshold_ms, if any
 -- ARGV[1] candidate instance id (wire form)
--- ARGV[2] stale_threshold, ms
+-- ARGV[2] the leader's stale_threshold, ms
 -- ARGV[3] the calling leader's instance id (wire form)
 --
--- Dead means: no heartbeat key and a sorted-set score older than the threshold (server time).
+-- Dead means: no heartbeat key and a sorted-set score older than the threshold (server time):
+-- the leader's, or the instance's own (its record's stale_threshold_ms, at most 7 days, the
+-- largest a configuration accepts) when that is longer, so that an instance is never reaped
+-- before the silence its own configuration tolerates (a fleet with mixed timings).
 -- A dead instance's score is set to 0, which (a) keeps it a candidate should this leader die
 -- mid-reap and (b) tells the instance, should it resume, that it was reaped (heartbeat.lua).
 --
@@ -42,7 +46,12 @@ if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {'not_leader', now, now_us}
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', now, now_us} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score == false then return {'gone', now, now_us} end
-if tonumber(score) >= now - tonumber(ARGV[2]) then return {'alive', now, now_us} end
+local threshold = tonumber(ARGV[2])
+local own = redis.pcall('HGET', KEYS[9], 'stale_threshold_ms')
+if type(own) == 'string' and tonumber(own) and tonumber(own) > threshold then
+  threshold = math.min(tonumber(own), 604800000)
+end
+if tonumber(score) >= now - threshold then return {'alive', now, now_us} end
 redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
 if redis.call('EXISTS', KEYS[6], KEYS[7]) == 0 then
   for i = 4, 5 do

@@ -107,6 +107,7 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64
         .key(ctx.keys.instance_reaping_rooms(dead))
         .key(ctx.keys.instance_reaping_peers(dead))
         .key(ctx.keys.instance_reaping(dead))
+        .key(ctx.keys.instance_info(dead))
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);

@@ -554,3 +554,51 @@ fn leader_never_reaps_itself() {
     assert_eq!((leader.stats().rooms, leader.stats().peers), (1, 1));
     assert!(leader.is_leader());
 }
+
+// Protects invariant 1 in a fleet with mixed timings. Fault: an instance whose own record asks
+// for a stale threshold of 8 s (`stale_threshold_ms` in P:{ctl}:instance:<I>:info) falls
+// silent; the leader's own threshold is 0.9 s (fast timings). Protection: the leader's re-check
+// (reap_begin.lua) uses the longer of the two: the instance is listed as a candidate and found
+// alive until 8 s of silence, then reaped. Fails if the leader reaps it on its own threshold.
+#[test]
+fn an_instance_is_never_reaped_before_its_own_stale_threshold() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let silent_since = s.server_ms() - 500;
+    s.fabricate_dead(
+        &ks,
+        "patient",
+        silent_since,
+        None,
+        &[("pr", &[("pp", None)][..])],
+    );
+    let _: () = redis::cmd("HSET")
+        .arg(ks.instance_info("patient"))
+        .arg("stale_threshold_ms")
+        .arg(8000)
+        .query(&mut s.con())
+        .unwrap();
+    let leader = s.node(STAGE, "leader");
+    let mut log = EventLog::new(&leader);
+    let listed = |e: &Event| matches!(e, Event::Candidates { instances } if instances.iter().any(|i| i == "patient"));
+    // Listed (the leader's 0.9 s), re-checked and found alive, listed again.
+    log.wait(LONG, "patient listed as a candidate", listed);
+    log.wait(LONG, "patient listed again after a re-check", listed);
+    let silence = s.server_ms() - silent_since;
+    if silence < 7000 {
+        assert_eq!(
+            zscore(&s, "patient"),
+            Some(silent_since),
+            "reaped after {silence} ms of silence, before its own 8 s threshold"
+        );
+        assert!(exists(&s, &ks.room("pr").meta));
+    }
+    log.wait(
+        LONG,
+        "patient reaped",
+        |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "patient"),
+    );
+    let silence = s.server_ms() - silent_since;
+    assert!(silence >= 8000, "reaped after {silence} ms of silence");
+    assert!(!exists(&s, &ks.room("pr").meta));
+}
