@@ -27,6 +27,8 @@ enum View {
         last: Cell<Option<Instant>>,
         /// The last state not printed yet (printed by [`Progress::finish`]).
         pending: RefCell<Option<String>>,
+        /// The status of the last line printed: the same status is not printed twice.
+        printed: RefCell<String>,
     },
 }
 
@@ -40,6 +42,7 @@ impl Progress {
             View::Plain {
                 last: Cell::new(None),
                 pending: RefCell::new(None),
+                printed: RefCell::new(String::new()),
             }
         };
         Progress {
@@ -69,7 +72,16 @@ impl Progress {
                 bar.set_position(self.done.get());
                 bar.set_message(status.to_owned());
             }
-            View::Plain { last, pending } => {
+            View::Plain {
+                last,
+                pending,
+                printed,
+            } => {
+                if *printed.borrow() == status {
+                    // Nothing new (a phase that ended where the last one did).
+                    *pending.borrow_mut() = None;
+                    return;
+                }
                 let line = self.line(status);
                 let now = Instant::now();
                 if last
@@ -79,6 +91,7 @@ impl Progress {
                     last.set(Some(now));
                     plain(&line);
                     *pending.borrow_mut() = None;
+                    *printed.borrow_mut() = status.to_owned();
                 } else {
                     *pending.borrow_mut() = Some(line);
                 }

@@ -448,6 +448,15 @@ fn progress_is_plain_lines_when_piped() {
         "{err}"
     );
     assert!(!err.contains('\x1b') && !err.contains('\r'), "{err:?}");
+    // No status is printed twice (the rate aside): the peer phase ends where the rooms did.
+    let statuses: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("reap: "))
+        .map(|l| l.rsplit_once(" (").map_or(l, |(status, _)| status))
+        .collect();
+    let mut unique = statuses.clone();
+    unique.dedup();
+    assert_eq!(statuses, unique, "{err}");
 
     fabricate(&s, "dead-prog2", 20);
     let o = cli(&url, "fsck", &["--settle-ms", "0", "--json"]);
