@@ -1,0 +1,430 @@
+//! Review of the move-aside reap (commit 8593406: `reap_begin.lua` / `reap_force_begin.lua`
+//! RENAME a dead instance's indexes to `...:reaping-rooms` / `-peers`, `reap_finish.lua` UNLINKs
+//! them, `heartbeat.lua` merges them back at registration). Each test states what must hold;
+//! the ones that fail prove a break (see the review report).
+use crate::support;
+
+use sfu_redis::keys::KeySpace;
+use support::*;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+const RG: &str = "raside";
+
+fn exists(s: &Server, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<bool>(&mut s.con())
+        .unwrap()
+}
+
+fn score(s: &Server, ks: &KeySpace, i: &str) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(ks.heartbeats())
+        .arg(i)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+fn set_string(s: &Server, key: &str) {
+    let _: () = redis::pipe()
+        .del(key)
+        .ignore()
+        .set(key, "not a set")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+}
+
+/// As a reap that died right after `reap_begin.lua` leaves things: score 0, indexes moved
+/// aside, a token no running reap holds.
+fn interrupt_reap(s: &Server, ks: &KeySpace, i: &str) {
+    let mut con = s.con();
+    let _: () = redis::cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg("XX")
+        .arg(0)
+        .arg(i)
+        .query(&mut con)
+        .unwrap();
+    for (from, to) in [
+        (ks.instance_rooms(i), ks.instance_reaping_rooms(i)),
+        (ks.instance_peers(i), ks.instance_reaping_peers(i)),
+    ] {
+        let _: () = redis::cmd("RENAME")
+            .arg(from)
+            .arg(to)
+            .query(&mut con)
+            .unwrap();
+    }
+    let _: () = redis::cmd("SET")
+        .arg(ks.instance_reaping(i))
+        .arg("1")
+        .query(&mut con)
+        .unwrap();
+}
+
+fn rooms_of(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|k| format!("{prefix}{k}")).collect()
+}
+
+fn fake<'a>(names: &'a [String], peers: &'a [(&'a str, Option<&'a str>)]) -> Vec<FakeRoom<'a>> {
+    names.iter().map(|r| (r.as_str(), peers)).collect()
+}
+
+/// Bad data: a moved room index that is a string (not a set). The dead instance's real rooms
+/// are in its live index. The reap must not stop on it for ever (bad data skips what it
+/// concerns, it does not stop the reaper): the live rooms are reaped and the instance leaves
+/// the sorted set.
+///
+/// Found: `reap_begin.lua` sees the key EXISTS and leaves the live indexes where they are
+/// ("take over the moved ones"), then the room phase SSCANs the string: WRONGTYPE, the reap
+/// fails, the instance keeps score 0 and the next round does the same, for ever.
+#[test]
+fn a_moved_room_index_of_the_wrong_type_does_not_stop_the_reap() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("w", 5);
+    s.fabricate_dead(&ks, "wt", old, None, &fake(&names, &[("p", None)]));
+    set_string(&s, &ks.instance_reaping_rooms("wt"));
+
+    let leader = s.node(RG, "leader");
+    wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
+    wait_for(
+        LONG,
+        "wt's rooms reaped and wt out of the sorted set",
+        || {
+            let left = names.iter().any(|r| exists(&s, &ks.room(r).meta));
+            (!left && score(&s, &ks, "wt").is_none()).then_some(())
+        },
+    );
+}
+
+/// The same with the moved peer index a string (the room index moved aside is fine).
+#[test]
+fn a_moved_peer_index_of_the_wrong_type_does_not_stop_the_reap() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("v", 5);
+    s.fabricate_dead(&ks, "wp", old, None, &fake(&names, &[("p", None)]));
+    set_string(&s, &ks.instance_reaping_peers("wp"));
+
+    let leader = s.node(RG, "leader");
+    wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
+    wait_for(
+        LONG,
+        "wp's rooms reaped and wp out of the sorted set",
+        || {
+            let left = names.iter().any(|r| exists(&s, &ks.room(r).meta));
+            (!left && score(&s, &ks, "wp").is_none()).then_some(())
+        },
+    );
+}
+
+/// An unregistered instance whose only leftover is a moved index (an interrupted reap whose
+/// sorted-set entry went) is handed to the reaper by the audit's repair and reaped whole.
+/// (Covers audit_enqueue.lua's new keys; expected to hold.)
+#[test]
+fn only_moved_indexes_left_are_enqueued_by_the_audit_and_reaped() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("u", 6);
+    s.fabricate_dead(&ks, "un", old, None, &fake(&names, &[("p", None)]));
+    interrupt_reap(&s, &ks, "un");
+    let _: () = redis::cmd("ZREM")
+        .arg(ks.heartbeats())
+        .arg("un")
+        .query(&mut s.con())
+        .unwrap();
+    let mut con = s.con();
+    let problems = sfu_redis::audit::scan(&ks, &mut con).expect("audit scan");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.key == ks.instance_reaping_rooms("un")),
+        "the audit names the moved index: {problems:?}"
+    );
+    let leader = s.node(RG, "leader");
+    wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
+    let options = sfu_redis::audit::AuditOptions {
+        repair: true,
+        settle: Duration::from_millis(500),
+    };
+    sfu_redis::audit::audit(&s.config(RG, "fsck"), &options).expect("fsck --repair");
+    wait_for(LONG, "un reaped whole", || {
+        let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
+            || exists(&s, &ks.instance_reaping_rooms("un"))
+            || exists(&s, &ks.instance_reaping_peers("un"))
+            || exists(&s, &ks.instance_reaping("un"));
+        (!left && score(&s, &ks, "un").is_none()).then_some(())
+    });
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}
+
+/// A real leader killed mid-reap (shut down while reaping a big instance in small batches),
+/// another leader takes the moved indexes over; what a zombie of the dead instance indexes
+/// after the move is reaped too. Nothing is left moved aside, the audit is clean.
+/// (Expected to hold.)
+#[test]
+fn a_leader_stopped_mid_reap_is_taken_over_by_the_next() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("big", 400);
+    s.fabricate_dead(
+        &ks,
+        "big",
+        old,
+        None,
+        &fake(&names, &[("p1", None), ("p2", None)]),
+    );
+    let slow = |id: &str| {
+        let c = s
+            .config(RG, id)
+            .to_builder()
+            .reap_batch(2)
+            .reap_pace(3.0)
+            .build()
+            .unwrap();
+        sfu_redis::Node::start(c).unwrap()
+    };
+    let a = slow("lead-a");
+    wait_for(LONG, "a leads", || a.is_leader().then_some(()));
+    wait_for(LONG, "a's reap under way", || {
+        let moved = exists(&s, &ks.instance_reaping_rooms("big"));
+        let some_gone = names
+            .iter()
+            .take(400)
+            .any(|r| !exists(&s, &ks.room(r).meta));
+        (moved && some_gone).then_some(())
+    });
+    // A zombie write after the move: a room indexed in the fresh live index.
+    s.fabricate_dead(&ks, "big", old, None, &[("late", &[("q", None)][..])]);
+    let _: () = redis::cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg("XX")
+        .arg(0)
+        .arg("big")
+        .query(&mut s.con())
+        .unwrap();
+    a.shutdown().unwrap();
+    let b = s.node(RG, "lead-b");
+    wait_for(LONG, "b leads", || b.is_leader().then_some(()));
+    wait_for(Duration::from_secs(120), "big reaped whole", || {
+        let left = names
+            .iter()
+            .chain([&"late".to_owned()])
+            .any(|r| exists(&s, &ks.room(r).meta))
+            || exists(&s, &ks.instance_reaping_rooms("big"))
+            || exists(&s, &ks.instance_reaping_peers("big"))
+            || exists(&s, &ks.instance_reaping("big"))
+            || exists(&s, &ks.instance_rooms("big"))
+            || exists(&s, &ks.instance_peers("big"));
+        (!left && score(&s, &ks, "big").is_none()).then_some(())
+    });
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}
+
+/// A slow (paced, tiny batches) leader for `stage`.
+fn slow_node(s: &Server, id: &str) -> sfu_redis::Node {
+    let c = s
+        .config(RG, id)
+        .to_builder()
+        .reap_batch(2)
+        .reap_pace(3.0)
+        .build()
+        .unwrap();
+    sfu_redis::Node::start(c).unwrap()
+}
+
+fn aside_keys(ks: &KeySpace, i: &str) -> [String; 3] {
+    [
+        ks.instance_reaping_rooms(i),
+        ks.instance_reaping_peers(i),
+        ks.instance_reaping(i),
+    ]
+}
+
+/// The same instance id started again (a new life, in process) while a slow leader's reap of
+/// its earlier life is half done; the new life pins a room of the earlier life again and a new
+/// one. Everything of the earlier life goes, the new life's rooms stay indexed, nothing stays
+/// moved aside, the audit is clean. (Expected to hold.)
+#[test]
+fn a_new_life_started_mid_reap_keeps_its_rooms_and_the_old_ones_go() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("nl", 120);
+    s.fabricate_dead(
+        &ks,
+        "nl",
+        old,
+        None,
+        &fake(&names, &[("p1", None), ("p2", None)]),
+    );
+    let lead = slow_node(&s, "lead");
+    wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+    wait_for(LONG, "the reap under way", || {
+        let moved = exists(&s, &ks.instance_reaping_rooms("nl"));
+        let gone = names
+            .iter()
+            .filter(|r| !exists(&s, &ks.room(r).meta))
+            .count();
+        (moved && gone >= 3).then_some(())
+    });
+    let again = s.node(RG, "nl");
+    let keep = names.last().unwrap().clone();
+    again.pin_room(&keep).unwrap();
+    again.pin_room("nl-fresh").unwrap();
+    wait_for(
+        Duration::from_secs(120),
+        "the earlier life's rooms gone",
+        || {
+            let left = names
+                .iter()
+                .filter(|r| **r != keep)
+                .any(|r| exists(&s, &ks.room(r).meta));
+            (!left).then_some(())
+        },
+    );
+    // Let the leader's reap end ('alive') and settle.
+    wait_for(LONG, "nothing moved aside", || {
+        aside_keys(&ks, "nl")
+            .iter()
+            .all(|k| !exists(&s, k))
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let mut live: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_rooms("nl"))
+        .query(&mut s.con())
+        .unwrap();
+    live.sort();
+    let mut want = vec![keep.clone(), "nl-fresh".to_owned()];
+    want.sort();
+    assert_eq!(live, want, "the new life's rooms, indexed");
+    assert!(exists(&s, &ks.room(&keep).meta) && exists(&s, &ks.room("nl-fresh").meta));
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+    assert!(score(&s, &ks, "nl").is_some_and(|v| v > 0.0));
+}
+
+/// An operator's `reap --instance` (library call, no lease) racing a slow leader's reap of the
+/// same instance. Whichever ends first, the instance is reaped whole, nothing stays moved
+/// aside, the audit is clean. (Expected to hold.)
+#[test]
+fn an_operator_reap_racing_the_leader_reaps_whole() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("op", 150);
+    s.fabricate_dead(
+        &ks,
+        "op",
+        old,
+        None,
+        &fake(&names, &[("p1", None), ("p2", None)]),
+    );
+    let lead = slow_node(&s, "lead");
+    wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+    wait_for(LONG, "the leader's reap under way", || {
+        let moved = exists(&s, &ks.instance_reaping_rooms("op"));
+        let gone = names
+            .iter()
+            .filter(|r| !exists(&s, &ks.room(r).meta))
+            .count();
+        (moved && gone >= 2).then_some(())
+    });
+    // A zombie write after the move, then the operator.
+    s.fabricate_dead(&ks, "op", old, None, &[("op-late", &[("q", None)][..])]);
+    let _: () = redis::cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg("XX")
+        .arg(0)
+        .arg("op")
+        .query(&mut s.con())
+        .unwrap();
+    let options = sfu_redis::reap::ReapOptions {
+        force: true,
+        dry_run: false,
+        progress: None,
+    };
+    let report = sfu_redis::reap::reap_instance(&s.config(RG, "operator"), "op", &options)
+        .expect("operator reap");
+    eprintln!("operator: {report:?}");
+    wait_for(Duration::from_secs(120), "op reaped whole", || {
+        let left = names
+            .iter()
+            .chain([&"op-late".to_owned()])
+            .any(|r| exists(&s, &ks.room(r).meta))
+            || aside_keys(&ks, "op").iter().any(|k| exists(&s, k))
+            || exists(&s, &ks.instance_rooms("op"))
+            || exists(&s, &ks.instance_peers("op"));
+        (!left && score(&s, &ks, "op").is_none()).then_some(())
+    });
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}
+
+/// A zombie: a node process with rooms and peers is SIGSTOPped, its heartbeat lapses, a slow
+/// leader begins reaping it (indexes moved aside), then it is SIGCONTed mid-reap: it finds it
+/// was reaped, registers again (merging the moved indexes back) and goes on. Once settled:
+/// nothing stays moved aside, every record naming it is indexed (audit clean), it is
+/// registered. (Expected to hold.)
+#[test]
+fn a_zombie_resumed_mid_reap_leaves_indexes_exact() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let rooms: Vec<String> = rooms_of("zr", 200);
+    let refs: Vec<&str> = rooms.iter().map(|r| r.as_str()).collect();
+    let url = s.url();
+    let (tx, rx) = mpsc::channel();
+    let mut events = procs::Events::new(rx);
+    let lead = slow_node(&s, "lead");
+    wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+    let z = procs::Spawn::new(&url, RG, "zomb", &refs).run(tx);
+    wait_for(LONG, "zomb pinned its rooms", || {
+        let n: i64 = redis::cmd("SCARD")
+            .arg(ks.instance_rooms("zomb"))
+            .query(&mut s.con())
+            .unwrap();
+        (n == 200).then_some(())
+    });
+    events.pump();
+    z.signal("STOP");
+    wait_for(
+        Duration::from_secs(60),
+        "the reap of zomb under way",
+        || {
+            let moved = exists(&s, &ks.instance_reaping_rooms("zomb"));
+            let sc = score(&s, &ks, "zomb");
+            (moved || sc == Some(0.0)).then_some(())
+        },
+    );
+    let gone = rooms
+        .iter()
+        .filter(|r| !exists(&s, &ks.room(r).meta))
+        .count();
+    eprintln!("zomb resumed with {gone} of its rooms reaped");
+    z.signal("CONT");
+    wait_for(
+        Duration::from_secs(90),
+        "zomb registered again, nothing aside",
+        || {
+            let registered = score(&s, &ks, "zomb").is_some_and(|v| v > 0.0);
+            let aside = aside_keys(&ks, "zomb").iter().any(|k| exists(&s, k));
+            (registered && !aside).then_some(())
+        },
+    );
+    // Settle: the leader's reap ends, the zombie's re-pins are done.
+    std::thread::sleep(Duration::from_secs(5));
+    wait_for(LONG, "audit clean", || {
+        let p = s.index_problems(&ks);
+        p.is_empty().then_some(())
+    });
+    let score_z = score(&s, &ks, "zomb");
+    assert!(score_z.is_some_and(|v| v > 0.0), "{score_z:?}");
+    drop(z);
+}
