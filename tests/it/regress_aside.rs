@@ -428,3 +428,117 @@ fn a_zombie_resumed_mid_reap_leaves_indexes_exact() {
     assert!(score_z.is_some_and(|v| v > 0.0), "{score_z:?}");
     drop(z);
 }
+
+/// `sfu-redis reap --instance` (library call) on a dead instance whose moved room index is a
+/// string: bad data must not make the operator's reap (or its dry run) fail; the good rooms in
+/// its live index are reaped and the report names what was skipped.
+///
+/// Found: the dry run's sample (`reap.rs`, `sample`) and the reap's count (`index_sizes`: SCARD)
+/// and room phase (SSCAN of the moved index) all meet WRONGTYPE: the call returns an error and
+/// the live rooms are never reaped.
+#[test]
+fn an_operator_reap_with_a_moved_index_of_the_wrong_type_reaps_the_rest() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("o", 3);
+    s.fabricate_dead(&ks, "owt", old, None, &fake(&names, &[("p", None)]));
+    set_string(&s, &ks.instance_reaping_rooms("owt"));
+    let config = s.config(RG, "operator");
+    let dry = sfu_redis::reap::ReapOptions {
+        force: false,
+        dry_run: true,
+        progress: None,
+    };
+    let r = sfu_redis::reap::reap_instance(&config, "owt", &dry);
+    assert!(r.is_ok(), "dry run: {r:?}");
+    let real = sfu_redis::reap::ReapOptions {
+        force: false,
+        dry_run: false,
+        progress: None,
+    };
+    let r = sfu_redis::reap::reap_instance(&config, "owt", &real);
+    assert!(r.is_ok(), "reap: {r:?}");
+    let left: Vec<&String> = names
+        .iter()
+        .filter(|r| exists(&s, &ks.room(r).meta))
+        .collect();
+    assert_eq!(left, Vec::<&String>::new(), "the good rooms reaped");
+}
+
+/// `fsck --repair` (library audit) run repeatedly while a slow leader reaps a big instance
+/// (moved indexes with room entries of already deleted rooms, a moved peer index shrinking):
+/// the repair never puts anything back that makes the reap leave an orphan, the instance is
+/// reaped whole, the audit ends clean. (Expected to hold.)
+#[test]
+fn fsck_repair_during_a_reap_leaves_nothing_behind() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("fk", 200);
+    s.fabricate_dead(
+        &ks,
+        "fk",
+        old,
+        None,
+        &fake(&names, &[("p1", None), ("p2", None)]),
+    );
+    let lead = slow_node(&s, "lead");
+    wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+    wait_for(LONG, "the reap under way", || {
+        exists(&s, &ks.instance_reaping_rooms("fk")).then_some(())
+    });
+    let options = sfu_redis::audit::AuditOptions {
+        repair: true,
+        settle: Duration::from_millis(500),
+    };
+    for _ in 0..3 {
+        let r = sfu_redis::audit::audit(&s.config(RG, "fsck"), &options);
+        assert!(r.is_ok(), "fsck --repair during a reap: {r:?}");
+    }
+    wait_for(Duration::from_secs(120), "fk reaped whole", || {
+        let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
+            || aside_keys(&ks, "fk").iter().any(|k| exists(&s, k))
+            || exists(&s, &ks.instance_rooms("fk"))
+            || exists(&s, &ks.instance_peers("fk"));
+        (!left && score(&s, &ks, "fk").is_none()).then_some(())
+    });
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}
+
+/// A dead instance whose moved room index is a string does not block the reap of another dead
+/// instance, and the audit names the bad key as wrong_type. (Expected to hold: the
+/// containment that is left of the bad data above.)
+#[test]
+fn a_moved_index_of_the_wrong_type_is_reported_and_blocks_no_other_reap() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "brk",
+        now - 20_000,
+        None,
+        &fake(&rooms_of("b", 2), &[]),
+    );
+    set_string(&s, &ks.instance_reaping_rooms("brk"));
+    s.fabricate_dead(
+        &ks,
+        "inn",
+        now - 10_000,
+        None,
+        &[("i-room", &[("i-peer", None)][..])],
+    );
+    let problems = sfu_redis::audit::scan(&ks, &mut s.con()).expect("audit scan");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.key == ks.instance_reaping_rooms("brk") && p.kind.as_str() == "wrong_type"),
+        "{problems:?}"
+    );
+    let leader = s.node(RG, "leader");
+    wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
+    wait_for(LONG, "inn reaped", || {
+        (!exists(&s, &ks.room("i-room").meta) && score(&s, &ks, "inn").is_none()).then_some(())
+    });
+}
