@@ -269,12 +269,9 @@ fn a_new_life_started_mid_reap_keeps_its_rooms_and_the_old_ones_go() {
     let lead = slow_node(&s, "lead");
     wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
     wait_for(LONG, "the reap under way", || {
+        // Cheap enough to catch the window on a cluster too.
         let moved = exists(&s, &ks.instance_reaping_rooms("nl"));
-        let gone = names
-            .iter()
-            .filter(|r| !exists(&s, &ks.room(r).meta))
-            .count();
-        (moved && gone >= 3).then_some(())
+        (moved || score(&s, &ks, "nl") == Some(0.0)).then_some(())
     });
     let again = s.node(RG, "nl");
     let keep = names.last().unwrap().clone();
@@ -331,12 +328,9 @@ fn an_operator_reap_racing_the_leader_reaps_whole() {
     let lead = slow_node(&s, "lead");
     wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
     wait_for(LONG, "the leader's reap under way", || {
+        // Cheap enough to catch the window on a cluster too.
         let moved = exists(&s, &ks.instance_reaping_rooms("op"));
-        let gone = names
-            .iter()
-            .filter(|r| !exists(&s, &ks.room(r).meta))
-            .count();
-        (moved && gone >= 2).then_some(())
+        (moved || score(&s, &ks, "op") == Some(0.0)).then_some(())
     });
     // A zombie write after the move, then the operator.
     s.fabricate_dead(&ks, "op", old, None, &[("op-late", &[("q", None)][..])]);
@@ -541,4 +535,79 @@ fn a_moved_index_of_the_wrong_type_is_reported_and_blocks_no_other_reap() {
     wait_for(LONG, "inn reaped", || {
         (!exists(&s, &ks.room("i-room").meta) && score(&s, &ks, "inn").is_none()).then_some(())
     });
+}
+
+/// A zombie of a dead instance pins its rooms again while a (slow, paced) leader reaps it: the
+/// leader keeps what it meets from then on (pinned after t0: `Reap::keep`, held in memory until
+/// `finish`). Then the id registers again (a new life): `heartbeat.lua` merges the moved
+/// indexes back and the new life's clean-up of its earlier life deletes those rooms (it does
+/// not hold them) and their index entries. When the leader's reap ends, nothing may be
+/// indexed that does not exist: the live instance's room index must be exact.
+///
+/// Passes in the runs made. Aimed at a race it does not hit reliably: `reaper::finish` SADDs
+/// every kept member back into the live index unconditionally; should that come after the
+/// new life's clean-up removed those rooms and entries, the live instance's room index would
+/// name rooms that do not exist (see the review report, "suspected").
+#[test]
+fn a_zombie_repin_then_a_new_life_mid_reap_leaves_the_live_index_exact() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("kp", 320);
+    let peers = [
+        ("a", None),
+        ("b", None),
+        ("c", None),
+        ("d", None),
+        ("e", None),
+    ];
+    s.fabricate_dead(&ks, "kp", old, None, &fake(&names, &peers));
+    let c = s
+        .config(RG, "lead")
+        .to_builder()
+        .reap_batch(32)
+        .reap_pace(100.0)
+        .build()
+        .unwrap();
+    let lead = sfu_redis::Node::start(c).unwrap();
+    wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+    wait_for(LONG, "the reap under way", || {
+        exists(&s, &ks.instance_reaping_rooms("kp")).then_some(())
+    });
+    // The zombie pins every room again (pinned_us: now, after t0).
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut s.con()).unwrap();
+    let now_us = secs * 1_000_000 + micros + 1;
+    // Only rooms that still exist (a deleted room is not brought back).
+    let repin = redis::Script::new(
+        "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'pinned_us', ARGV[1]) end return 0",
+    );
+    let mut con = s.con();
+    for r in &names {
+        let _: i64 = repin
+            .key(ks.room(r).meta)
+            .arg(now_us)
+            .invoke(&mut con)
+            .unwrap();
+    }
+    // Let the leader keep a batch or two.
+    std::thread::sleep(Duration::from_millis(1500));
+    let again = s.node(RG, "kp");
+    wait_for(LONG, "the earlier life's rooms gone, nothing aside", || {
+        let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
+            || aside_keys(&ks, "kp").iter().any(|k| exists(&s, k));
+        (!left).then_some(())
+    });
+    // The leader's reap ends within a pause or two.
+    std::thread::sleep(Duration::from_secs(10));
+    let live: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_rooms("kp"))
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(
+        live,
+        Vec::<String>::new(),
+        "the live instance's room index names rooms that do not exist"
+    );
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+    drop(again);
 }
