@@ -611,3 +611,53 @@ fn a_zombie_repin_then_a_new_life_mid_reap_leaves_the_live_index_exact() {
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
     drop(again);
 }
+
+/// Redis killed -9 mid-reap (a slow leader reaping a big instance, indexes moved aside) and
+/// started again: with `appendonly yes` (AOF, fsync always) it comes back as it was at the
+/// kill; the leader's reap breaks off and a later round takes the moved indexes over. Without
+/// persistence it comes back empty. Either way: the instance is reaped whole, nothing stays
+/// moved aside, the audit is clean. Standalone only (a server's process). (Expected to hold.)
+#[test]
+fn redis_killed_mid_reap_with_and_without_persistence_converges() {
+    if cluster_topology() {
+        return;
+    }
+    for args in [
+        &["--appendonly", "yes", "--appendfsync", "always"][..],
+        &[][..],
+    ] {
+        let mut s = Server::start_with(args);
+        let ks = ks(RG);
+        let old = s.server_ms() - 60_000;
+        let names = rooms_of("rk", 200);
+        s.fabricate_dead(
+            &ks,
+            "rk",
+            old,
+            None,
+            &fake(&names, &[("p1", None), ("p2", None)]),
+        );
+        let lead = slow_node(&s, "lead");
+        wait_for(LONG, "lead leads", || lead.is_leader().then_some(()));
+        wait_for(LONG, "the reap under way", || {
+            let moved = exists(&s, &ks.instance_reaping_rooms("rk"));
+            (moved || score(&s, &ks, "rk") == Some(0.0)).then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        s.redis_mut().restart().expect("restart redis");
+        wait_for(
+            Duration::from_secs(120),
+            "rk reaped whole after the restart",
+            || {
+                let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
+                    || aside_keys(&ks, "rk").iter().any(|k| exists(&s, k))
+                    || exists(&s, &ks.instance_rooms("rk"))
+                    || exists(&s, &ks.instance_peers("rk"));
+                (!left && score(&s, &ks, "rk").is_none()).then_some(())
+            },
+        );
+        wait_for(LONG, "audit clean", || {
+            s.index_problems(&ks).is_empty().then_some(())
+        });
+    }
+}
