@@ -28,6 +28,7 @@ mod reap_aside;
 mod reap_cmd;
 mod reap_pace;
 mod reaper;
+mod regress_aside;
 mod regress_failover;
 mod regress_faults;
 mod regress_inputs;
