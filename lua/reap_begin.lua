@@ -31,7 +31,11 @@
 -- ones should D register again first. KEYS[8] gets this reap's token (server_us), so that only
 -- the reap that scanned the moved indexes deletes them.
 --
--- Reply: {status, server_ms, server_us}; status is 'dead' (reap it; server_us is t0 for the
+-- The moved indexes and the token are the reaps' own keys: one holding another type (written
+-- by something else: bad data) would stop every reap of D for ever, so it is deleted (counted in
+-- the reply's fourth element; the reaper logs it) and the live indexes are moved as usual.
+--
+-- Reply: {status, server_ms, server_us, replaced}; status is 'dead' (reap it; server_us is t0 for the
 -- room and peer scripts: microseconds, so a new life's write cannot tie with it; and the
 -- reap's token), 'alive' (it heartbeated again: leave it), 'gone' (not registered) or
 -- 'not_leader' (the lease does not hold the caller's id: fencing, e.g. after Redis lost the
@@ -42,21 +46,29 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {'not_leader', now, now_us} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', now, now_us} end
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {'not_leader', now, now_us, 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', now, now_us, 0} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score == false then return {'gone', now, now_us} end
+if score == false then return {'gone', now, now_us, 0} end
 local threshold = tonumber(ARGV[2])
 local own = redis.pcall('HGET', KEYS[9], 'stale_threshold_ms')
 if type(own) == 'string' and tonumber(own) and tonumber(own) > threshold then
   threshold = math.min(tonumber(own), 604800000)
 end
-if tonumber(score) >= now - threshold then return {'alive', now, now_us} end
+if tonumber(score) >= now - threshold then return {'alive', now, now_us, 0} end
 redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+local replaced = 0
+for i = 6, 7 do
+  local t = redis.call('TYPE', KEYS[i]).ok
+  if t ~= 'none' and t ~= 'set' then
+    redis.call('UNLINK', KEYS[i])
+    replaced = replaced + 1
+  end
+end
 if redis.call('EXISTS', KEYS[6], KEYS[7]) == 0 then
   for i = 4, 5 do
     if redis.call('TYPE', KEYS[i]).ok == 'set' then redis.call('RENAME', KEYS[i], KEYS[i + 2]) end
   end
 end
 redis.call('SET', KEYS[8], now_us)
-return {'dead', now, now_us}
+return {'dead', now, now_us, replaced}

@@ -19,7 +19,8 @@
 --         stale threshold no longer refuse the reap), '0': not forced
 -- ARGV[4] 'begin' (mark it) or 'check' (a dry run: nothing written)
 --
--- Reply: {status, server_ms, score, server_us}; score is D's sorted-set score (server ms,
+-- Reply: {status, server_ms, score, server_us, replaced}; replaced: how many of the reaps' own
+-- keys (moved indexes) held another type and were deleted, as reap_begin.lua does; score is D's sorted-set score (server ms,
 -- 0 = being reaped already, -1 = not registered); status is
 --   'dead'     it may be reaped; with 'begin' its score is now 0 and a heartbeat key holding
 --              'released' was deleted (so the reap's scripts, which treat any heartbeat key as
@@ -40,20 +41,28 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local forced = ARGV[3] == '1'
+local replaced = 0
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local s = -1
 if score ~= false then s = math.floor(tonumber(score) or 0) end
 local holder = redis.pcall('GET', KEYS[2])
-if type(holder) == 'table' then return {'live', now, s, now_us} end
-if holder and holder ~= 'released' then return {'live', now, s, now_us} end
-if score == false then return {'gone', now, s, now_us} end
-if holder and not forced then return {'released', now, s, now_us} end
+if type(holder) == 'table' then return {'live', now, s, now_us, 0} end
+if holder and holder ~= 'released' then return {'live', now, s, now_us, 0} end
+if score == false then return {'gone', now, s, now_us, 0} end
+if holder and not forced then return {'released', now, s, now_us, 0} end
 if not forced and s ~= 0 and s >= now - tonumber(ARGV[2]) then
-  return {'fresh', now, s, now_us}
+  return {'fresh', now, s, now_us, 0}
 end
 if ARGV[4] == 'begin' then
   if holder then redis.call('DEL', KEYS[2]) end
   redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+  for i = 5, 6 do
+    local t = redis.call('TYPE', KEYS[i]).ok
+    if t ~= 'none' and t ~= 'set' then
+      redis.call('UNLINK', KEYS[i])
+      replaced = replaced + 1
+    end
+  end
   if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then
     for i = 3, 4 do
       if redis.call('TYPE', KEYS[i]).ok == 'set' then redis.call('RENAME', KEYS[i], KEYS[i + 2]) end
@@ -61,4 +70,4 @@ if ARGV[4] == 'begin' then
   end
   redis.call('SET', KEYS[7], now_us)
 end
-return {'dead', now, s, now_us}
+return {'dead', now, s, now_us, replaced}

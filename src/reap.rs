@@ -361,7 +361,11 @@ fn begin(
         .arg(stale_ms)
         .arg(if options.force { "1" } else { "0" })
         .arg(if options.dry_run { "check" } else { "begin" });
-    let (status, now_ms, score, now_us): (String, i64, i64, i64) = conn::call(con, OP, &inv)?;
+    let (status, now_ms, score, now_us, replaced): (String, i64, i64, i64, i64) =
+        conn::call(con, OP, &inv)?;
+    if replaced > 0 {
+        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
+    }
     report.server_ms = now_ms;
     report.last_heartbeat_ms = score;
     report.refused = match status.as_str() {
@@ -411,17 +415,26 @@ fn leftovers(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
     Ok(each::<bool>(con, &mut pipe)?.into_iter().any(|e| e))
 }
 
-/// The sizes of `dead`'s room and peer indexes (live and moved aside by the reap).
+/// The sizes of `dead`'s room and peer indexes (live and moved aside by the reap; a moved index
+/// of another type, bad data that a reap deletes, counts as empty).
 fn index_sizes(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<(u64, u64)> {
     let mut pipe = redis::pipe();
     pipe.scard(ks.instance_rooms(dead))
-        .scard(ks.instance_reaping_rooms(dead))
         .scard(ks.instance_peers(dead))
+        .scard(ks.instance_reaping_rooms(dead))
         .scard(ks.instance_reaping_peers(dead));
-    match each::<u64>(con, &mut pipe)?[..] {
-        [rooms, rooms_aside, peers, peers_aside] => Ok((rooms + rooms_aside, peers + peers_aside)),
-        _ => Err(Error::bad_data(OP, "fewer replies than commands")),
-    }
+    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(OP, e))?;
+    let mut sizes = replies.into_iter().enumerate().map(|(n, r)| match r {
+        Err(e) if n >= 2 && e.code() == Some("WRONGTYPE") => Ok(0),
+        r => conn::decode::<u64>(OP, r),
+    });
+    let mut next = || {
+        sizes
+            .next()
+            .unwrap_or_else(|| Err(Error::bad_data(OP, "fewer replies than commands")))
+    };
+    let (rooms, peers, rooms_aside, peers_aside) = (next()?, next()?, next()?, next()?);
+    Ok((rooms + rooms_aside, peers + peers_aside))
 }
 
 /// Before each batch: `dead` has no heartbeat key and its score is 0 or gone (a leader may
@@ -439,14 +452,18 @@ fn still_dead(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
 
 /// A dry run's lists: up to [`SAMPLE`] rooms and peers of `dead`'s indexes, callers' ids.
 fn sample(ks: &KeySpace, con: &mut Conn, dead: &str, report: &mut ReapReport) -> Result<()> {
-    // The live index first, then one a reap under way moved aside.
+    // The live index first, then one a reap under way moved aside (skipped if it holds another
+    // type: bad data, which a reap deletes).
     let page = |con: &mut Conn, indexes: [String; 2]| -> Result<Vec<String>> {
         let mut out = Vec::new();
-        for index in indexes {
+        for (n, index) in indexes.into_iter().enumerate() {
             let mut cursor = Cursor::new(Scan::set(index).count(SAMPLE));
             while out.len() < SAMPLE {
-                let Some(items) = cursor.next_page(con).map_err(|e| Error::redis(OP, e))? else {
-                    break;
+                let items = match cursor.next_page(con) {
+                    Ok(Some(items)) => items,
+                    Ok(None) => break,
+                    Err(e) if n == 1 && e.code() == Some("WRONGTYPE") => break,
+                    Err(e) => return Err(Error::redis(OP, e)),
                 };
                 let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
                 out.extend(

@@ -111,8 +111,11 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);
-    let (status, _now_ms, now_us): (String, i64, i64) =
+    let (status, _now_ms, now_us, replaced): (String, i64, i64, i64) =
         conn::call(con, "re-check candidate", &inv)?;
+    if replaced > 0 {
+        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
+    }
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
@@ -666,8 +669,9 @@ fn reap_peer_batch(
     Ok(unindexed)
 }
 
-/// Re-checks `dead` (wire form) and, if it is really dead, reaps it. `Ok(None)`: it is alive
-/// again or gone. `leading` is consulted before every batch, after `pace`'s pause.
+/// Re-checks `dead` (wire form) and, if it is really dead, reaps it: what it deleted and how the
+/// reap ended. `Ok(None)`: it is alive again or gone. `leading` is consulted before every
+/// batch (after `pace`'s pause) and before the last step.
 pub(crate) fn reap_instance(
     ctx: &Ctx,
     counters: &Counters,
@@ -675,7 +679,7 @@ pub(crate) fn reap_instance(
     dead: &str,
     leading: &dyn Fn() -> bool,
     pace: Pace<'_>,
-) -> Result<Option<ReapCounts>> {
+) -> Result<Option<(ReapCounts, Finish)>> {
     let Some((t0, token)) = begin(ctx, con, dead)? else {
         return Ok(None);
     };
@@ -694,8 +698,12 @@ pub(crate) fn reap_instance(
     };
     reap_rooms(&reap, con, &mut counts)?;
     reap_peers(&reap, con, &mut counts)?;
-    finish(&reap, con, counts.kept)?;
-    Ok(Some(counts))
+    // As before every batch: a leader whose lease's local deadline passed writes nothing more.
+    if !leading() {
+        return Err(Error::NotLeader);
+    }
+    let finished = finish(&reap, con, counts.kept)?;
+    Ok(Some((counts, finished)))
 }
 
 /// How `reap_finish.lua` ended a reap.
@@ -711,21 +719,30 @@ pub(crate) enum Finish {
     Retry,
 }
 
-/// Step 4 of a reap: the members of [`Reap::keep`] go back into `dead`'s live indexes, then
-/// `reap_finish.lua` deletes the moved indexes (if this reap owns them) and removes `dead`'s
-/// sorted-set entry unless something is left to reap (`kept`: index members kept as a new
-/// life's, [`ReapCounts::kept`]). One round trip.
+/// Step 4 of a reap: the members of [`Reap::keep`] go back into `dead`'s live indexes
+/// (`reap_putback.lua`: not once `dead` registered again), then `reap_finish.lua` deletes the
+/// moved indexes (if this reap owns them) and removes `dead`'s sorted-set entry unless
+/// something is left to reap (`kept`: index members kept as a new life's,
+/// [`ReapCounts::kept`]). One round trip.
 pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> {
     let (ctx, dead, op) = (r.ctx, r.dead, "finish reap");
     let keep = r.keep.take();
     let mut pipe = redis::pipe();
     let rooms: Vec<&String> = keep.rooms.iter().collect();
     let peers: Vec<&String> = keep.peers.iter().collect();
-    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.sadd(ctx.keys.instance_rooms(dead), chunk);
-    }
-    for chunk in peers.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.sadd(ctx.keys.instance_peers(dead), chunk);
+    for (index, members) in [
+        (ctx.keys.instance_rooms(dead), &rooms),
+        (ctx.keys.instance_peers(dead), &peers),
+    ] {
+        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
+            let mut inv = SCRIPTS.reap_putback.prepare_invoke();
+            inv.key(ctx.keys.heartbeats())
+                .key(ctx.keys.heartbeat(dead))
+                .key(&index)
+                .arg(dead)
+                .arg(chunk);
+            pipe.invoke_script(&inv);
+        }
     }
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
@@ -843,7 +860,23 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
         match link.run(&sh.redis, |c| {
             reap_instance(&sh.ctx, &sh.counters, c, &dead, &leading, pace)
         }) {
-            Ok(Some(c)) => {
+            Ok(Some((c, finished))) if finished != Finish::Done => {
+                // What it deleted is counted; the instance is not gone yet (or lives again):
+                // no instance_reaped event.
+                sh.counters
+                    .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
+                log::info!(
+                    "reap of {dead} deleted {} rooms and {} peers in {} ms but did not end it: {}",
+                    c.rooms,
+                    c.peers,
+                    started.elapsed().as_millis(),
+                    match finished {
+                        Finish::Alive => "it registered again",
+                        _ => "the next round reaps what is left",
+                    }
+                );
+            }
+            Ok(Some((c, _))) => {
                 sh.counters
                     .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
                 log::info!(

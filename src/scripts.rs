@@ -61,6 +61,7 @@ scripts!(
     reap_room,
     reap_peer,
     reap_finish,
+    reap_putback,
     audit_room_index,
     audit_delete_room,
     audit_enqueue,

@@ -145,16 +145,19 @@ impl RedisStore {
                 Error::NotLeader if crate::worker::stopping(stop) => Error::Stopped,
                 e => e,
             })?;
-        if let Some(c) = &counts {
+        if let Some((c, finished)) = &counts {
             sh.counters
                 .reaped(c.rooms, c.peers, c.skipped_rooms, started.elapsed());
-            sh.events.emit(Event::InstanceReaped {
-                dead: dead.raw.clone(),
-                rooms: c.rooms,
-                peers: c.peers,
-                skipped_rooms: c.skipped_rooms,
-            });
+            // As the reaper thread: the event says the instance is gone.
+            if *finished == crate::reaper::Finish::Done {
+                sh.events.emit(Event::InstanceReaped {
+                    dead: dead.raw.clone(),
+                    rooms: c.rooms,
+                    peers: c.peers,
+                    skipped_rooms: c.skipped_rooms,
+                });
+            }
         }
-        Ok(counts)
+        Ok(counts.map(|(c, _)| c))
     }
 }
