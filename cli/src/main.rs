@@ -47,11 +47,12 @@ enum Command {
     Node(Box<node::NodeArgs>),
     /// Show the fleet of one prefix as Redis sees it: leader, epoch, instances.
     ///
-    /// Each instance is alive (heartbeating), late (heartbeat key expired, last heartbeat
-    /// younger than the stale threshold), stale (a reap candidate) or being_reaped. The stale
-    /// threshold is --heartbeat-ttl-ms x --stale-factor (default 30000 ms x 1.5): pass the
-    /// fleet's own values if it does not run the defaults, or the states are wrong. Garbage in
-    /// the control keys is listed as problems (exit 0); exit 1 when Redis cannot be reached, 2 on
+    /// Each instance is alive (heartbeating), stopped (left cleanly, key not expired yet), late
+    /// (heartbeat key expired, last heartbeat younger than its stale threshold), stale (a reap
+    /// candidate) or being_reaped. Each is judged with its own stale threshold, read from its
+    /// record (P:{ctl}:instance:<I>:info; the default 45000 ms without one);
+    /// --heartbeat-ttl-ms / --stale-factor override it for every instance. Garbage in the
+    /// control keys is listed as problems (exit 0); exit 1 when Redis cannot be reached, 2 on
     /// bad flags or without a Redis URL.
     Status(status::StatusArgs),
     /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1

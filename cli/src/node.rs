@@ -293,7 +293,25 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
         }
     };
     let prefix = config.keys().prefix().to_owned();
-    let node = Node::start(config)
+    // Started on a thread of its own, so that SIGINT/SIGTERM ends a start-up that waits (for
+    // a previous process of the same instance id to be gone: up to a heartbeat TTL and an
+    // interval) at once: nothing of this node runs yet.
+    let (started_tx, started_rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = started_tx.send(Node::start(config));
+    });
+    let started = crossbeam_channel::select! {
+        recv(started_rx) -> r => r.map_err(|_| Failure::runtime("the start-up thread ended without a result"))?,
+        recv(signal) -> _ => {
+            // A start that completed at the same moment is shut down cleanly.
+            if let Ok(Ok(node)) = started_rx.try_recv() {
+                let _ = node.shutdown();
+            }
+            eprintln!("sfu-redis: interrupted during start-up; the node was not started");
+            std::process::exit(130);
+        }
+    };
+    let node = started
         .map_err(|e| Failure::runtime(with_place("cannot start the node", url.as_deref(), &e)))?;
     let events = node.events();
     if !args.json {

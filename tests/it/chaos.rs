@@ -2578,12 +2578,25 @@ impl Chaos {
     /// did nothing would make the invariant-4 check vacuous).
     fn check_workload(&mut self) {
         let ops = self.churn_total("ops");
-        let want = self.secs * SLOTS as u64 * 5;
-        if ops < want {
+        // At least 2 calls per second of each life's readiness within the fault period (a
+        // churning node makes some 25 a second): judged on the time nodes really were up, so
+        // a machine too loaded to start them early does not count as an idle churn.
+        let end = self.start + Duration::from_secs(self.secs);
+        let node_secs: f64 = self
+            .lives
+            .iter()
+            .filter_map(|l| {
+                let ready = l.ready_at?;
+                let until = l.killed_at.unwrap_or(end).min(end);
+                Some(until.saturating_duration_since(ready).as_secs_f64())
+            })
+            .sum();
+        let want = (node_secs * 2.0) as u64;
+        if ops < want || (self.secs >= 20 && ops == 0) {
             self.violation(
                 None,
                 format!(
-                    "the churn made {ops} calls in {} s; expected at least {want}",
+                    "the churn made {ops} calls over {node_secs:.0} s of ready nodes in a {} s fault period; expected at least {want}",
                     self.secs
                 ),
             );

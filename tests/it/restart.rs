@@ -108,3 +108,45 @@ fn a_stop_after_seeing_a_duplicate_does_not_release() {
     let now = get(&s, &ks.heartbeat("twice"));
     assert_ne!(now.as_deref(), Some("released"));
 }
+
+// An operator's Ctrl-C must work at every moment. Fault: `sfu-redis node` started with the id
+// of a running node waits (up to that node's heartbeat TTL and an interval, 40 s here) for the
+// id to be free; SIGINT arrives during the wait. Protection: the start-up runs on a thread of
+// its own and the signal ends the command at once (exit 130, nothing registered: the running
+// node's heartbeat key is untouched). Fails if the signal is only seen once the start returns.
+#[test]
+fn sigint_during_a_start_up_wait_exits_at_once() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let t = Timings::from_heartbeat(Duration::from_secs(10), Duration::from_secs(30));
+    let a = s.node_with(STAGE, "busy", t);
+    let token = get(&s, &ks.heartbeat("busy")).expect("a's heartbeat key");
+    let mut child = std::process::Command::new(procs::cli_bin())
+        .args(["node", "--stage", STAGE, "--redis-url", &s.url(), "--instance-id", "busy"])
+        .args(["--heartbeat-interval-ms", "10000", "--heartbeat-ttl-ms", "30000"])
+        .env_remove("REDIS_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn sfu-redis node");
+    // Well into its wait (the duplicate check comes first thing).
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(child.try_wait().unwrap().is_none(), "still waiting");
+    let sent = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = wait_for(Duration::from_secs(10), "the node command to exit", || {
+        child.try_wait().unwrap()
+    });
+    let took = sent.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted during start-up"), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(get(&s, &ks.heartbeat("busy")), Some(token));
+    drop(a);
+}

@@ -19,12 +19,13 @@ use crate::{parse_factor, scaled, with_place, Failure, RedisArgs};
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     redis: RedisArgs,
-    /// Heartbeat TTL the fleet runs with [default: 30000]. Must match the fleet's: the states
-    /// are judged with stale threshold = this x --stale-factor.
+    /// Override: judge every instance with stale threshold = this x --stale-factor (1.5 unless
+    /// given) instead of its own record's. Not needed: each instance's record carries its
+    /// timings.
     #[arg(long, value_name = "MS", value_parser = parse_ttl)]
     heartbeat_ttl_ms: Option<u64>,
-    /// Stale threshold as a multiple of the heartbeat TTL [default: 1.5]. Must match the
-    /// fleet's.
+    /// Override: stale threshold as a multiple of --heartbeat-ttl-ms (30000 unless given) for
+    /// every instance, instead of its own record's.
     #[arg(long, value_name = "FACTOR", value_parser = parse_factor)]
     stale_factor: Option<f64>,
     /// Print one JSON object instead of a table.
