@@ -930,8 +930,10 @@ fn instance_status(
             Ok(v) => redis::from_redis_value_ref::<u64>(v).unwrap_or(0),
             Err(_) => 0,
         };
-        rooms = count(&ks.instance_rooms(w), &r[2], &r[3], &mut m.problems).map(|n| n + moved(&r[8]));
-        peers = count(&ks.instance_peers(w), &r[4], &r[5], &mut m.problems).map(|n| n + moved(&r[9]));
+        rooms =
+            count(&ks.instance_rooms(w), &r[2], &r[3], &mut m.problems).map(|n| n + moved(&r[8]));
+        peers =
+            count(&ks.instance_peers(w), &r[4], &r[5], &mut m.problems).map(|n| n + moved(&r[9]));
         info = record(&ks.instance_info(w), &r[6], &r[7], &mut m.problems);
     }
     let own = info

@@ -77,6 +77,13 @@ impl Progress {
                 pending,
                 printed,
             } => {
+                // A new count or a step without one (a new phase): the last state of the
+                // previous one is printed first, so its final count shows.
+                if restart || done.is_none() {
+                    if let Some(line) = pending.borrow_mut().take() {
+                        plain(&line);
+                    }
+                }
                 if *printed.borrow() == status {
                     // Nothing new (a phase that ended where the last one did).
                     *pending.borrow_mut() = None;
@@ -112,14 +119,14 @@ impl Progress {
         }
     }
 
-    /// `fsck: scan 1: 1200 keys (850/s)`.
+    /// `fsck: scan 1: 1200 keys (850/s)`; the rate is `-` in the first 200 ms of a count (a
+    /// count over a few microseconds is no rate).
     fn line(&self, status: &str) -> String {
         let secs = self.started.get().elapsed().as_secs_f64();
-        let rate = if secs > 0.0 {
-            self.done.get() as f64 / secs
-        } else {
-            0.0
-        };
+        if secs < 0.2 {
+            return format!("{}: {status} (-/s)", self.what);
+        }
+        let rate = self.done.get() as f64 / secs;
         format!("{}: {status} ({rate:.0}/s)", self.what)
     }
 }

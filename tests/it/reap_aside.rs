@@ -97,11 +97,7 @@ fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() 
     assert_eq!(aside, 40, "the fabricated interrupted reap");
     // `status` counts what the reap moved aside with the live index (40 + "late").
     let st = sfu_redis::status::fleet_status(&s.config(RA, "reader")).expect("status");
-    let d = st
-        .instances
-        .iter()
-        .find(|i| i.id == "d")
-        .expect("d listed");
+    let d = st.instances.iter().find(|i| i.id == "d").expect("d listed");
     assert_eq!((d.rooms, d.peers), (41, 81), "{d:?}");
 
     let leader = s.node(RA, "leader");

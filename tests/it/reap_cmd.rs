@@ -458,10 +458,25 @@ fn progress_is_plain_lines_when_piped() {
     unique.dedup();
     assert_eq!(statuses, unique, "{err}");
 
-    fabricate(&s, "dead-prog2", 20);
+    fabricate(&s, "dead-prog2", 800);
+    let total = s.keys(&ks(STAGE).scan_pattern()).len();
+    assert!(total > 1000, "more than one SCAN page: {total}");
     let o = cli(&url, "fsck", &["--settle-ms", "0", "--json"]);
     json_of(&o);
     let err = stderr(&o);
+    // The first scan's final count is printed (a new user saw only the first page's, "1002
+    // keys", for 14,074), and a rate over a few microseconds is not shown as a rate.
+    let counted = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("fsck: scan 1: "))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.parse::<usize>().ok()))
+        .max()
+        .unwrap_or(0);
+    assert_eq!(counted, total, "{err}");
+    assert!(
+        !err.lines().any(|l| l.contains("000000/s")),
+        "an absurd rate: {err}"
+    );
     assert!(
         err.lines()
             .any(|l| l.starts_with("fsck: ") && l.contains(" keys") && l.contains("/s)")),

@@ -122,8 +122,21 @@ fn sigint_during_a_start_up_wait_exits_at_once() {
     let a = s.node_with(STAGE, "busy", t);
     let token = get(&s, &ks.heartbeat("busy")).expect("a's heartbeat key");
     let mut child = std::process::Command::new(procs::cli_bin())
-        .args(["node", "--stage", STAGE, "--redis-url", &s.url(), "--instance-id", "busy"])
-        .args(["--heartbeat-interval-ms", "10000", "--heartbeat-ttl-ms", "30000"])
+        .args([
+            "node",
+            "--stage",
+            STAGE,
+            "--redis-url",
+            &s.url(),
+            "--instance-id",
+            "busy",
+        ])
+        .args([
+            "--heartbeat-interval-ms",
+            "10000",
+            "--heartbeat-ttl-ms",
+            "30000",
+        ])
         .env_remove("REDIS_URL")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
