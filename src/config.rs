@@ -739,7 +739,7 @@ pub const REAP_PACE: f64 = 1.0;
 
 /// Most index members of one batch of a paced reap ([`ConfigBuilder::reap_pace`] > 0; a
 /// smaller [`ConfigBuilder::reap_batch`] is kept). Redis runs a pipeline's commands without
-/// serving other clients in between for as long as one read of its input holds (16 KB, some 60
+/// serving other clients in between for as long as one read of its input holds (16 KB, some 50
 /// `reap_room.lua` calls, about 2 ms): a smaller batch bounds what another client waits behind
 /// the reap, whatever the pause. Measured with `examples/perf_report.rs --pace-sweep`
 /// (README "Reap pace").
