@@ -5,10 +5,10 @@
 -- KEYS[2] P:{ctl}:hb:<D>
 -- KEYS[3] P:{ctl}:instance:<D>:rooms
 -- KEYS[4] P:{ctl}:instance:<D>:peers
--- KEYS[5] P:{ctl}:instance:<D>:info (deleted with the sorted-set entry)
--- KEYS[6] P:{ctl}:instance:<D>:reaping-rooms   the indexes reap_begin.lua moved aside
--- KEYS[7] P:{ctl}:instance:<D>:reaping-peers
--- KEYS[8] P:{ctl}:instance:<D>:reaping         the token of the reap that owns them
+-- KEYS[5] P:{ctl}:instance:<D>:reaping-rooms   the indexes reap_begin.lua moved aside
+-- KEYS[6] P:{ctl}:instance:<D>:reaping-peers
+-- KEYS[7] P:{ctl}:instance:<D>:reaping         the token of the reap that owns them
+-- KEYS[8] P:{ctl}:instance:<D>:info (deleted with the sorted-set entry)
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] how many index members the reap kept because they were written after t0 by the
 --         same instance id (a new life that has not registered yet)
@@ -16,7 +16,7 @@
 -- ARGV[4] how many distinct members this reap put back into the live indexes (KEYS[3],
 --         KEYS[4]) just before this call: those it could not reap (bad data) and those it kept
 --
--- First, if KEYS[8] holds this reap's token, the moved indexes are deleted (UNLINK: freed off
+-- First, if KEYS[7] holds this reap's token, the moved indexes are deleted (UNLINK: freed off
 -- the main thread): this reap scanned them to the end, and every member it did not reap is
 -- back in the live indexes. Another reap's token (a reap that began later, or an operator's
 -- `sfu-redis reap` beside a leader) leaves them to that reap.
@@ -35,20 +35,20 @@
 --
 -- Protects: invariant 2 (the instance itself is gone; leftovers are reported, not hidden) and
 -- invariant 4 (no index member is dropped that no reap has looked at).
-local token = redis.pcall('GET', KEYS[8])
+local token = redis.pcall('GET', KEYS[7])
 local mine = type(token) ~= 'table' and token == ARGV[3]
-if mine then redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[8]) end
+if mine then redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7]) end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive', 0, 0} end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) ~= 0 then return {'alive', 0, 0} end
 if tonumber(ARGV[2]) > 0 then return {'retry', 0, 0} end
-if not mine and redis.call('EXISTS', KEYS[6], KEYS[7], KEYS[8]) > 0 then
+if not mine and redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) > 0 then
   return {'retry', 0, 0}
 end
 local rooms = redis.call('SCARD', KEYS[3])
 local peers = redis.call('SCARD', KEYS[4])
 if rooms + peers > tonumber(ARGV[4]) then return {'retry', rooms, peers} end
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[5])
+redis.call('DEL', KEYS[8])
 if rooms + peers > 0 then return {'incomplete', rooms, peers} end
 return {'done', 0, 0}

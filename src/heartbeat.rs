@@ -71,13 +71,11 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         .key(sh.ctx.keys.heartbeat(&sh.ctx.me))
         .key(sh.ctx.keys.dataset())
         .key(sh.ctx.keys.epoch())
-        .key(sh.ctx.keys.instance_info(&sh.ctx.me))
-        .key(sh.ctx.keys.instance_rooms(&sh.ctx.me))
-        .key(sh.ctx.keys.instance_peers(&sh.ctx.me))
-        .key(sh.ctx.keys.instance_reaping_rooms(&sh.ctx.me))
-        .key(sh.ctx.keys.instance_reaping_peers(&sh.ctx.me))
-        .key(sh.ctx.keys.instance_reaping(&sh.ctx.me))
-        .arg(&sh.ctx.me)
+        .key(sh.ctx.keys.instance_info(&sh.ctx.me));
+    for key in sh.ctx.keys.instance_index_keys(&sh.ctx.me) {
+        inv.key(key);
+    }
+    inv.arg(&sh.ctx.me)
         .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
             BeatMode::Register => "register",

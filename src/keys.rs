@@ -284,6 +284,20 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:reaping", self.prefix)
     }
 
+    /// The keys of `instance`'s indexes as the reap scripts and `heartbeat.lua` declare them,
+    /// in this order: the live room and peer indexes, the moved ones
+    /// ([`KeySpace::instance_reaping_rooms`], [`KeySpace::instance_reaping_peers`]) and the
+    /// reap's token ([`KeySpace::instance_reaping`]).
+    pub fn instance_index_keys(&self, instance: &str) -> [String; 5] {
+        [
+            self.instance_rooms(instance),
+            self.instance_peers(instance),
+            self.instance_reaping_rooms(instance),
+            self.instance_reaping_peers(instance),
+            self.instance_reaping(instance),
+        ]
+    }
+
     /// `P:{ctl}:instance:<I>:info` (`instance` in wire form): the hash in which an instance
     /// describes itself (version, host, pid, start, timings, transport), written with its
     /// registration and removed by its reap and by [`Node::leave`](crate::Node::leave).

@@ -350,22 +350,17 @@ fn begin(
         None
     };
     let mut inv = SCRIPTS.reap_force_begin.prepare_invoke();
-    inv.key(ctx.keys.heartbeats())
-        .key(ctx.keys.heartbeat(dead))
-        .key(ctx.keys.instance_rooms(dead))
-        .key(ctx.keys.instance_peers(dead))
-        .key(ctx.keys.instance_reaping_rooms(dead))
-        .key(ctx.keys.instance_reaping_peers(dead))
-        .key(ctx.keys.instance_reaping(dead))
-        .arg(dead)
+    inv.key(ctx.keys.heartbeats()).key(ctx.keys.heartbeat(dead));
+    for key in ctx.keys.instance_index_keys(dead) {
+        inv.key(key);
+    }
+    inv.arg(dead)
         .arg(stale_ms)
         .arg(if options.force { "1" } else { "0" })
         .arg(if options.dry_run { "check" } else { "begin" });
     let (status, now_ms, score, now_us, replaced): (String, i64, i64, i64, i64) =
         conn::call(con, OP, &inv)?;
-    if replaced > 0 {
-        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
-    }
+    reaper::warn_replaced(dead, replaced);
     report.server_ms = now_ms;
     report.last_heartbeat_ms = score;
     report.refused = match status.as_str() {

@@ -101,26 +101,30 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64
     let mut inv = SCRIPTS.reap_begin.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
-        .key(ctx.keys.leader())
-        .key(ctx.keys.instance_rooms(dead))
-        .key(ctx.keys.instance_peers(dead))
-        .key(ctx.keys.instance_reaping_rooms(dead))
-        .key(ctx.keys.instance_reaping_peers(dead))
-        .key(ctx.keys.instance_reaping(dead))
-        .key(ctx.keys.instance_info(dead))
+        .key(ctx.keys.leader());
+    for key in ctx.keys.instance_index_keys(dead) {
+        inv.key(key);
+    }
+    inv.key(ctx.keys.instance_info(dead))
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);
     let (status, _now_ms, now_us, replaced): (String, i64, i64, i64) =
         conn::call(con, "re-check candidate", &inv)?;
-    if replaced > 0 {
-        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
-    }
+    warn_replaced(dead, replaced);
     if status == "not_leader" {
         return Err(Error::NotLeader);
     }
     let t0 = before.map_or(now_us, |b| b.min(now_us));
     Ok((status == "dead").then_some((t0, now_us)))
+}
+
+/// Logs what `reap_begin.lua` / `reap_force_begin.lua` report as `replaced`: moved indexes of
+/// `dead` that held another type (bad data on the reaps' own keys), deleted by the script.
+pub(crate) fn warn_replaced(dead: &str, replaced: i64) {
+    if replaced > 0 {
+        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
+    }
 }
 
 /// The next `SSCAN` page of an instance's index (`cursor`: about
@@ -745,14 +749,11 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
         }
     }
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
-    inv.key(ctx.keys.heartbeats())
-        .key(ctx.keys.heartbeat(dead))
-        .key(ctx.keys.instance_rooms(dead))
-        .key(ctx.keys.instance_peers(dead))
-        .key(ctx.keys.instance_info(dead))
-        .key(ctx.keys.instance_reaping_rooms(dead))
-        .key(ctx.keys.instance_reaping_peers(dead))
-        .key(ctx.keys.instance_reaping(dead))
+    inv.key(ctx.keys.heartbeats()).key(ctx.keys.heartbeat(dead));
+    for key in ctx.keys.instance_index_keys(dead) {
+        inv.key(key);
+    }
+    inv.key(ctx.keys.instance_info(dead))
         .arg(dead)
         .arg(kept)
         .arg(r.token)

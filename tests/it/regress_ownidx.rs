@@ -16,6 +16,19 @@ use support::*;
 
 const RB: &str = "ownidx";
 
+/// Members left in an index, live and moved aside (a reap moves it aside at its start).
+fn members_left(s: &Server, index: [String; 2]) -> i64 {
+    index
+        .iter()
+        .map(|k| {
+            redis::cmd("SCARD")
+                .arg(k)
+                .query::<i64>(&mut s.con())
+                .unwrap()
+        })
+        .sum()
+}
+
 /// A member this crate never writes (not UTF-8) in a LIVE node's own room index: the tick's
 /// walk decodes the SSCAN page as strings, fails, returns Err before the refresh outcomes are
 /// handled, and does not advance its cursor: every tick fails from then on.
@@ -282,16 +295,10 @@ fn the_largest_reap_batch_reaps_every_room() {
         Duration::from_secs(30),
         |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "big"),
     );
-    // Live and moved-aside room index (the reap moves it aside at its start).
-    let left: i64 = [ks.instance_rooms("big"), ks.instance_reaping_rooms("big")]
-        .iter()
-        .map(|k| {
-            redis::cmd("SCARD")
-                .arg(k)
-                .query::<i64>(&mut s.con())
-                .unwrap()
-        })
-        .sum();
+    let left = members_left(
+        &s,
+        [ks.instance_rooms("big"), ks.instance_reaping_rooms("big")],
+    );
     let st = leader.stats();
     eprintln!(
         "reaped event: {reaped:?}; room index left: {left}; last_error: {:?}",
@@ -343,16 +350,10 @@ fn the_largest_reap_batch_empties_the_peer_index() {
         |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "bigp"),
     );
     std::thread::sleep(Duration::from_secs(2));
-    // Live and moved-aside peer index (the reap moves it aside at its start).
-    let left: i64 = [ks.instance_peers("bigp"), ks.instance_reaping_peers("bigp")]
-        .iter()
-        .map(|k| {
-            redis::cmd("SCARD")
-                .arg(k)
-                .query::<i64>(&mut s.con())
-                .unwrap()
-        })
-        .sum();
+    let left = members_left(
+        &s,
+        [ks.instance_peers("bigp"), ks.instance_reaping_peers("bigp")],
+    );
     let zs: Option<f64> = redis::cmd("ZSCORE")
         .arg(ks.heartbeats())
         .arg("bigp")
