@@ -43,34 +43,6 @@ fn existing(s: &Server, keys: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Leaves `i`'s indexes as a reap that died after `reap_begin.lua` leaves them: score 0,
-/// indexes moved aside, a token no running reap holds.
-fn interrupt_reap(s: &Server, ks: &KeySpace, i: &str) {
-    let mut con = s.con();
-    let _: () = redis::cmd("ZADD")
-        .arg(ks.heartbeats())
-        .arg("XX")
-        .arg(0)
-        .arg(i)
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("RENAME")
-        .arg(ks.instance_rooms(i))
-        .arg(ks.instance_reaping_rooms(i))
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("RENAME")
-        .arg(ks.instance_peers(i))
-        .arg(ks.instance_reaping_peers(i))
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(ks.instance_reaping(i))
-        .arg("1")
-        .query(&mut con)
-        .unwrap();
-}
-
 /// A reap interrupted after its first step, then a zombie's room indexed in the fresh live
 /// index: the leader's reap takes the moved indexes over, finds the live one not empty
 /// ('retry', the entry keeps score 0), and the next round reaps the zombie's room too.
@@ -85,7 +57,7 @@ fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() 
         .map(|r| (r.as_str(), &[("p1", None), ("p2", None)][..]))
         .collect();
     s.fabricate_dead(&ks, "d", old, None, &rooms);
-    interrupt_reap(&s, &ks, "d");
+    s.interrupt_reap(&ks, "d");
     // The zombie's room, indexed after the move: fabricated the same way (this also writes
     // the score back), then the score set to 0 again.
     s.fabricate_dead(&ks, "d", old, None, &[("late", &[("q1", None)][..])]);
@@ -146,7 +118,7 @@ fn registering_again_takes_the_moved_indexes_back() {
         .map(|r| (r.as_str(), &[("p", None)][..]))
         .collect();
     s.fabricate_dead(&ks, "back", old, None, &rooms);
-    interrupt_reap(&s, &ks, "back");
+    s.interrupt_reap(&ks, "back");
 
     let node = s.node(RA, "back");
     node.pin_room("fresh").unwrap();

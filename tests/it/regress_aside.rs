@@ -37,34 +37,6 @@ fn set_string(s: &Server, key: &str) {
         .unwrap();
 }
 
-/// As a reap that died right after `reap_begin.lua` leaves things: score 0, indexes moved
-/// aside, a token no running reap holds.
-fn interrupt_reap(s: &Server, ks: &KeySpace, i: &str) {
-    let mut con = s.con();
-    let _: () = redis::cmd("ZADD")
-        .arg(ks.heartbeats())
-        .arg("XX")
-        .arg(0)
-        .arg(i)
-        .query(&mut con)
-        .unwrap();
-    for (from, to) in [
-        (ks.instance_rooms(i), ks.instance_reaping_rooms(i)),
-        (ks.instance_peers(i), ks.instance_reaping_peers(i)),
-    ] {
-        let _: () = redis::cmd("RENAME")
-            .arg(from)
-            .arg(to)
-            .query(&mut con)
-            .unwrap();
-    }
-    let _: () = redis::cmd("SET")
-        .arg(ks.instance_reaping(i))
-        .arg("1")
-        .query(&mut con)
-        .unwrap();
-}
-
 fn rooms_of(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|k| format!("{prefix}{k}")).collect()
 }
@@ -83,43 +55,33 @@ fn fake<'a>(names: &'a [String], peers: &'a [(&'a str, Option<&'a str>)]) -> Vec
 /// fails, the instance keeps score 0 and the next round does the same, for ever.
 #[test]
 fn a_moved_room_index_of_the_wrong_type_does_not_stop_the_reap() {
-    let s = Server::start();
-    let ks = ks(RG);
-    let old = s.server_ms() - 60_000;
-    let names = rooms_of("w", 5);
-    s.fabricate_dead(&ks, "wt", old, None, &fake(&names, &[("p", None)]));
-    set_string(&s, &ks.instance_reaping_rooms("wt"));
-
-    let leader = s.node(RG, "leader");
-    wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
-    wait_for(
-        LONG,
-        "wt's rooms reaped and wt out of the sorted set",
-        || {
-            let left = names.iter().any(|r| exists(&s, &ks.room(r).meta));
-            (!left && score(&s, &ks, "wt").is_none()).then_some(())
-        },
-    );
+    wrong_typed_moved_index_is_reaped_past("wt", KeySpace::instance_reaping_rooms);
 }
 
 /// The same with the moved peer index a string (the room index moved aside is fine).
 #[test]
 fn a_moved_peer_index_of_the_wrong_type_does_not_stop_the_reap() {
+    wrong_typed_moved_index_is_reaped_past("wp", KeySpace::instance_reaping_peers);
+}
+
+/// Dead instance `dead` with 5 rooms in its live index and its moved index `moved` a string:
+/// a leader reaps the rooms and takes `dead` out of the sorted set.
+fn wrong_typed_moved_index_is_reaped_past(dead: &str, moved: fn(&KeySpace, &str) -> String) {
     let s = Server::start();
     let ks = ks(RG);
     let old = s.server_ms() - 60_000;
-    let names = rooms_of("v", 5);
-    s.fabricate_dead(&ks, "wp", old, None, &fake(&names, &[("p", None)]));
-    set_string(&s, &ks.instance_reaping_peers("wp"));
+    let names = rooms_of(dead, 5);
+    s.fabricate_dead(&ks, dead, old, None, &fake(&names, &[("p", None)]));
+    set_string(&s, &moved(&ks, dead));
 
     let leader = s.node(RG, "leader");
     wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
     wait_for(
         LONG,
-        "wp's rooms reaped and wp out of the sorted set",
+        &format!("{dead}'s rooms reaped and {dead} out of the sorted set"),
         || {
             let left = names.iter().any(|r| exists(&s, &ks.room(r).meta));
-            (!left && score(&s, &ks, "wp").is_none()).then_some(())
+            (!left && score(&s, &ks, dead).is_none()).then_some(())
         },
     );
 }
@@ -134,7 +96,7 @@ fn only_moved_indexes_left_are_enqueued_by_the_audit_and_reaped() {
     let old = s.server_ms() - 60_000;
     let names = rooms_of("u", 6);
     s.fabricate_dead(&ks, "un", old, None, &fake(&names, &[("p", None)]));
-    interrupt_reap(&s, &ks, "un");
+    s.interrupt_reap(&ks, "un");
     let _: () = redis::cmd("ZREM")
         .arg(ks.heartbeats())
         .arg("un")

@@ -229,6 +229,35 @@ impl Server {
             .expect("fabricate a dead instance");
     }
 
+    /// Leaves instance `i` (wire form) as a reap that died right after `reap_begin.lua` leaves
+    /// it: score 0, its indexes moved aside (`P:{ctl}:instance:<I>:reaping-rooms` /
+    /// `-peers`), a token no running reap holds.
+    pub fn interrupt_reap(&self, ks: &KeySpace, i: &str) {
+        let mut con = self.con();
+        let _: () = redis::cmd("ZADD")
+            .arg(ks.heartbeats())
+            .arg("XX")
+            .arg(0)
+            .arg(i)
+            .query(&mut con)
+            .unwrap();
+        for (from, to) in [
+            (ks.instance_rooms(i), ks.instance_reaping_rooms(i)),
+            (ks.instance_peers(i), ks.instance_reaping_peers(i)),
+        ] {
+            let _: () = redis::cmd("RENAME")
+                .arg(from)
+                .arg(to)
+                .query(&mut con)
+                .unwrap();
+        }
+        let _: () = redis::cmd("SET")
+            .arg(ks.instance_reaping(i))
+            .arg("1")
+            .query(&mut con)
+            .unwrap();
+    }
+
     /// Everything wrong with one prefix, as readable lines `"{kind} at {key}: {detail}"`
     /// (empty = every index holds exactly what the records say, invariant 4; every room's
     /// owner lists it in its room index; every key is one of the schema). One consistency
