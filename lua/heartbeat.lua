@@ -35,8 +35,13 @@
 -- leader left unfinished) are merged back into the live indexes and the reap's token deleted:
 -- the new life's clean-up of its earlier life (heartbeat.rs, `register`) then sees every
 -- member, and a reap still running ends as 'alive' without deleting anything of this life.
+-- Before that, any of KEYS[6..9] holding another type than a set (bad data: the library only
+-- ever writes sets there) is deleted and counted in `replaced`, as reap_begin.lua does with
+-- the moved indexes: otherwise the clean-up and every pin of the new life would fail on it
+-- (WRONGTYPE). Rooms such a key may have listed are left for the audit (unindexed rooms).
 --
--- Reply: {status, server_ms, token, epoch, server_us}; status is
+-- Reply: {status, server_ms, token, epoch, server_us, replaced}; replaced is the number of
+-- index keys of another type deleted at 'register' (0 otherwise); status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
@@ -64,18 +69,18 @@ local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
 if ARGV[3] == 'register' and holder and holder ~= ARGV[6] and holder ~= 'released' then
-  return {'duplicate', now, token or '', epoch, now_us}
+  return {'duplicate', now, token or '', epoch, now_us, 0}
 end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch, now_us}
+      return {'reaped', now, token, epoch, now_us, 0}
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or '', epoch, now_us}
+    return {'reaped', now, token or '', epoch, now_us, 0}
   end
 end
 if not token then
@@ -91,7 +96,15 @@ if tonumber(ARGV[7]) > tonumber(epoch) then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
+local replaced = 0
 if ARGV[3] == 'register' then
+  for i = 6, 9 do
+    local kind = redis.call('TYPE', KEYS[i]).ok
+    if kind ~= 'set' and kind ~= 'none' then
+      redis.call('UNLINK', KEYS[i])
+      replaced = replaced + 1
+    end
+  end
   for i = 8, 9 do
     local live = redis.call('TYPE', KEYS[i - 2]).ok
     if redis.call('TYPE', KEYS[i]).ok == 'set' and (live == 'set' or live == 'none') then
@@ -107,4 +120,4 @@ if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).
   redis.call('DEL', KEYS[5])
   redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 9))
 end
-return {status, now, token, epoch, now_us}
+return {status, now, token, epoch, now_us, replaced}

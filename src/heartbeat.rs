@@ -92,8 +92,28 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
     for (name, value) in &sh.info {
         inv.arg(*name).arg(value);
     }
-    let (status, server_ms, token, epoch, server_us): (String, i64, String, String, i64) =
-        conn::call(con, op, &inv)?;
+    let (status, server_ms, token, epoch, server_us, replaced): (
+        String,
+        i64,
+        String,
+        String,
+        i64,
+        i64,
+    ) = conn::call(con, op, &inv)?;
+    if replaced > 0 {
+        // Bad data on this instance's own index keys, deleted by the script (a clean-up and
+        // every pin of this life would fail on them).
+        let e = Error::bad_data(
+            op,
+            format!(
+                "{replaced} of the index keys of instance {:?} ({}, -peers, -reaping-rooms, -reaping-peers) held another type than a set; deleted at registration (rooms they listed are left to fsck)",
+                sh.id,
+                sh.ctx.keys.instance_rooms(&sh.ctx.me)
+            ),
+        );
+        sh.counters.bad_data(&e);
+        log::warn!("{e}");
+    }
     let beat = match status.as_str() {
         // The dataset token changed under a heartbeat that found us registered: an earlier
         // heartbeat re-registered us after Redis lost its data, but its reply was lost.

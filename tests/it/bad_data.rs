@@ -271,3 +271,41 @@ fn non_utf8_index_members_do_not_stop_a_reap() {
     let left = references(&s.dump("*"), &["j-".into(), "junky".into()]);
     assert!(left.is_empty(), "{left:#?}");
 }
+
+// Index keys of the node's own id holding another type than a set (bad data: the library only
+// writes sets there): the node still starts, deletes them at registration (counted as bad
+// data), and indexes its pins in a fresh set; the same keys of another instance id are left
+// alone. Fails if a wrong-typed index of its own stops the start (the clean-up of its earlier
+// life met WRONGTYPE) or if the registration touches another instance's keys.
+#[test]
+fn a_node_starts_over_wrong_typed_index_keys_of_its_own() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let [rooms, peers, reaping_rooms, _, _] = ks.instance_index_keys("inst-w");
+    let _: () = redis::cmd("SET")
+        .arg(&rooms)
+        .arg("junk")
+        .query(&mut s.con())
+        .unwrap();
+    hset(&s, &peers);
+    let _: () = redis::cmd("SET")
+        .arg(&reaping_rooms)
+        .arg("junk")
+        .query(&mut s.con())
+        .unwrap();
+    let other = ks.instance_rooms("inst-other");
+    hset(&s, &other);
+    let a = s.node(STAGE, "inst-w");
+    assert!(a.stats().bad_data >= 1, "{:?}", a.stats());
+    assert_eq!(a.pin_room("r1").unwrap(), PinOutcome::Pinned);
+    a.upsert_peer("r1", "p1", None, &[]).unwrap();
+    assert_eq!(smembers(&s, &rooms), BTreeSet::from(["r1".to_owned()]));
+    assert_eq!(smembers(&s, &peers).len(), 1);
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&reaping_rooms)
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(exists, 0, "the wrong-typed moved index is gone");
+    let t: String = redis::cmd("TYPE").arg(&other).query(&mut s.con()).unwrap();
+    assert_eq!(t, "hash", "another instance's key is left alone");
+}
