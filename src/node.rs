@@ -891,16 +891,39 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
 }
 
 /// First registration. A heartbeat key holding another boot token means another process uses
-/// this instance id, or a crashed one did until its key expires: retried until
-/// `heartbeat_ttl` (plus one interval) has passed, then refused.
+/// this instance id, or a crashed one did until its key expires: retried until the longer of
+/// this node's `heartbeat_ttl` and the key's remaining TTL when first met (the other process's
+/// own TTL, which may be longer), plus one interval, has passed, then refused. The key's TTL is
+/// read once: a live process refreshes it, so waiting for it to run out would never end.
 fn register_at_start(sh: &Shared) -> Result<()> {
     let mut link = Link::new();
     let t = &sh.ctx.timings;
-    let give_up = Instant::now() + t.heartbeat_ttl + t.heartbeat_interval;
+    let started = Instant::now();
+    let mut give_up = started + t.heartbeat_ttl + t.heartbeat_interval;
+    let mut read_ttl = false;
     loop {
         let t0 = link.run(&sh.redis, conn::server_time_us)?;
         match heartbeat::register(sh, &mut link, t0) {
             Err(Error::InvalidConfig { field, reason }) if field == "instance_id" => {
+                if !read_ttl {
+                    read_ttl = true;
+                    // PTTL: -2 no key, -1 no expiry (not written by this crate): own TTL then.
+                    let key = sh.ctx.keys.heartbeat(&sh.ctx.me);
+                    let pttl = link.run(&sh.redis, |c| {
+                        redis::cmd("PTTL")
+                            .arg(&key)
+                            .query::<i64>(c)
+                            .map_err(|e| Error::redis("read the heartbeat key's TTL", e))
+                    });
+                    if let Ok(ms) = pttl {
+                        if ms > 0 {
+                            let theirs = Instant::now()
+                                + Duration::from_millis(ms as u64)
+                                + t.heartbeat_interval;
+                            give_up = give_up.max(theirs);
+                        }
+                    }
+                }
                 if Instant::now() >= give_up {
                     return Err(Error::InvalidConfig { field, reason });
                 }

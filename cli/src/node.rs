@@ -294,8 +294,8 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     };
     let prefix = config.keys().prefix().to_owned();
     // Started on a thread of its own, so that SIGINT/SIGTERM ends a start-up that waits (for
-    // a previous process of the same instance id to be gone: up to a heartbeat TTL and an
-    // interval) at once: nothing of this node runs yet.
+    // a previous process of the same instance id to be gone: up to a heartbeat TTL, its own
+    // if longer, and an interval) at once: nothing of this node runs yet.
     let (started_tx, started_rx) = crossbeam_channel::bounded(1);
     std::thread::spawn(move || {
         let _ = started_tx.send(Node::start(config));

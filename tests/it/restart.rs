@@ -163,3 +163,37 @@ fn sigint_during_a_start_up_wait_exits_at_once() {
     assert_eq!(get(&s, &ks.heartbeat("busy")), Some(token));
     drop(a);
 }
+
+// A crashed process's heartbeat key expires on its own TTL, which may be longer than the
+// restarting node's (the fleet changed its timings): the start waits for the key's remaining
+// TTL as read when first met, not only for its own heartbeat TTL. Here the crashed life ran
+// with a 6 s TTL and the new one has 1 s: it registers once the old key expired (some 6 s),
+// where it used to give up after 1.3 s naming instance_id.
+#[test]
+fn a_restart_waits_for_the_crashed_life_s_longer_heartbeat_ttl() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let old = Timings::from_heartbeat(Duration::from_secs(2), Duration::from_secs(6));
+    let a = s.node_with(STAGE, "longer", old);
+    a.pin_room("kept-by-the-old-life").unwrap();
+    a.simulate_crash();
+    let pttl: i64 = s.con().pttl(ks.heartbeat("longer")).unwrap();
+    assert!(
+        pttl > 3000,
+        "the crashed life's key has most of its TTL left ({pttl} ms)"
+    );
+    let new = Timings::from_heartbeat(Duration::from_millis(300), Duration::from_secs(1));
+    let started = Instant::now();
+    let b =
+        Node::start(s.config_with(STAGE, "longer", new)).expect("start after the old key expired");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "registered after {took:?}, before the old key expired?"
+    );
+    let token = get(&s, &ks.heartbeat("longer")).expect("b's heartbeat key");
+    assert_ne!(token, "released");
+    // The earlier life's room was cleared at registration.
+    assert_eq!(get(&s, &ks.room("kept-by-the-old-life").owner), None);
+    b.shutdown().unwrap();
+}
