@@ -12,6 +12,9 @@
 //! `SFU_PERF_STATS=1` also prints each master's `INFO commandstats` of the first cluster reap
 //! (calls and µs per command, commands inside scripts included).
 //!
+//! `cluster_master_ports` lists the masters in the order of the `*_cpu_share_pct` arrays and
+//! `cluster_ctl_master_port` names the one serving `{ctl}` (the control plane's slot).
+//!
 //! Goals (issue 13): each master's share of the reap's CPU within 10 points of a third; the
 //! cluster reap at least 0.8x as fast as the standalone one (`cluster_reap_speed` =
 //! standalone ms / cluster ms); at most 2 tick round trips per master.
@@ -58,6 +61,28 @@ fn commandstats(port: u16) -> BTreeMap<String, (u64, u64)> {
             Some((name.to_owned(), (field("calls")?, field("usec")?)))
         })
         .collect()
+}
+
+/// The port of the master serving the `{ctl}` slot (the one holding keys in it: the leaders
+/// heartbeat there), so that the report names which share is the control plane's.
+fn ctl_master(ports: &[u16]) -> Option<u16> {
+    ports.iter().copied().find(|port| {
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .expect("client")
+            .get_connection()
+            .expect("connect to a master");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg("{ctl}")
+            .query(&mut con)
+            .expect("CLUSTER KEYSLOT");
+        let keys: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut con)
+            .expect("CLUSTER COUNTKEYSINSLOT");
+        keys > 0
+    })
 }
 
 /// One Redis: its URL, the ports whose CPU counts, the key space of its prefix.
@@ -154,6 +179,7 @@ pub fn report(a: &Args) {
             .map(|h| h.join().expect("leader"))
             .collect()
     });
+    let ctl_port = ctl_master(&sides[1].ports);
     let mut reaps = [Samples::default(), Samples::default()];
     for i in 0..a.runs {
         for s in order(i) {
@@ -272,6 +298,8 @@ pub fn report(a: &Args) {
         "cluster_reap_speed": speed,
         "standalone_reap_server_cpu_ms": reaps[0].median_cpu_ms(),
         "cluster_reap_server_cpu_ms": reaps[1].median_cpu_ms(),
+        "cluster_master_ports": sides[1].ports,
+        "cluster_ctl_master_port": ctl_port,
         "cluster_reap_cpu_share_pct": shares,
         "standalone_tick_ms": ticks[0].median_ms(),
         "cluster_tick_ms": ticks[1].median_ms(),
