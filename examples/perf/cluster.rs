@@ -30,22 +30,24 @@ use sfu_redis_testkit::devserver::LocalRedis;
 use super::common::*;
 use super::{median_of, ms, server_cpu_us, Args};
 
-/// `INFO cpu` user + sys of the server on `port`, µs (a plain driver connection: the
-/// library's connector refuses a cluster node's address given as a standalone URL).
-fn cpu_us(port: u16) -> u64 {
-    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+/// A plain driver connection to the master on `port` (the library's connector refuses a
+/// cluster node's address given as a standalone URL).
+fn direct(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .expect("client")
         .get_connection()
-        .expect("connect to a master");
+        .expect("connect to a master")
+}
+
+/// `INFO cpu` user + sys of the server on `port`, µs.
+fn cpu_us(port: u16) -> u64 {
+    let mut con = direct(port);
     server_cpu_us(&mut con)
 }
 
 /// `INFO commandstats` of the server on `port`: command -> (calls, usec).
 fn commandstats(port: u16) -> BTreeMap<String, (u64, u64)> {
-    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .expect("client")
-        .get_connection()
-        .expect("connect to a master");
+    let mut con = direct(port);
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut con)
@@ -67,10 +69,7 @@ fn commandstats(port: u16) -> BTreeMap<String, (u64, u64)> {
 /// heartbeat there), so that the report names which share is the control plane's.
 fn ctl_master(ports: &[u16]) -> Option<u16> {
     ports.iter().copied().find(|port| {
-        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .expect("client")
-            .get_connection()
-            .expect("connect to a master");
+        let mut con = direct(*port);
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg("{ctl}")
