@@ -890,16 +890,20 @@ fn check_fields(fields: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// Most heartbeat TTLs of its own a start waits for a crashed process's heartbeat key of the
+/// same id (one written with a longer TTL, by a process of other timings) to expire.
+const START_WAIT_TTLS: u32 = 10;
+
 /// First registration. A heartbeat key holding another boot token means another process uses
 /// this instance id, or a crashed one did until its key expires: retried until the longer of
 /// this node's `heartbeat_ttl` and the key's remaining TTL when first met (the other process's
-/// own TTL, which may be longer), plus one interval, has passed, then refused. The key's TTL is
-/// read once: a live process refreshes it, so waiting for it to run out would never end.
+/// own TTL, which may be longer; at most [`START_WAIT_TTLS`] of this node's), plus one
+/// interval, has passed, then refused. The key's TTL is read once: a live process refreshes
+/// it, so waiting for it to run out would never end.
 fn register_at_start(sh: &Shared) -> Result<()> {
     let mut link = Link::new();
     let t = &sh.ctx.timings;
-    let started = Instant::now();
-    let mut give_up = started + t.heartbeat_ttl + t.heartbeat_interval;
+    let mut give_up = Instant::now() + t.heartbeat_ttl + t.heartbeat_interval;
     let mut read_ttl = false;
     loop {
         let t0 = link.run(&sh.redis, conn::server_time_us)?;
@@ -917,10 +921,9 @@ fn register_at_start(sh: &Shared) -> Result<()> {
                     });
                     if let Ok(ms) = pttl {
                         if ms > 0 {
-                            let theirs = Instant::now()
-                                + Duration::from_millis(ms as u64)
-                                + t.heartbeat_interval;
-                            give_up = give_up.max(theirs);
+                            let left = Duration::from_millis(ms as u64)
+                                .min(t.heartbeat_ttl * START_WAIT_TTLS);
+                            give_up = give_up.max(Instant::now() + left + t.heartbeat_interval);
                         }
                     }
                 }

@@ -583,8 +583,8 @@ void sfu_event_clear(struct SfuEvent *event);
  * **It may wait.** If a heartbeat of the same instance id is still live in Redis (a previous
  * process with this id that crashed less than `heartbeat_ttl_ms` ago; one stopped with
  * `sfu_node_stop` or `sfu_node_leave` does not count), this call waits until that heartbeat
- * expires (at most `heartbeat_ttl_ms`, or that heartbeat's own longer TTL, plus one heartbeat
- * interval, 40 s by default), then
+ * expires (at most `heartbeat_ttl_ms`, or that heartbeat's own longer TTL up to 10 times
+ * `heartbeat_ttl_ms`, plus one heartbeat interval, 40 s by default), then
  * starts; if the heartbeat keeps being renewed (the
  * id is live in another process) it fails with `SFU_ERR_INVALID_CONFIG` naming `instance_id`.
  * The default instance id is new at each start and never waits. On a brand-new dataset no
