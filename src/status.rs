@@ -309,7 +309,10 @@ impl FleetStatus {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] in memory-only mode (no Redis URL); [`Error::Redis`] when Redis
-/// cannot be reached, times out or cannot tell the time.
+/// cannot be reached, times out, cannot tell the time, or refuses to page the heartbeat
+/// sorted set for another reason than its type (a cluster that is down: `CLUSTERDOWN`; a
+/// server loading its data; an ACL without the permission), so a fleet that cannot be read
+/// is never shown as an empty one.
 pub fn fleet_status(config: &Config) -> Result<FleetStatus> {
     fleet_status_with_stale(config, None)
 }
@@ -439,10 +442,14 @@ fn scan_members(
         let (page, ty) = (replies.next(), replies.next());
         let items = match page {
             Some(Ok(v)) => cursor.advance(v).ok(),
-            Some(Err(e)) => {
+            // Bad data (the key holds another type) is a problem of the fleet; any other
+            // error (`CLUSTERDOWN`, `LOADING`, `NOPERM`, ...) means the fleet cannot be read
+            // at all: an error, never an empty fleet.
+            Some(Err(e)) if e.code() == Some("WRONGTYPE") || wrong_type(ty.as_ref()) => {
                 problems.push(unreadable(key, &e, ty.as_ref()));
                 return Ok(members);
             }
+            Some(Err(e)) => return Err(Error::redis(format!("read {key}"), e)),
             None => None,
         };
         let Some(items) = items else {
@@ -463,6 +470,11 @@ fn scan_members(
         }
     }
     Ok(members)
+}
+
+/// Whether a `TYPE` reply names another type than a sorted set (or no key).
+fn wrong_type(ty: Option<&Reply>) -> bool {
+    matches!(ty.map(key_type), Some(Ok(t)) if t != "zset" && t != "none")
 }
 
 /// Why the sorted set could not be paged: it holds another type (its `TYPE` reply `ty`

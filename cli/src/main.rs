@@ -52,8 +52,9 @@ enum Command {
     /// candidate) or being_reaped. Each is judged with its own stale threshold, read from its
     /// record (P:{ctl}:instance:<I>:info; the default 45000 ms without one);
     /// --heartbeat-ttl-ms / --stale-factor override it for every instance. Garbage in the
-    /// control keys is listed as problems (exit 0); exit 1 when Redis cannot be reached, 2 on
-    /// bad flags or without a Redis URL.
+    /// control keys is listed as problems (exit 0); exit 1 when Redis cannot be reached or
+    /// refuses to list the fleet (a cluster that is down), 2 on bad flags or without a Redis
+    /// URL.
     Status(status::StatusArgs),
     /// Audit one prefix's keys against the data model (exit 0 clean or fully repaired, 1
     /// problems remain, 2 error); --repair fixes what is safe while nodes keep running.

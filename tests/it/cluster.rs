@@ -682,6 +682,49 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
         .to_string();
     eprintln!("start with a dead master: {e}");
     assert!(e.contains(&want) && e.contains("cannot be reached"), "{e}");
+    // Once the others mark it failed (`cluster_state:fail`; the harness keeps the default
+    // `cluster-require-full-coverage yes`), they refuse every command: `status` cannot list
+    // the fleet and says so (exit 1, never an empty fleet with exit 0), and `doctor`'s
+    // topology check fails naming the master.
+    let status = wait_for(LONG, "status refusing a cluster that is down", || {
+        let o = cli_run(&s, "status", &[]);
+        (o.status.code() == Some(1)).then_some(o)
+    });
+    let err = String::from_utf8_lossy(&status.stderr).to_lowercase();
+    eprintln!("status on a cluster that is down: {}", err.trim());
+    assert!(
+        err.contains("cluster is down") || err.contains(&format!("127.0.0.1:{victim}")),
+        "{err}"
+    );
+    let doctor = cli_run(&s, "doctor", &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).expect("doctor --json");
+    let topology = report["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "topology"))
+        .cloned()
+        .unwrap_or_default();
+    eprintln!("doctor topology: {}", topology["detail"]);
+    assert_eq!(topology["status"], "fail", "{report}");
+    assert!(
+        topology["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("127.0.0.1:{victim}")),
+        "{report}"
+    );
+    assert_eq!(doctor.status.code(), Some(1), "{report}");
+}
+
+/// `sfu-redis <sub> --stage c --redis-url <the cluster's URL> <args>`.
+fn cli_run(s: &Server, sub: &str, args: &[&str]) -> std::process::Output {
+    let mut c = std::process::Command::new(support::procs::cli_bin());
+    c.arg(sub)
+        .args(["--stage", STAGE, "--redis-url", &s.url()])
+        .args(args);
+    for var in sfu_redis::config::ENV_VARS {
+        c.env_remove(var);
+    }
+    c.output().expect("run sfu-redis")
 }
 
 // A pipeline over three masters of which one is paused times out; the connection, used

@@ -18,15 +18,40 @@ pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Statu
         let ctl = con
             .cluster_master_of(&config.keys().leader())
             .unwrap_or_else(|| "no master".into());
-        return (
-            Status::Ok,
-            format!(
-                "cluster: {} master(s) {}, control plane ({{ctl}}) on {ctl}, {} replica(s)",
-                masters.len(),
-                masters.join(" "),
-                con.cluster_replicas()
-            ),
+        let shape = format!(
+            "cluster: {} master(s) {}, control plane ({{ctl}}) on {ctl}, {} replica(s)",
+            masters.len(),
+            masters.join(" "),
+            con.cluster_replicas()
         );
+        // Every master must answer and say `cluster_state:ok`: a master down without a
+        // replica to promote leaves its slots unserved, and with the default
+        // `cluster-require-full-coverage yes` the others refuse every command (CLUSTERDOWN).
+        let states = redis
+            .connect()
+            .and_then(|mut own| own.on_each_server(cluster_state));
+        // (An ACL that refuses `CLUSTER INFO` leaves the state unchecked: a warning.)
+        let judged: Vec<(Status, String)> = match states {
+            Err(e) => vec![(Status::Fail, e.to_string())],
+            Ok(states) => masters
+                .iter()
+                .zip(states)
+                .filter_map(|(m, st)| match st {
+                    Ok(st) if st == "ok" => None,
+                    Ok(st) => Some((Status::Fail, format!("{m} says cluster_state:{st}"))),
+                    Err(e) if e.code() == Some("NOPERM") => Some((
+                        Status::Warn,
+                        format!("{m}: CLUSTER INFO refused, cluster_state not checked: {e}"),
+                    )),
+                    Err(e) => Some((Status::Fail, format!("{m}: CLUSTER INFO failed: {e}"))),
+                })
+                .collect(),
+        };
+        let Some(status) = judged.iter().map(|j| j.0).max() else {
+            return (Status::Ok, shape);
+        };
+        let details: Vec<&str> = judged.iter().map(|j| j.1.as_str()).collect();
+        return (status, format!("{shape}; {}", details.join("; ")));
     }
     if let Some(name) = redis.master_name() {
         let master = route.master.unwrap_or_else(|| "?".into());
@@ -65,6 +90,16 @@ pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Statu
             ),
         ),
     }
+}
+
+/// `cluster_state` from `CLUSTER INFO` (`ok` or `fail`).
+fn cluster_state(c: &mut redis::Connection) -> redis::RedisResult<String> {
+    let text: String = redis::cmd("CLUSTER").arg("INFO").query(c)?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cluster_state:"))
+        .unwrap_or("unknown")
+        .to_owned())
 }
 
 /// The fleet as Redis shows it: the status and each instance's record.
