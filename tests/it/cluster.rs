@@ -687,7 +687,7 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
     // the fleet and says so (exit 1, never an empty fleet with exit 0), and `doctor`'s
     // topology check fails naming the master.
     let status = wait_for(LONG, "status refusing a cluster that is down", || {
-        let o = cli_run(&s, "status", &[]);
+        let o = support::procs::cli_output("status", STAGE, &s.url(), &[]);
         (o.status.code() == Some(1)).then_some(o)
     });
     let err = String::from_utf8_lossy(&status.stderr).to_lowercase();
@@ -696,7 +696,7 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
         err.contains("cluster is down") || err.contains(&format!("127.0.0.1:{victim}")),
         "{err}"
     );
-    let doctor = cli_run(&s, "doctor", &["--json"]);
+    let doctor = support::procs::cli_output("doctor", STAGE, &s.url(), &["--json"]);
     let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).expect("doctor --json");
     let topology = report["checks"]
         .as_array()
@@ -713,18 +713,6 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
         "{report}"
     );
     assert_eq!(doctor.status.code(), Some(1), "{report}");
-}
-
-/// `sfu-redis <sub> --stage c --redis-url <the cluster's URL> <args>`.
-fn cli_run(s: &Server, sub: &str, args: &[&str]) -> std::process::Output {
-    let mut c = std::process::Command::new(support::procs::cli_bin());
-    c.arg(sub)
-        .args(["--stage", STAGE, "--redis-url", &s.url()])
-        .args(args);
-    for var in sfu_redis::config::ENV_VARS {
-        c.env_remove(var);
-    }
-    c.output().expect("run sfu-redis")
 }
 
 // A pipeline over three masters of which one is paused times out; the connection, used

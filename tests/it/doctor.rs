@@ -8,7 +8,7 @@
 use crate::support;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -37,14 +37,7 @@ const NAMES: [&str; 9] = [
 ];
 
 fn doctor(url: &str, args: &[&str]) -> Output {
-    let mut c = Command::new(support::procs::cli_bin());
-    c.arg("doctor")
-        .args(["--stage", STAGE, "--redis-url", url])
-        .args(args);
-    for var in sfu_redis::config::ENV_VARS {
-        c.env_remove(var);
-    }
-    c.output().expect("run sfu-redis doctor")
+    support::procs::cli_output("doctor", STAGE, url, args)
 }
 
 fn text(o: &Output) -> String {

@@ -58,6 +58,19 @@ impl Drop for NodeProc {
     }
 }
 
+/// `sfu-redis <sub> --stage <stage> --redis-url <url> <args>`, run to its end, with none of
+/// the library's environment variables (`REDIS_URL`, `SFU_*`) of the test's own environment.
+pub fn cli_output(sub: &str, stage: &str, url: &str, args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(cli_bin());
+    c.arg(sub)
+        .args(["--stage", stage, "--redis-url", url])
+        .args(args);
+    for var in sfu_redis::config::ENV_VARS {
+        c.env_remove(var);
+    }
+    c.output().expect("run sfu-redis")
+}
+
 /// The `sfu-redis` binary of the `cli` package, built once per test process with the profile
 /// of this test binary (the CLI is its own package, so `CARGO_BIN_EXE_*` does not reach the
 /// library's tests; a plain `cargo test --test X` from a clean clone still works).
