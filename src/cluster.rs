@@ -807,6 +807,22 @@ impl ClusterConn {
         Ok(out)
     }
 
+    /// As [`ClusterConn::each_master`], but a master that cannot be reached (or whose `f`
+    /// fails) does not stop the others: one result per master.
+    pub(crate) fn each_master_apart<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+    ) -> Vec<RedisResult<T>> {
+        let masters = self.map.nodes.clone();
+        let mut out = Vec::with_capacity(masters.len());
+        for addr in &masters {
+            count_trip(addr);
+            let one = self.node(addr).and_then(&mut f);
+            out.push(self.settle(one));
+        }
+        out
+    }
+
     /// Sets the read timeout of every node connection, also of those opened later by this
     /// connection.
     pub(crate) fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {

@@ -176,6 +176,24 @@ impl Conn {
             .map_err(|e| Error::redis("connect to every master", e))
     }
 
+    /// As [`Conn::on_each_server`], but a master that cannot be reached does not stop the
+    /// others: one result per master, in the order of [`Conn::cluster_masters`], an error
+    /// naming the master for each that could not be reached (`sfu-redis doctor` checks the
+    /// masters that answer and fails the one that does not).
+    pub fn on_each_server_apart<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Connection) -> T,
+    ) -> Vec<Result<T>> {
+        let results = match &mut self.0 {
+            Inner::One(c) => vec![Ok(f(c))],
+            Inner::Cluster(c) => c.each_master_apart(|c| Ok(f(c))),
+        };
+        results
+            .into_iter()
+            .map(|r| r.map_err(|e| Error::redis("connect to the master", e)))
+            .collect()
+    }
+
     /// Sets the read timeout of the server connection(s) this connection holds now.
     pub(crate) fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {
         match &mut self.0 {

@@ -713,6 +713,27 @@ fn a_dead_master_without_replica_is_named_in_the_errors() {
         "{report}"
     );
     assert_eq!(doctor.status.code(), Some(1), "{report}");
+    // The masters that answer are still checked; the dead one fails each check for itself.
+    let version = report["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "server_version"))
+        .and_then(|c| c["detail"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    eprintln!("doctor server_version: {version}");
+    let healthy = format!("127.0.0.1:{ctl}: ");
+    let part = version
+        .split("; ")
+        .find(|p| p.starts_with(&healthy))
+        .unwrap_or_else(|| panic!("no {healthy} in {version}"));
+    assert!(
+        !part.contains("cannot be reached") && !part.contains("could not tell"),
+        "{version}"
+    );
+    assert!(
+        version.contains(&format!("127.0.0.1:{victim}: ")),
+        "{version}"
+    );
 }
 
 // A pipeline over three masters of which one is paused times out; the connection, used

@@ -27,23 +27,21 @@ pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Statu
         // Every master must answer and say `cluster_state:ok`: a master down without a
         // replica to promote leaves its slots unserved, and with the default
         // `cluster-require-full-coverage yes` the others refuse every command (CLUSTERDOWN).
-        let states = redis
-            .connect()
-            .and_then(|mut own| own.on_each_server(cluster_state));
         // (An ACL that refuses `CLUSTER INFO` leaves the state unchecked: a warning.)
-        let judged: Vec<(Status, String)> = match states {
+        let judged: Vec<(Status, String)> = match redis.connect() {
             Err(e) => vec![(Status::Fail, e.to_string())],
-            Ok(states) => masters
+            Ok(mut own) => masters
                 .iter()
-                .zip(states)
+                .zip(own.on_each_server_apart(cluster_state))
                 .filter_map(|(m, st)| match st {
-                    Ok(st) if st == "ok" => None,
-                    Ok(st) => Some((Status::Fail, format!("{m} says cluster_state:{st}"))),
-                    Err(e) if e.code() == Some("NOPERM") => Some((
+                    Ok(Ok(st)) if st == "ok" => None,
+                    Ok(Ok(st)) => Some((Status::Fail, format!("{m} says cluster_state:{st}"))),
+                    Ok(Err(e)) if e.code() == Some("NOPERM") => Some((
                         Status::Warn,
                         format!("{m}: CLUSTER INFO refused, cluster_state not checked: {e}"),
                     )),
-                    Err(e) => Some((Status::Fail, format!("{m}: CLUSTER INFO failed: {e}"))),
+                    Ok(Err(e)) => Some((Status::Fail, format!("{m}: CLUSTER INFO failed: {e}"))),
+                    Err(e) => Some((Status::Fail, format!("{m}: {e}"))),
                 })
                 .collect(),
         };

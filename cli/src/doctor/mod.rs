@@ -188,11 +188,16 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
         .unwrap_or(config.timings().command_timeout);
     // Each check on a connection of its own: a timed-out read may still deliver its reply
     // late, which must not be taken for the answer to another check's command.
-    let per_server = |f: &dyn Fn(&mut Connection) -> (Status, String)| match redis
-        .connect()
-        .and_then(|mut own| own.on_each_server(|c| f(c)))
-    {
-        Ok(results) => merge(&labels, results),
+    // A master that cannot be reached fails the check for itself; the others are checked.
+    let per_server = |f: &dyn Fn(&mut Connection) -> (Status, String)| match redis.connect() {
+        Ok(mut own) => {
+            let results = own
+                .on_each_server_apart(|c| f(c))
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| (Status::Fail, e.to_string())))
+                .collect();
+            merge(&labels, results)
+        }
         Err(e) => could_not_tell(e),
     };
     let keys = config.keys().clone();
