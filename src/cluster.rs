@@ -792,35 +792,36 @@ impl ClusterConn {
         Instant::now() + self.cluster.timeout
     }
 
-    /// Runs `f` on the connection to every master; the results in master order.
+    /// Runs `f` on the connection to every master, in master order, as the results are
+    /// consumed (a consumer that stops at the first error asks no further master).
+    fn on_masters<'a, T: 'a>(
+        &'a mut self,
+        mut f: impl FnMut(&mut Connection) -> RedisResult<T> + 'a,
+    ) -> impl Iterator<Item = RedisResult<T>> + 'a {
+        let masters = self.map.nodes.clone();
+        masters.into_iter().map(move |addr| {
+            count_trip(&addr);
+            let one = self.node(&addr).and_then(&mut f);
+            self.settle(one)
+        })
+    }
+
+    /// Runs `f` on the connection to every master; the results in master order; the first
+    /// error ends the call.
     pub(crate) fn each_master<T>(
         &mut self,
-        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+        f: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> RedisResult<Vec<T>> {
-        let masters = self.map.nodes.clone();
-        let mut out = Vec::with_capacity(masters.len());
-        for addr in &masters {
-            count_trip(addr);
-            let one = self.node(addr).and_then(&mut f);
-            out.push(self.settle(one)?);
-        }
-        Ok(out)
+        self.on_masters(f).collect()
     }
 
     /// As [`ClusterConn::each_master`], but a master that cannot be reached (or whose `f`
     /// fails) does not stop the others: one result per master.
     pub(crate) fn each_master_apart<T>(
         &mut self,
-        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+        f: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> Vec<RedisResult<T>> {
-        let masters = self.map.nodes.clone();
-        let mut out = Vec::with_capacity(masters.len());
-        for addr in &masters {
-            count_trip(addr);
-            let one = self.node(addr).and_then(&mut f);
-            out.push(self.settle(one));
-        }
-        out
+        self.on_masters(f).collect()
     }
 
     /// Sets the read timeout of every node connection, also of those opened later by this
