@@ -301,9 +301,19 @@ impl Fleet {
     }
 }
 
+/// The sentinels' `down-after-milliseconds` for the forced failovers (`SENTINEL FAILOVER`):
+/// nothing has to be detected there, and with 500 ms a loaded CI machine once stalled the
+/// newly promoted master for longer than that: the sentinels deemed it down and failed back
+/// to the old one within 4 s, so the test never saw its failover (CI, stop 24).
+const FORCED_DOWN_AFTER: Duration = Duration::from_secs(5);
+
 #[test]
 fn sentinel_failover_command() {
-    Fleet::start(SentinelOptions::default()).run("SENTINEL FAILOVER", |g, _| {
+    Fleet::start(SentinelOptions {
+        down_after: FORCED_DOWN_AFTER,
+        ..SentinelOptions::default()
+    })
+    .run("SENTINEL FAILOVER", |g, _| {
         g.failover().expect("failover");
     });
 }
@@ -318,6 +328,7 @@ fn sentinel_failover_command() {
 fn sentinel_failover_leaving_the_old_master_writable_for_seconds() {
     let mut fleet = Fleet::start(SentinelOptions {
         quick_timers: false,
+        down_after: FORCED_DOWN_AFTER,
         ..SentinelOptions::default()
     });
     let what = "SENTINEL FAILOVER (stock timers, old master left to the sentinels)";
@@ -589,6 +600,7 @@ fn tls_sentinels_and_data_nodes_with_passwords() {
         sfu_redis_testkit::tls::TestCerts::generate().expect("generate test certificates"),
     );
     let group = SentinelGroup::start(SentinelOptions {
+        down_after: FORCED_DOWN_AFTER,
         tls: Some(certs.clone()),
         master_password: Some("m-pw".into()),
         sentinel_password: Some("s-pw".into()),
