@@ -401,7 +401,7 @@ fn node_reason(e: &RedisError, tls: bool) -> String {
     } else if e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
     {
-        format!("{why}: check the user and password of the Redis URL")
+        format!("{why}: check the user and password of the Redis URL (a server without a password refuses one too)")
     } else if e.kind() == redis::ErrorKind::Parse {
         "answered something that is not the Redis protocol (is this a Redis port?)".to_owned()
     } else if !tls && e.is_connection_dropped() && !e.is_connection_refusal() {

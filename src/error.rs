@@ -198,7 +198,7 @@ impl fmt::Display for Error {
                 {
                     write!(
                         f,
-                        " (authentication failed; check the user and password of the Redis URL)"
+                        " (authentication failed; check the user and password of the Redis URL: a server without a password refuses one too)"
                     )?;
                 } else if let Some(hint) = tls_hint(&source.to_string()) {
                     write!(f, " ({hint})")?;

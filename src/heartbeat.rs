@@ -682,7 +682,7 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
         let removed = kept.iter().filter(|k| !**k).count();
         if removed > 0 {
             log::info!(
-                "room {room:?}: removed {removed} index entries whose records a call with a lost reply deleted"
+                "room {room:?}: removed {removed} index entries whose records are gone (deleted by a call whose reply was lost, or lost with their master's data)"
             );
         }
         let still_ours: std::collections::HashSet<&String> = unheld

@@ -715,6 +715,31 @@ impl SentinelGroup {
         Ok((old, new))
     }
 
+    /// `SENTINEL SET <name> down-after-milliseconds <ms>` on every running sentinel: how long
+    /// a node may not answer before they deem it down, from now on. After a failover a test
+    /// sets it long, so a loaded machine stalling the new master for longer than a quick
+    /// `down-after` does not make the sentinels fail back to the old one during the checks.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a running sentinel does not say `OK`.
+    pub fn set_down_after(&self, down_after: Duration) -> Result<()> {
+        let ms = down_after.as_millis().max(1).to_string();
+        let name = self.opts.master_name.as_str();
+        for s in self.sentinels.iter().filter(|s| s.is_running()) {
+            let said = s.cli_within(
+                &["SENTINEL", "SET", name, "down-after-milliseconds", &ms],
+                QUERY_TIMEOUT,
+            )?;
+            if said != "OK" {
+                return Err(io(
+                    format!("SENTINEL SET {name} down-after-milliseconds {ms} on sentinel {} said {said:?}", s.port),
+                    std::io::Error::other("refused"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until every running sentinel reports the same master, on a port other than
     /// `old_port`, and that node's `ROLE` says `master`; returns its port. Nothing is done
     /// to the other nodes (after a crash the sentinels reconfigure them by themselves).

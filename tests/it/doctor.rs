@@ -347,6 +347,18 @@ fn redis_down_or_refused_exits_2() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("authentication failed"), "{}", text(&o));
     assert!(!text(&o).contains("wrong-pw-555"), "{}", text(&o));
+    // A password sent to a server without one: Redis refuses it too, and the driver says no
+    // more than "Password authentication failed"; the hint names that case.
+    let s = Server::start_with(&[]);
+    let url = s.url().replace("redis://", "redis://:stray-pw-2718@");
+    let o = doctor(&url, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("a server without a password refuses one too"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("stray-pw-2718"), "{}", text(&o));
 }
 
 // What a fleet (heartbeats, pins, peers, the lease, a reap), `status` and `fsck` send, read back

@@ -296,15 +296,21 @@ impl Fleet {
         self.group
             .wait_master_change(old, SETTLE)
             .unwrap_or_else(|e| panic!("{what}: no new master: {e}"));
+        // Detected: from now on a stall of the new master on a loaded machine must not make
+        // the sentinels fail back while the checks run.
+        self.group
+            .set_down_after(FORCED_DOWN_AFTER)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         self.check(what, fault_at, before);
         self
     }
 }
 
-/// The sentinels' `down-after-milliseconds` for the forced failovers (`SENTINEL FAILOVER`):
-/// nothing has to be detected there, and with 500 ms a loaded CI machine once stalled the
-/// newly promoted master for longer than that: the sentinels deemed it down and failed back
-/// to the old one within 4 s, so the test never saw its failover (CI, stop 24).
+/// The sentinels' `down-after-milliseconds` for the forced failovers (`SENTINEL FAILOVER`),
+/// and after any failover was seen: nothing has to be detected then, and with 500 ms a loaded
+/// CI machine once stalled the newly promoted master for longer than that: the sentinels
+/// deemed it down and failed back to the old one within 4 s, so the test never saw its
+/// failover (CI, stop 24).
 const FORCED_DOWN_AFTER: Duration = Duration::from_secs(5);
 
 #[test]
@@ -464,6 +470,10 @@ fn a_failover_to_a_replica_that_missed_the_last_writes() {
         .group
         .wait_master_change(old, SETTLE)
         .expect("the replica promoted");
+    fleet
+        .group
+        .set_down_after(FORCED_DOWN_AFTER)
+        .expect("down-after");
     fleet.check(
         "failover to a replica that missed the last writes",
         fault_at,

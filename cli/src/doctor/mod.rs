@@ -34,7 +34,7 @@ pub(crate) struct DoctorArgs {
     /// [default: the smallest in the instances' records, else 2000].
     #[arg(long, value_name = "MS", value_parser = parse_ms)]
     command_timeout_ms: Option<u64>,
-    /// PINGs per server for the latency check.
+    /// PINGs per server for the latency check (10 to 100000).
     #[arg(long, value_name = "N", default_value_t = 300, value_parser = parse_pings)]
     pings: usize,
     /// Print one JSON object instead of a table.
