@@ -383,6 +383,7 @@ impl Cluster {
             }),
             nodes: HashMap::new(),
             last: None,
+            at: None,
             read_timeout: None,
         };
         if current.is_none() || self.stale.load(Ordering::Relaxed) {
@@ -535,6 +536,8 @@ pub(crate) struct ClusterConn {
     nodes: HashMap<Addr, Connection>,
     /// The node of the last keyed command.
     last: Option<Addr>,
+    /// The node of the last round trip: a timeout or a dropped connection names it.
+    at: Option<Addr>,
     /// The read timeout set by the caller (`None`: the dialer's).
     read_timeout: Option<Duration>,
 }
@@ -552,6 +555,13 @@ impl ClusterConn {
     /// The slot map this connection routes by.
     pub(crate) fn slot_map(&self) -> &SlotMap {
         &self.map
+    }
+
+    /// One round trip to `addr` about to start: counted (feature `testing`), and `addr` is
+    /// the node a timeout or a dropped connection names.
+    fn trip(&mut self, addr: &Addr) {
+        count_trip(addr);
+        self.at = Some(addr.clone());
     }
 
     /// The connection to `addr`, opened if needed.
@@ -684,7 +694,7 @@ impl ClusterConn {
                 Some(a) => (a, true),
                 None => (self.owner(slot)?, false),
             };
-            count_trip(&addr);
+            self.trip(&addr);
             let con = match self.node(&addr) {
                 Ok(con) => con,
                 // Nothing was sent: after a failover the map may still name the dead master
@@ -752,7 +762,7 @@ impl ClusterConn {
         for a in &args[2..] {
             cmd.arg(*a);
         }
-        count_trip(addr);
+        self.trip(addr);
         let reply = self.node(addr)?.req_command(&cmd)?;
         let Value::Array(mut parts) = reply else {
             return Ok(reply);
@@ -777,7 +787,7 @@ impl ClusterConn {
         let masters = self.map.nodes.clone();
         let mut first = None;
         for addr in &masters {
-            count_trip(addr);
+            self.trip(addr);
             let v = self.node(addr)?.req_packed_command(bytes)?;
             if matches!(v, Value::ServerError(_)) {
                 return Ok(v);
@@ -800,7 +810,7 @@ impl ClusterConn {
     ) -> impl Iterator<Item = RedisResult<T>> + 'a {
         let masters = self.map.nodes.clone();
         masters.into_iter().map(move |addr| {
-            count_trip(&addr);
+            self.trip(&addr);
             let one = self.node(&addr).and_then(&mut f);
             self.settle(one)
         })
@@ -863,7 +873,7 @@ impl ClusterConn {
                 Some(s) => self.owner(s)?,
                 None => self.default_node()?,
             };
-            count_trip(&addr);
+            self.trip(&addr);
             let out = self.node(&addr)?.req_packed_commands(bytes, offset, count);
             return self.mark_broken(out);
         }
@@ -904,12 +914,13 @@ impl ClusterConn {
             for &i in idx {
                 buf.extend_from_slice(cmds[i].bytes);
             }
-            count_trip(addr);
+            self.trip(addr);
             let out = self.node(addr)?.send_packed_command(&buf);
             self.mark_broken(out)?;
             sent.push((addr.clone(), idx.clone()));
         }
         for (addr, idx) in sent {
+            self.at = Some(addr.clone());
             for &i in &idx {
                 let v = self.node(&addr)?.recv_response();
                 replies[i] = Some(self.mark_broken(v)?);
@@ -930,7 +941,7 @@ impl ClusterConn {
                 buf.extend_from_slice(cmds[i].bytes);
             }
             for addr in self.map.nodes.clone() {
-                count_trip(&addr);
+                self.trip(&addr);
                 let out = self.node(&addr)?.req_packed_commands(&buf, 0, all.len());
                 let got = self.mark_broken(out)?;
                 for (&i, v) in all.iter().zip(got) {
@@ -969,10 +980,39 @@ impl ClusterConn {
     /// written before another master failed, a read that timed out), so all are dropped and
     /// reopened on next use; a late reply can never answer a later command.
     fn settle<T>(&mut self, out: RedisResult<T>) -> RedisResult<T> {
-        if out.is_err() {
+        out.map_err(|e| {
             self.nodes.clear();
+            self.name_node(e)
+        })
+    }
+
+    /// A timeout or a dropped connection on the way to a master names that master and the
+    /// slots it serves (the driver's error names no node); the error keeps its class
+    /// (`is_timeout`, `is_connection_dropped`: an unknown outcome stays unknown). Other errors
+    /// are as they were: a refused connection is named when it is opened.
+    fn name_node(&self, e: RedisError) -> RedisError {
+        let Some(addr) = &self.at else { return e };
+        if !e.is_io_error() || e.code().is_some() {
+            return e;
         }
-        out
+        let (kind, what) = if e.is_timeout() {
+            (std::io::ErrorKind::TimedOut, "did not answer in time")
+        } else if e.is_connection_dropped() && !e.is_connection_refusal() {
+            (
+                std::io::ErrorKind::ConnectionReset,
+                "dropped the connection",
+            )
+        } else {
+            return e;
+        };
+        RedisError::from(std::io::Error::new(
+            kind,
+            format!(
+                "master {} (slots {}) {what}: {e}",
+                show_addr(&addr.0, addr.1),
+                self.map.slots_of(addr)
+            ),
+        ))
     }
 }
 
@@ -1019,7 +1059,7 @@ impl ClusterConn {
             Route::Scan => self.scan(&cmd.args),
             Route::Near => {
                 let addr = self.default_node()?;
-                count_trip(&addr);
+                self.trip(&addr);
                 self.node(&addr)?.req_packed_command(bytes)
             }
             Route::Refused => Err(cluster_error(
