@@ -25,7 +25,7 @@ mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
@@ -310,13 +310,22 @@ pub(crate) fn with_place(what: &str, url: Option<&str>, e: &sfu_redis::Error) ->
     }
 }
 
+/// How soon after the first SIGINT/SIGTERM a repeat is taken as the same stop request: `timeout`
+/// and supervisors that signal the whole process group deliver one SIGTERM twice within
+/// microseconds, which must not cost the clean stop (released heartbeat and lease).
+const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+
 /// A receiver that reports "disconnected" once SIGINT or SIGTERM arrives. A second signal
-/// exits at once with 130.
+/// [`REPEAT_WINDOW`] or more after the first exits at once with 130 (a stuck clean-up can
+/// still be cut short); one sooner is the same request delivered twice and is ignored.
 pub(crate) fn signal_channel() -> Result<Receiver<()>, Failure> {
     let (tx, rx) = bounded::<()>(0);
     let mut tx = Some(tx);
+    let mut first: Option<Instant> = None;
     ctrlc::set_handler(move || {
-        if tx.take().is_none() {
+        if tx.take().is_some() {
+            first = Some(Instant::now());
+        } else if !first.is_some_and(|t| t.elapsed() < REPEAT_WINDOW) {
             eprintln!("sfu-redis: second signal; exiting without cleanup");
             std::process::exit(130);
         }
