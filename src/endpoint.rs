@@ -148,9 +148,16 @@ pub(crate) fn parse(url: &str) -> Result<Endpoint, String> {
         );
     }
     let info = url.into_connection_info().map_err(|e| {
+        // What is wrong, in the URL parser's words where it has some (they quote no input).
+        let why = if !url.contains("://") {
+            "it has no scheme: write redis://host:port".to_owned()
+        } else if let Err(pe) = url::Url::parse(url.trim()) {
+            format!("it does not parse: {pe}")
+        } else {
+            e.detail().unwrap_or("it does not parse").to_owned()
+        };
         format!(
-            "{} ({}); expected redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db] or redis+cluster://[user:password@]host1:port1,host2:port2,...",
-            e.detail().unwrap_or("it does not parse"),
+            "{why} ({}); expected redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[/db] or redis+cluster://[user:password@]host1:port1,host2:port2,...",
             e.category()
         )
     })?;
@@ -401,6 +408,21 @@ mod tests {
             Ok(Endpoint::Sentinel(s)) => s,
             other => panic!("{url}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_url_without_scheme_or_with_a_bad_port_says_so() {
+        let e = parse("127.0.0.1:6379").unwrap_err();
+        assert!(
+            e.starts_with("it has no scheme: write redis://host:port"),
+            "{e}"
+        );
+        let e = parse("redis://:pw@127.0.0.1:99999").unwrap_err();
+        assert!(
+            e.starts_with("it does not parse: invalid port number"),
+            "{e}"
+        );
+        assert!(!e.contains("pw"), "{e}");
     }
 
     #[test]
