@@ -41,6 +41,7 @@ use crate::endpoint::{self, Endpoint};
 use crate::error::{Error, Result};
 use crate::scripts::SCRIPTS;
 use crate::sentinel::{SentinelAuth, Sentinels};
+use crate::signals::Masked;
 use crate::tls::TlsOptions;
 
 /// Most members one `SADD` or `SREM` carries; longer lists are split into several commands
@@ -116,6 +117,8 @@ impl ConnStats {
     }
 }
 
+// One per connector: the variants' sizes (which depend on the `tls` feature) do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Direct(redis::Client),
     Sentinel(Sentinels),
@@ -172,6 +175,7 @@ impl Conn {
     /// # Errors
     /// [`Error::Redis`] when the connection to a master cannot be opened.
     pub fn on_each_server<T>(&mut self, mut f: impl FnMut(&mut Connection) -> T) -> Result<Vec<T>> {
+        let _masked = Masked::new();
         self.each_master(|c| Ok(f(c)))
             .map_err(|e| Error::redis("connect to every master", e))
     }
@@ -184,6 +188,7 @@ impl Conn {
         &mut self,
         mut f: impl FnMut(&mut Connection) -> T,
     ) -> Vec<Result<T>> {
+        let _masked = Masked::new();
         let results = match &mut self.0 {
             Inner::One(c) => vec![Ok(f(c))],
             Inner::Cluster(c) => c.each_master_apart(|c| Ok(f(c))),
@@ -228,6 +233,7 @@ impl Conn {
         &mut self,
         mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> RedisResult<Vec<T>> {
+        let _masked = Masked::new();
         match &mut self.0 {
             Inner::One(c) => Ok(vec![f(c)?]),
             Inner::Cluster(c) => c.each_master(f),
@@ -235,8 +241,11 @@ impl Conn {
     }
 }
 
+/// Every request blocks the asynchronous signals on the calling thread while it runs (the
+/// crate's signals module): a host's signal handler cannot cut a read short with `EINTR`.
 impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let _masked = Masked::new();
         match &mut self.0 {
             Inner::One(c) => c.req_packed_command(cmd),
             Inner::Cluster(c) => c.req_packed_command(cmd),
@@ -249,6 +258,7 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        let _masked = Masked::new();
         match &mut self.0 {
             Inner::One(c) => c.req_packed_commands(cmd, offset, count),
             Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count),
@@ -263,6 +273,7 @@ impl ConnectionLike for Conn {
     }
 
     fn check_connection(&mut self) -> bool {
+        let _masked = Masked::new();
         match &mut self.0 {
             Inner::One(c) => c.check_connection(),
             Inner::Cluster(c) => c.check_connection(),
@@ -404,6 +415,9 @@ impl Redis {
     /// [`Redis::connect`], with the master-switch count as this connection's own route left
     /// it (what a term confirmed over this connection is stamped with).
     pub(crate) fn connect_counted(&self) -> Result<(Conn, u64)> {
+        // Dialling, the TLS handshake, the sentinels' answers and the script preload are
+        // reads too: no signal handler cuts them short.
+        let _masked = Masked::new();
         let wrap = |e: redis::RedisError| {
             Error::redis(format!("connect to Redis at {}", self.safe_url), e)
         };
@@ -680,6 +694,7 @@ impl Link {
         redis: &Redis,
         mut f: impl FnMut(&mut Conn, u64) -> Result<T>,
     ) -> Result<T> {
+        let _masked = Masked::new();
         let out = self.run_once(redis, &mut f);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {
             return self.run_once(redis, &mut f);
@@ -817,6 +832,8 @@ impl Pool {
         redis: &Redis,
         mut f: impl FnMut(&mut Conn) -> Result<T>,
     ) -> Result<T> {
+        // One guard for the whole call (checkout, its round trips): the ones inside are free.
+        let _masked = Masked::new();
         let (mut con, mut made) = self.checkout(redis)?;
         let mut out = f(&mut con);
         if matches!(&out, Err(Error::Redis { source, .. }) if is_not_master(source)) {

@@ -156,6 +156,26 @@ impl Error {
         Error::Redis { op, source }
     }
 
+    /// This error with `context` put before what the crate was doing (`"<context>: <op>"`);
+    /// the kind, the driver's error and the outcome stay as they were.
+    pub(crate) fn within(self, context: &str) -> Self {
+        match self {
+            Error::Redis { op, source } => Error::Redis {
+                op: format!("{context}: {op}").into(),
+                source,
+            },
+            Error::BadData { op, detail } => Error::BadData {
+                op: format!("{context}: {op}"),
+                detail,
+            },
+            Error::Io { op, source } => Error::Io {
+                op: format!("{context}: {op}"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     pub(crate) fn bad_data(op: &str, detail: impl Into<String>) -> Self {
         Error::BadData {
             op: op.to_owned(),

@@ -49,6 +49,7 @@ mod rooms;
 pub mod scan;
 mod scripts;
 mod sentinel;
+pub mod signals;
 mod state;
 pub mod status;
 mod store;

@@ -779,8 +779,16 @@ impl Node {
     /// media goes away with the process; [`Node::shutdown`] keeps the rooms (they are reaped
     /// once the instance is seen dead). Idempotent with `shutdown`: only the first call acts.
     ///
+    /// A clean-up that fails (Redis unreachable, a timeout, bad data) stops at the first call
+    /// that could not reach Redis and does **not** deregister: the instance stays in the
+    /// heartbeat sorted set with its heartbeat released, so once its score is older than its
+    /// stale threshold a leader reaps what is left, after the two-phase delay, as for an
+    /// instance that died (invariant 2: deregistering would hide the leftovers from every
+    /// reaper). A restart with the same instance id clears them at its registration too.
+    ///
     /// # Errors
-    /// The first Redis error met; what was not removed is left for the reaper.
+    /// The first error met, its message prefixed with how many rooms and peers were not
+    /// removed and that the instance stays registered for the reaper.
     pub fn leave(&self) -> Result<()> {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -797,33 +805,66 @@ impl Node {
         let Backend::Redis(store) = &self.backend else {
             return Ok(());
         };
-        let mut first_error = None;
-        for room in self.local.rooms() {
-            let Ok(id) = Id::new(IdKind::Room, &room) else {
+        let mut first_error: Option<Error> = None;
+        // A call that could not reach Redis (timeout, dropped connection) ends the clean-up:
+        // the next ones would wait as long for nothing. What is left goes to the reaper.
+        let note = |first: &mut Option<Error>, e: Error| {
+            let cut = !e.outcome_known() || e.is_connection_error();
+            first.get_or_insert(e);
+            cut
+        };
+        let mut cut = false;
+        let (rooms, mut rooms_left) = (self.local.rooms(), 0);
+        for (i, room) in rooms.iter().enumerate() {
+            let Ok(id) = Id::new(IdKind::Room, room) else {
                 continue;
             };
             match store.close_room(&id) {
-                Ok(()) | Err(Error::NotOwner { .. }) => self.local.remove_room(&room),
+                Ok(()) | Err(Error::NotOwner { .. }) => self.local.remove_room(room),
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    rooms_left += 1;
+                    if note(&mut first_error, e) {
+                        rooms_left += rooms.len() - i - 1;
+                        cut = true;
+                        break;
+                    }
                 }
             }
         }
-        for (room, peer, p) in self.local.peers() {
-            let (Ok(r), Ok(pe)) = (Id::new(IdKind::Room, &room), Id::new(IdKind::Peer, &peer))
-            else {
-                continue;
-            };
-            if let Err(e) = store.remove_peer(&r, &pe, p.generation) {
-                first_error.get_or_insert(e);
+        let mut peers_left = 0;
+        if !cut {
+            let peers = self.local.peers();
+            for (i, (room, peer, p)) in peers.iter().enumerate() {
+                let (Ok(r), Ok(pe)) = (Id::new(IdKind::Room, room), Id::new(IdKind::Peer, peer))
+                else {
+                    continue;
+                };
+                match store.remove_peer(&r, &pe, p.generation) {
+                    // Another instance's record now: not this one's to remove.
+                    Ok(_) | Err(Error::NotPeerOwner { .. }) => {}
+                    Err(e) => {
+                        peers_left += 1;
+                        if note(&mut first_error, e) {
+                            peers_left += peers.len() - i - 1;
+                            break;
+                        }
+                    }
+                }
             }
-        }
-        if let Err(e) = store.deregister() {
-            first_error.get_or_insert(e);
+        } else {
+            peers_left = self.local.peer_count();
         }
         match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
+            // Deregistered only when nothing it owned is left (invariant 2).
+            None => store.deregister(),
+            // Still registered, its heartbeat released by the heartbeat thread's stop: its
+            // score ages past the stale threshold and the leader reaps the rest, as for any
+            // instance that died. Deregistering here would hide it from every reaper.
+            Some(e) => Err(e.within(&format!(
+                "leave: {rooms_left} rooms and {peers_left} peers of this instance were not removed; \
+                 it stays registered (heartbeat released) so that a leader reaps them once its \
+                 heartbeat is stale"
+            ))),
         }
     }
 
@@ -946,9 +987,8 @@ fn spawn_workers(shared: &Arc<Shared>) -> Result<Workers> {
     let (demoted_tx, demoted_rx) = bounded::<()>(1);
     let mut handles = Vec::new();
     let mut spawn = |name: &str, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-        let h = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(f)
+        // Signals blocked for the thread's life (the crate's signals module).
+        let h = crate::signals::spawn(std::thread::Builder::new().name(name.to_owned()), f)
             .map_err(|e| Error::Io {
                 op: format!("spawn thread {name}"),
                 source: e,

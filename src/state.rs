@@ -219,15 +219,18 @@ pub(crate) struct Shared {
 #[derive(Debug)]
 pub(crate) struct Stopping {
     tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    /// Only a test hook waits on it (`Node::reap_now`, feature `testing`).
+    #[cfg(feature = "testing")]
     rx: crossbeam_channel::Receiver<()>,
 }
 
 impl Default for Stopping {
     fn default() -> Self {
-        let (tx, rx) = crossbeam_channel::bounded(0);
+        let (tx, _rx) = crossbeam_channel::bounded(0);
         Stopping {
             tx: Mutex::new(Some(tx)),
-            rx,
+            #[cfg(feature = "testing")]
+            rx: _rx,
         }
     }
 }
@@ -239,6 +242,7 @@ impl Stopping {
     }
 
     /// Disconnected once the node began to stop.
+    #[cfg(feature = "testing")]
     pub(crate) fn receiver(&self) -> &crossbeam_channel::Receiver<()> {
         &self.rx
     }

@@ -772,8 +772,9 @@ SfuStatus sfu_node_stop(const struct SfuNode *node);
  * Leaves the cluster for good: stops like `sfu_node_stop`, then closes every room this node
  * owns with their peers, removes its other peer records and its heartbeat registration, so
  * other instances can pin its rooms at once. Only the first of `sfu_node_stop` /
- * `sfu_node_leave` acts. Returns the first Redis error met (what was not removed is left to
- * the reaper). Refused from inside an event callback (`SFU_ERR_IN_CALLBACK`).
+ * `sfu_node_leave` acts. A clean-up that fails stops at the first call that cannot reach
+ * Redis and keeps the node registered (heartbeat released): a leader reaps what is left once
+ * this instance is stale. Returns that first error, whose message counts what was left. Refused from inside an event callback (`SFU_ERR_IN_CALLBACK`).
  *
  * # Safety
  * `node` is NULL or a live node.

@@ -585,8 +585,9 @@ pub unsafe extern "C" fn sfu_node_stop(node: *const SfuNode) -> SfuStatus {
 /// Leaves the cluster for good: stops like `sfu_node_stop`, then closes every room this node
 /// owns with their peers, removes its other peer records and its heartbeat registration, so
 /// other instances can pin its rooms at once. Only the first of `sfu_node_stop` /
-/// `sfu_node_leave` acts. Returns the first Redis error met (what was not removed is left to
-/// the reaper). Refused from inside an event callback (`SFU_ERR_IN_CALLBACK`).
+/// `sfu_node_leave` acts. A clean-up that fails stops at the first call that cannot reach
+/// Redis and keeps the node registered (heartbeat released): a leader reaps what is left once
+/// this instance is stale. Returns that first error, whose message counts what was left. Refused from inside an event callback (`SFU_ERR_IN_CALLBACK`).
 ///
 /// # Safety
 /// `node` is NULL or a live node.
@@ -722,17 +723,20 @@ pub unsafe extern "C" fn sfu_node_set_event_callback(
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let events = n.events.clone();
         let instance = n.node.instance_id().to_owned();
-        let handle = std::thread::Builder::new()
-            .name("sfu-ffi-events".into())
-            .spawn(move || {
+        // Like the library's own threads, it blocks the asynchronous signals for its life: the
+        // host's handlers run on the host's threads, never in the middle of a callback.
+        let handle = sfu_redis::signals::spawn(
+            std::thread::Builder::new().name("sfu-ffi-events".into()),
+            move || {
                 if let Ok(cb) = hand_rx.recv() {
                     dispatch(cb, &events, &stop_rx, &instance);
                 }
-            })
-            .map_err(|e| Error::Io {
-                op: "spawn the event callback thread".into(),
-                source: e,
-            })?;
+            },
+        )
+        .map_err(|e| Error::Io {
+            op: "spawn the event callback thread".into(),
+            source: e,
+        })?;
         // The old thread finishes its event in progress before the new one starts: events
         // keep their order across a replacement.
         if let Some(old) = slot.take() {

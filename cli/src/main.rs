@@ -21,16 +21,18 @@ mod metrics;
 mod node;
 mod progress;
 mod reap;
+mod signals;
 mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use serde_json::Value;
 use sfu_redis::{Config, ConfigBuilder, Event};
+
+pub(crate) use signals::{signal_channel, signalled};
 
 /// Liveness and cleanup of a multi-instance SFU's Redis metadata.
 #[derive(Debug, Parser)]
@@ -310,35 +312,6 @@ pub(crate) fn with_place(what: &str, url: Option<&str>, e: &sfu_redis::Error) ->
     }
 }
 
-/// How soon after the first SIGINT/SIGTERM a repeat is taken as the same stop request: `timeout`
-/// and supervisors that signal the whole process group deliver one SIGTERM twice within
-/// microseconds, which must not cost the clean stop (released heartbeat and lease).
-const REPEAT_WINDOW: Duration = Duration::from_secs(1);
-
-/// A receiver that reports "disconnected" once SIGINT or SIGTERM arrives. A second signal
-/// [`REPEAT_WINDOW`] or more after the first exits at once with 130 (a stuck clean-up can
-/// still be cut short); one sooner is the same request delivered twice and is ignored.
-pub(crate) fn signal_channel() -> Result<Receiver<()>, Failure> {
-    let (tx, rx) = bounded::<()>(0);
-    let mut tx = Some(tx);
-    let mut first: Option<Instant> = None;
-    ctrlc::set_handler(move || {
-        if tx.take().is_some() {
-            first = Some(Instant::now());
-        } else if !first.is_some_and(|t| t.elapsed() < REPEAT_WINDOW) {
-            eprintln!("sfu-redis: second signal; exiting without cleanup");
-            std::process::exit(130);
-        }
-    })
-    .map_err(|e| Failure::runtime(format!("cannot install the SIGINT/SIGTERM handler: {e}")))?;
-    Ok(rx)
-}
-
-/// True once [`signal_channel`]'s signal arrived.
-pub(crate) fn signalled(rx: &Receiver<()>) -> bool {
-    matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
-}
-
 /// An event's fields (without `event` and `instance`) as `k=v` pairs for people, in a
 /// readable order: `dead=sfu-a rooms=3 peers=9 skipped_rooms=0`.
 pub(crate) fn event_fields(event: &Event) -> String {
@@ -405,6 +378,10 @@ fn drop_empty_env() {
 }
 
 fn main() -> ExitCode {
+    // First, before any thread starts: every thread inherits the mask (signals.rs).
+    if let Err(f) = signals::install() {
+        eprintln!("sfu-redis: warning: {}", f.message);
+    }
     drop_empty_env();
     let cli = Cli::parse();
     init_logging();

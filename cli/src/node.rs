@@ -375,11 +375,8 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     });
     let shut = if args.leave_on_exit {
         log::info!("signal received; leaving (closing the rooms, dropping the registration, releasing the lease)");
-        node.leave().map_err(|e| {
-            Failure::runtime(format!(
-                "leave (what was not removed is left for the reaper): {e}"
-            ))
-        })
+        // The error says what was not removed and that the reaper will remove it.
+        node.leave().map_err(|e| Failure::runtime(e.to_string()))
     } else {
         log::info!("signal received; shutting down (releasing the lease)");
         node.shutdown()

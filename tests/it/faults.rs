@@ -485,3 +485,89 @@ fn the_fault_proxy_loses_one_reply_after_the_request_ran() {
     assert_eq!(n, 2);
     assert_eq!(proxy.replies_lost(), 3);
 }
+
+/// Rooms of `rooms` whose metadata still exists (it has no TTL, unlike the pin: only a close
+/// or a reap deletes it).
+fn rooms_left(s: &Server, stage: &str, rooms: &[String]) -> usize {
+    let ks = ks(stage);
+    rooms
+        .iter()
+        .filter(|r| exists(s, &ks.room(&wire(sfu_redis::keys::IdKind::Room, r)).meta))
+        .count()
+}
+
+// Issue 26 item 3, invariant 2: a leave cut midway leaves the instance reapable. The leaver's
+// connections go through the fault proxy (1 ms each way); once some of its 300 rooms are
+// closed, the next close never reaches Redis (held by the proxy: a network cut), so the leave
+// fails. It must not deregister: a leader then reaps what is left, and nothing of the leaver
+// remains (no key, member or field naming it), fsck clean. Before the fix the leave went on
+// over new connections, deregistered anyway, and the held room with its peer stayed for good
+// (the candidates come only from the heartbeat sorted set; fsck `orphaned_room`).
+#[test]
+fn a_leave_cut_midway_stays_reapable_and_a_leader_removes_the_rest() {
+    const ST: &str = "fleave";
+    let s = Server::start_with(&[]); // one server: the fault proxy
+    let ks = ks(ST);
+    let proxy = s.proxy();
+    let leaver = Node::start(config_for(&proxy.url(), ST, "leaver", Timings::fast())).unwrap();
+    let rooms: Vec<String> = (0..300).map(|i| format!("lv-{i:03}")).collect();
+    for r in &rooms {
+        leaver.pin_room(r).unwrap();
+        leaver.upsert_peer(r, &format!("{r}-p"), None, &[]).unwrap();
+    }
+    proxy.set_delay(Duration::from_millis(1));
+    let close_sha = redis::Script::new(include_str!("../../lua/close_room.lua"))
+        .get_hash()
+        .to_owned();
+    let out = std::thread::scope(|scope| {
+        let leaving = scope.spawn(|| leaver.leave());
+        wait_for(LONG, "some rooms closed", || {
+            (rooms_left(&s, ST, &rooms) < 250).then_some(())
+        });
+        proxy.hold_request_of(close_sha.as_bytes());
+        leaving.join().expect("leave thread")
+    });
+    let e = out.expect_err("a leave cut midway fails");
+    assert!(proxy.request_held(), "the cut did hit a close");
+    let left = rooms_left(&s, ST, &rooms);
+    assert!(
+        left > 0 && left < 250,
+        "cut midway: {left} of 300 rooms left"
+    );
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(ks.heartbeats())
+        .arg("leaver")
+        .query(&mut s.con())
+        .unwrap();
+    assert!(
+        score.is_some(),
+        "still a reap candidate after a failed leave"
+    );
+
+    let (_leader, mut log) = s.leader(ST, "reaper", Timings::fast());
+    log.wait(LONG, "the leaver reaped", |e| reaped(e, "leaver"));
+    wait_for(LONG, "nothing of the leaver left", || {
+        references(&s.dump(&ks.scan_pattern()), &["leaver".to_owned()])
+            .is_empty()
+            .then_some(())
+    });
+    assert_eq!(rooms_left(&s, ST, &rooms), 0);
+    let report = sfu_redis::audit::audit(
+        &s.config(ST, "fsck"),
+        &sfu_redis::audit::AuditOptions {
+            repair: false,
+            settle: Duration::from_millis(500),
+        },
+    )
+    .unwrap();
+    assert!(
+        report.clean(),
+        "fsck after the reap: {:#?}",
+        report.problems
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("not removed") && msg.contains("stays registered"),
+        "the error says what was left and that the reaper will take it: {msg}"
+    );
+}

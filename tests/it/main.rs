@@ -40,5 +40,6 @@ mod reliability;
 mod restart;
 mod rooms;
 mod sentinel;
+mod signals;
 mod status;
 mod tls;
