@@ -17,6 +17,7 @@ mod churn;
 mod demo;
 mod doctor;
 mod fsck;
+mod http;
 mod metrics;
 mod node;
 mod progress;

@@ -4,6 +4,7 @@
 //! [`Event::to_json`]), otherwise one human line per event. Everything else goes to stderr.
 
 use std::io::{Stdout, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -313,6 +314,8 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     };
     let node = started
         .map_err(|e| Failure::runtime(with_place("cannot start the node", url.as_deref(), &e)))?;
+    // Shared with the metrics server's connection threads, which may outlive the stop.
+    let node = Arc::new(node);
     let events = node.events();
     if !args.json {
         eprintln!(
@@ -344,20 +347,15 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
     if !signalled(&signal) {
         node.ready();
     }
+    // Not scoped: the stop below never waits for an HTTP connection (a client that never
+    // reads is cut by its own write deadline, not joined).
+    let metrics = metrics.and_then(|m| m.spawn(node.clone()).map_err(|e| log::error!("{e}")).ok());
     std::thread::scope(|scope| {
-        let (node, churn, signal2) = (&node, &churn, signal.clone());
+        let (node, churn, signal2) = (&*node, &churn, signal.clone());
         let json = args.json;
         let _ = std::thread::Builder::new()
             .name("churn".into())
             .spawn_scoped(scope, move || churn::run(node, churn, json, &signal2));
-        if let Some(m) = &metrics {
-            if let Err(e) = std::thread::Builder::new()
-                .name("sfu-metrics".into())
-                .spawn_scoped(scope, move || m.serve(node))
-            {
-                log::error!("cannot start the metrics thread: {e}; /metrics is not served");
-            }
-        }
         loop {
             select! {
                 recv(events) -> event => match event {
@@ -368,11 +366,11 @@ pub(crate) fn run(args: NodeArgs) -> Result<(), Failure> {
                 recv(signal) -> _ => break,
             }
         }
-        // The metrics thread ends with the node's run (the scope joins it).
-        if let Some(m) = &metrics {
-            m.stop();
-        }
     });
+    // Stops accepting; connections in progress end by their deadlines, unwaited.
+    if let Some(m) = &metrics {
+        m.stop();
+    }
     let shut = if args.leave_on_exit {
         log::info!("signal received; leaving (closing the rooms, dropping the registration, releasing the lease)");
         // The error says what was not removed and that the reaper will remove it.

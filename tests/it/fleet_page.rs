@@ -1,7 +1,9 @@
 //! `sfu-redis status --serve` (the live fleet page) and `status --watch`, end to end: node
 //! processes on a private redis-server, the page loaded in Debian's headless `chromium`
 //! (`--dump-dom` after the page's script ran), its DOM asserted; the JSON endpoints over plain
-//! HTTP; bad input (a port in use, Redis going away) and no password anywhere.
+//! HTTP; bad input (a port in use, Redis going away) and no password anywhere; hostile
+//! clients over real TCP (issue 26 item 1): a foreign `Host` (DNS rebinding), a cross-site
+//! `POST`, no or two `Host`s, a client that never reads.
 //!
 //! The browser: `chromium` on the PATH (or the `CHROMIUM` variable); `.ci/run` installs the
 //! Debian packages `chromium` and `chromium-driver` when missing. A missing browser fails the
@@ -61,9 +63,15 @@ impl Drop for Serve {
 /// Starts `sfu-redis status --serve 127.0.0.1:0` (a free port) and waits for the line that
 /// gives its address.
 fn serve(url: &str, stage: &str) -> Serve {
+    serve_with(url, stage, &[])
+}
+
+/// [`serve`] with extra arguments.
+fn serve_with(url: &str, stage: &str, extra: &[&str]) -> Serve {
     let mut child = Command::new(cli_bin())
         .args(["status", "--serve", "127.0.0.1:0", "--stage", stage])
         .args(["--redis-url", url])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -105,6 +113,29 @@ fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
     .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("read the response");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("a header block");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head}"));
+    (code, body.to_owned())
+}
+
+/// Sends `request` as is on a fresh connection: `(status code, body)` of the answer, read
+/// within 10 s.
+fn raw(addr: &str, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    if let Err(e) = s.read_to_end(&mut resp) {
+        panic!(
+            "no complete answer to {request:?} within 10 s ({e}): {:?}",
+            String::from_utf8_lossy(&resp)
+        );
+    }
+    let resp = String::from_utf8_lossy(&resp);
     let (head, body) = resp.split_once("\r\n\r\n").expect("a header block");
     let code = head
         .split_whitespace()
@@ -576,4 +607,139 @@ fn watch_on_a_terminal_clears_and_redraws() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+// Issue 26, finding 4: the page answered any Host (a DNS-rebinding page could read the fleet)
+// and started an audit for a cross-site POST. Now: a foreign Host gets 403 and no fleet data
+// (on every route); localhost, IP addresses and a name given with --allow-host get 200; no
+// Host or two get 400; a POST /fsck.json whose Origin is not the page's own, or marked
+// cross-site, gets 403 and starts no audit, while a same-origin one (what the page's button
+// sends) and one without Origin (curl) start it.
+#[test]
+fn the_page_refuses_foreign_hosts_and_cross_site_posts() {
+    let s = Server::start();
+    let stage = "pagehost";
+    let page = serve_with(&s.url(), stage, &["--allow-host", "fleet.example"]);
+    let (addr, port) = (&page.addr, page.addr.rsplit(':').next().unwrap());
+    let prefix = format!("sfu:{stage}:main");
+    let get = |path: &str, host: &str| {
+        raw(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+    };
+    for path in ["/status.json", "/", "/fsck.json"] {
+        for host in ["attacker.example", &format!("attacker.example:{port}")] {
+            let (code, body) = get(path, host);
+            assert_eq!(code, 403, "GET {path} with Host {host}: {body}");
+            assert!(
+                body.contains("is not allowed") && body.contains("--allow-host"),
+                "{body}"
+            );
+            assert!(!body.contains(&prefix), "fleet data in a refusal: {body}");
+        }
+    }
+    for host in [
+        format!("fleet.example:{port}"),
+        "FLEET.example".to_owned(),
+        format!("localhost:{port}"),
+        addr.to_string(),
+        format!("[::1]:{port}"),
+    ] {
+        let (code, body) = get("/status.json", &host);
+        assert_eq!(code, 200, "Host {host}: {body}");
+        assert!(body.contains(&prefix), "Host {host}: {body}");
+    }
+    for (what, request) in [
+        (
+            "no Host (HTTP/1.1)",
+            "GET /status.json HTTP/1.1\r\n\r\n".to_owned(),
+        ),
+        (
+            "no Host (HTTP/1.0)",
+            "GET /status.json HTTP/1.0\r\n\r\n".to_owned(),
+        ),
+        (
+            "two Hosts",
+            format!("GET /status.json HTTP/1.1\r\nHost: {addr}\r\nHost: attacker.example\r\n\r\n"),
+        ),
+    ] {
+        let (code, body) = raw(addr, &request);
+        assert_eq!(code, 400, "{what}: {body}");
+        assert!(body.contains("Host"), "{what}: {body}");
+        assert!(!body.contains(&prefix), "{what}: {body}");
+    }
+
+    let post = |headers: &str| {
+        raw(
+            addr,
+            &format!(
+                "POST /fsck.json HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+            ),
+        )
+    };
+    for headers in [
+        "Origin: https://attacker.example\r\n".to_owned(),
+        format!("Origin: http://attacker.example:{port}\r\n"),
+        "Origin: null\r\n".to_owned(),
+        "Sec-Fetch-Site: cross-site\r\n".to_owned(),
+    ] {
+        let (code, body) = post(&headers);
+        assert_eq!(code, 403, "{headers:?}: {body}");
+        assert!(body.contains("refused"), "{headers:?}: {body}");
+    }
+    let (_, body) = get("/fsck.json", addr);
+    let fsck: Value = serde_json::from_str(&body).expect("fsck.json is JSON");
+    assert!(
+        fsck["started_ms"].is_null() && fsck["running"] == false,
+        "no audit was started: {fsck}"
+    );
+    let (code, body) = post(&format!(
+        "Origin: http://{addr}\r\nSec-Fetch-Site: same-origin\r\n"
+    ));
+    assert_eq!(code, 202, "a same-origin POST: {body}");
+    wait_for(LONG, "the audit's end", || {
+        let (_, body) = get("/fsck.json", addr);
+        let v: Value = serde_json::from_str(&body).expect("fsck.json is JSON");
+        (v["running"] == false).then_some(())
+    });
+    let (code, body) = post("");
+    assert_eq!(code, 202, "a POST without Origin (curl): {body}");
+}
+
+// Issue 26, finding 4: one connection that pipelines thousands of `GET /` and never reads kept
+// /status.json from answering anyone while it stayed. Now others are answered at once.
+#[test]
+fn a_client_that_never_reads_does_not_stall_the_page() {
+    let s = Server::start();
+    let page = serve(&s.url(), "pagehog");
+    let mut hog = TcpStream::connect(&page.addr).expect("connect");
+    let mut pump = hog.try_clone().unwrap();
+    let request = format!("GET / HTTP/1.1\r\nHost: {}\r\n\r\n", page.addr).repeat(100);
+    let pumping = std::thread::spawn(move || {
+        for _ in 0..50 {
+            if pump.write_all(request.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    for round in 1..=3 {
+        let started = Instant::now();
+        let (code, body) = raw(
+            &page.addr,
+            &format!(
+                "GET /status.json HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                page.addr
+            ),
+        );
+        assert_eq!(code, 200, "round {round}: {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "round {round}: answered after {:?}",
+            started.elapsed()
+        );
+    }
+    let _ = hog.flush();
+    drop(hog);
+    let _ = pumping.join();
 }

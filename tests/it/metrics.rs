@@ -3,6 +3,11 @@
 //! flush, a Redis restart), `/healthz` going 503 while Redis is down and back to 200; a
 //! `--metrics-addr` that cannot bind; and `Node::metrics` / `Node::health` in-process (both
 //! formats, memory-only mode, metrics off).
+//!
+//! Hostile clients over real TCP (issue 26 item 1): one that pipelines thousands of requests
+//! and never reads (neither `/healthz` nor SIGTERM waits for it), a request line or header
+//! without a line end (431, bounded memory), a slowloris trickle (cut at its deadline), more
+//! connections than the cap (503, the slots come back).
 
 use crate::support;
 
@@ -15,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use prometheus_parse::{Scrape, Value as PValue};
 use serde_json::Value;
+use sfu_redis::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, MetricsFormat, Node, Timings};
-use support::procs::{cli_bin, is, Events, Spawn, FAST};
+use support::procs::{cli_bin, is, signal, Events, Spawn, FAST};
 use support::*;
 
 /// One HTTP/1.1 exchange on a fresh connection (`Connection: close`): (status, body).
@@ -475,4 +481,307 @@ fn node_metrics_render_both_formats_and_follow_the_node() {
         p.sample("sfu_redis_node", &[]).labels.get("mode"),
         Some("memory")
     );
+}
+
+/// One `GET path` on a fresh connection, answered within `within` (connect, write and read):
+/// `(status, body)`, or what went wrong.
+fn get_within(addr: SocketAddr, path: &str, within: Duration) -> Result<(u16, String), String> {
+    let started = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, within).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(within)).unwrap();
+    s.set_write_timeout(Some(within)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| {
+        format!(
+            "no complete answer after {:?} ({e}); got {:?}",
+            started.elapsed(),
+            String::from_utf8_lossy(&raw)
+        )
+    })?;
+    if started.elapsed() > within {
+        return Err(format!("answered only after {:?}", started.elapsed()));
+    }
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no header end in {raw:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Reads everything `s` answers until the server closes, the connection resets or `within`
+/// passes: (bytes, closed by the server).
+fn read_answer(mut s: TcpStream, within: Duration) -> (Vec<u8>, bool) {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (out, true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (out, false)
+            }
+            Err(_) => return (out, true),
+        }
+    }
+}
+
+/// Sends `prefix` then `b'a'` up to `total` bytes in all on one connection while reading its
+/// answer on another thread: (answer, bytes sent before the server cut the connection). The
+/// answer is read for at most 20 s.
+fn flood(addr: SocketAddr, prefix: &[u8], total: usize) -> (Vec<u8>, usize) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let r = s.try_clone().unwrap();
+    let reader = std::thread::spawn(move || read_answer(r, Duration::from_secs(20)).0);
+    let chunk = vec![b'a'; 1 << 20];
+    let mut sent = 0;
+    let mut next: &[u8] = prefix;
+    while sent < total {
+        match s.write(next) {
+            Ok(n) => {
+                sent += n;
+                next = &chunk[..chunk.len().min(total - sent)];
+            }
+            Err(_) => break,
+        }
+    }
+    (reader.join().unwrap(), sent)
+}
+
+/// A node serving metrics, `/healthz` answering: the node.
+fn healthy_metrics_node(url: &str, stage: &str, id: &str) -> MetricsNode {
+    let (tx, _rx) = mpsc::channel();
+    let node = spawn_metrics_node(url, stage, id, tx);
+    wait_for(LONG, "/healthz answers 200", || {
+        (http_get(node.addr, "/healthz", None).0 == 200).then_some(())
+    });
+    node
+}
+
+// Issue 26, finding 1: one client pipelines 10000 `GET /metrics` on one connection and never
+// reads. The old server (one thread, no write timeout) blocked writing to it: /healthz got no
+// answer and SIGTERM waited for that thread while the node kept its heartbeat and lease. Now
+// /healthz answers at once, and SIGTERM stops the node cleanly (exit 0, the lease released,
+// the heartbeat released) while the client still holds its connection open.
+#[test]
+fn a_client_that_never_reads_delays_neither_healthz_nor_the_stop() {
+    let server = Server::start_with(&[]);
+    let url = server.url();
+    let stage = "mhold";
+    let (tx, rx) = mpsc::channel();
+    let mut events = Events::new(rx);
+    let mut node = spawn_metrics_node(&url, stage, "hold-1", tx);
+    events.expect("hold-1 leads", |i, v| {
+        i == "hold-1" && is(v, "leader_acquired")
+    });
+    let ks = ks(stage);
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(ks.leader())
+        .query(&mut server.raw_con())
+        .unwrap();
+    assert!(lease.is_some(), "hold-1 holds the lease");
+
+    // The hog: 10000 pipelined requests (about 100 MB of answers), nothing read.
+    let mut hog = TcpStream::connect(node.addr).expect("connect");
+    let mut pump = hog.try_clone().unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", node.addr).repeat(100);
+    let pumping = std::thread::spawn(move || {
+        for _ in 0..100 {
+            // The new server closes the connection after its answer: the writes then fail.
+            if pump.write_all(request.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    for round in 1..=3 {
+        match get_within(node.addr, "/healthz", Duration::from_secs(5)) {
+            Ok((status, body)) => assert_eq!(status, 200, "{body}"),
+            Err(e) => panic!("/healthz (round {round}) while a client does not read: {e}"),
+        }
+    }
+
+    signal(node.child.id(), "TERM");
+    let exit = wait_for(
+        Duration::from_secs(15),
+        "the node's exit after SIGTERM while a client does not read",
+        || node.child.try_wait().unwrap(),
+    );
+    assert!(exit.success(), "exit 0 after SIGTERM: {exit}");
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(ks.leader())
+        .query(&mut server.raw_con())
+        .unwrap();
+    assert_eq!(lease, None, "the lease was released");
+    let st = fleet_status(&server.config(stage, "reader")).unwrap();
+    let me = st
+        .instances
+        .iter()
+        .find(|i| i.id == "hold-1")
+        .expect("hold-1 listed");
+    assert_eq!(
+        me.state,
+        InstanceState::Stopped,
+        "heartbeat released: {st:#?}"
+    );
+    // Held open until here.
+    let _ = hog.flush();
+    drop(hog);
+    let _ = pumping.join();
+}
+
+// Issue 26, finding 1: a request line without a line end was buffered whole (1 GiB took the
+// node from 13 MiB to 906 MiB). Now the head is capped at 8 KiB: 431, the connection is closed
+// long before 64 MiB are sent, and the node's peak memory (VmHWM) grows by less than 32 MiB.
+// A header line without an end gets 431 too.
+#[test]
+fn a_request_head_without_a_line_end_gets_431_and_memory_stays_bounded() {
+    let server = Server::start_with(&[]);
+    let node = healthy_metrics_node(&server.url(), "mhuge", "huge-1");
+    let pid = node.child.id();
+    let peak_before = vm_kib(pid, "VmHWM");
+    let total = 64 << 20;
+    let (answer, sent) = flood(node.addr, b"GET /", total);
+    let peak_after = vm_kib(pid, "VmHWM");
+    assert!(
+        peak_after < peak_before + 32 * 1024,
+        "peak RSS {peak_before} KiB -> {peak_after} KiB after a {sent}-byte request line"
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 "),
+        "431 for the request line: {answer:?}"
+    );
+    assert!(
+        sent < total,
+        "the server closed the connection: all {sent} bytes were taken"
+    );
+
+    let (answer, _) = flood(
+        node.addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: ",
+        1 << 20,
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 ") && answer.contains("8192 bytes"),
+        "431 for a header: {answer:?}"
+    );
+    let (status, _) = http_get(node.addr, "/healthz", None);
+    assert_eq!(status, 200, "still serving");
+}
+
+// Slowloris: a client that sends its head one byte every 300 ms. The whole request must arrive
+// within 5 s of the accept (a trickle does not extend it): the connection is cut (408) while
+// other clients are served meanwhile. The old server had no deadline: the trickle held on.
+#[test]
+fn a_slow_client_is_cut_at_its_deadline_and_others_are_served_meanwhile() {
+    let server = Server::start_with(&[]);
+    let node = healthy_metrics_node(&server.url(), "mslow", "slow-1");
+    let started = Instant::now();
+    let slow = TcpStream::connect(node.addr).expect("connect");
+    let mut w = slow.try_clone().unwrap();
+    let trickle = std::thread::spawn(move || {
+        if w.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .is_err()
+        {
+            return;
+        }
+        let until = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < until {
+            if w.write_all(b"a").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    for round in 1..=3 {
+        match get_within(node.addr, "/healthz", Duration::from_secs(5)) {
+            Ok((status, body)) => assert_eq!(status, 200, "{body}"),
+            Err(e) => panic!("/healthz (round {round}) during a slowloris: {e}"),
+        }
+    }
+    let (answer, closed) = read_answer(slow, Duration::from_secs(20));
+    let took = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        closed,
+        "the trickling connection is still open after {took:?}: {answer:?}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "cut only after {took:?} (the deadline is 5 s)"
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 408 ") && answer.contains("within 5 s"),
+        "{answer:?}"
+    );
+    let _ = trickle.join();
+}
+
+// The connection cap: with 32 connections open (idle), one more is refused at once with 503
+// and closed; once the 32 close, their slots come back and /healthz answers again. The old
+// server took any number of connections.
+#[test]
+fn connections_beyond_the_cap_get_503_and_the_slots_come_back() {
+    let server = Server::start_with(&[]);
+    let node = healthy_metrics_node(&server.url(), "mcap", "cap-1");
+    let mut refused = None;
+    // An idle connection is cut 5 s after its accept: on a machine so loaded that 32 connects
+    // take that long, the round is tried again.
+    for _ in 0..3 {
+        let opened = Instant::now();
+        let idle: Vec<TcpStream> = (0..32)
+            .map(|_| TcpStream::connect(node.addr).expect("connect"))
+            .collect();
+        // The 33rd sends nothing (the refusal comes before any request is read).
+        let extra = TcpStream::connect(node.addr).expect("connect");
+        let (answer, closed) = read_answer(extra, Duration::from_secs(2));
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let fast = opened.elapsed() < Duration::from_secs(4);
+        drop(idle);
+        if answer.starts_with("HTTP/1.1 503 ") && closed {
+            refused = Some(answer);
+            break;
+        }
+        assert!(
+            !fast,
+            "the 33rd connection was not refused with 503 and closed (closed: {closed}): {answer:?}"
+        );
+    }
+    let body = refused.expect("a round fast enough to fill the 32 slots");
+    assert!(body.contains("too many connections (32 open)"), "{body}");
+    wait_for(LONG, "/healthz once the 32 connections closed", || {
+        (get_within(node.addr, "/healthz", Duration::from_secs(5))
+            .ok()?
+            .0
+            == 200)
+            .then_some(())
+    });
 }

@@ -42,6 +42,18 @@ pub(crate) struct StatusArgs {
     /// report-only audit (POST starts one, GET shows the last). Runs until interrupted.
     #[arg(long, value_name = "HOST:PORT")]
     serve: Option<String>,
+    /// With --serve: also answer requests whose Host is NAME (repeatable, or comma-separated),
+    /// e.g. the name a reverse proxy or DNS gives this host. Without it the page answers only
+    /// to localhost and IP addresses; any other Host gets 403 (protection against DNS
+    /// rebinding).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "serve",
+        value_delimiter = ',',
+        value_parser = serve::parse_allow_host
+    )]
+    allow_host: Vec<String>,
 }
 
 /// Parses `--heartbeat-ttl-ms`: at least 3 ms (the interval is derived as a third of it).
@@ -107,7 +119,7 @@ fn source(args: &StatusArgs) -> Result<Source, Failure> {
 pub(crate) fn run(args: StatusArgs) -> Result<(), Failure> {
     let src = source(&args)?;
     if let Some(addr) = &args.serve {
-        return serve::run(src, addr);
+        return serve::run(src, addr, args.allow_host.clone());
     }
     if args.watch {
         return watch::run(&src);

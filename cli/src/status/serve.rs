@@ -17,6 +17,17 @@
 //! The fleet is read by one thread every second ([`REFRESH`]), not per request: any number of
 //! open pages costs Redis one status read a second, and a request never waits on Redis. The
 //! URL on the page is always the redacted one; errors name it without its password.
+//!
+//! Served by the CLI's bounded server ([`crate::http`]: a thread per connection up to a cap,
+//! read and write deadlines, head and body caps), so a client that never reads stalls no one.
+//! Against DNS rebinding and cross-site requests (issue 26 item 1):
+//! - every request needs exactly one `Host` (400 otherwise) naming `localhost`, an IP address
+//!   (a literal cannot be rebound: a page can only send one for its own origin), or a name
+//!   given with `--allow-host`; any other name gets 403 and no fleet data;
+//! - `POST /fsck.json` (the one state-changing request) is refused with 403 when its `Origin`
+//!   is not `http://<its Host>` (or `https://`) or its `Sec-Fetch-Site` is `cross-site` or
+//!   `same-site` (what browsers send; curl sends neither and is allowed); at most one audit
+//!   runs at a time (409).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,10 +35,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sfu_redis::audit::{audit, AuditOptions};
-use tiny_http::{Header, Method, Request, Response, Server};
 
 use super::events::EventRing;
 use super::{now_ms, utc, Outage, Source};
+use crate::http::{self, host_name, is_ip_literal, Limits, Request, Response};
 use crate::{with_place, Failure};
 
 /// The page, served as is.
@@ -99,6 +110,8 @@ struct Page {
     snapshot: Mutex<Snapshot>,
     fsck: Mutex<Fsck>,
     events: EventRing,
+    /// `--allow-host` names ([`parse_allow_host`]'s form).
+    allowed_hosts: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,11 +135,27 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("--serve {s:?}: {s} resolves to no address"))
 }
 
-pub(crate) fn run(src: Source, addr: &str) -> Result<(), Failure> {
+/// `--allow-host`'s argument: a host name (letters, digits, `-`, `.`, `_`; no port, no
+/// scheme), returned in lower case without a trailing dot.
+pub(crate) fn parse_allow_host(s: &str) -> Result<String, String> {
+    let name = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if ok {
+        Ok(name)
+    } else {
+        Err("expected a host name such as fleet.example.internal (no scheme, no port)".into())
+    }
+}
+
+pub(crate) fn run(src: Source, addr: &str, allowed_hosts: Vec<String>) -> Result<(), Failure> {
     let addr = parse_addr(addr).map_err(Failure::usage)?;
-    let server = Server::http(addr)
+    let server = http::Server::bind(addr, Limits::CLI, "fleet page")
         .map_err(|e| Failure::usage(format!("cannot serve the fleet page on {addr}: {e}")))?;
-    let bound = server.server_addr().to_ip().unwrap_or(addr);
+    let bound = server.addr();
     if !bound.ip().is_loopback() {
         eprintln!(
             "sfu-redis: warning: the fleet page on {bound} is reachable from other hosts and has no authentication"
@@ -139,6 +168,7 @@ pub(crate) fn run(src: Source, addr: &str) -> Result<(), Failure> {
         snapshot: Mutex::new(Snapshot::default()),
         fsck: Mutex::new(Fsck::default()),
         events,
+        allowed_hosts,
     });
     // The first reading before the first request, so the page never starts empty.
     let mut outage = Outage::default();
@@ -156,9 +186,7 @@ pub(crate) fn run(src: Source, addr: &str) -> Result<(), Failure> {
         "serving the fleet page of {} on http://{bound}/ (Ctrl-C to stop)",
         page.src.config.keys().prefix()
     );
-    for req in server.incoming_requests() {
-        handle(&page, req);
-    }
+    server.serve(Arc::new(move |req: &Request| handle(&page, req)));
     Ok(())
 }
 
@@ -245,52 +273,127 @@ fn start_fsck(page: &Arc<Page>) -> (u16, Value) {
     (202, f.summary())
 }
 
-fn header(name: &str, value: &str) -> Option<Header> {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+/// A JSON error body.
+fn error(code: u16, message: &str) -> Response {
+    Response::new(
+        code,
+        "application/json",
+        json!({ "error": message }).to_string(),
+    )
 }
 
-fn handle(page: &Arc<Page>, req: Request) {
-    let path = req.url().split('?').next().unwrap_or("/").to_owned();
-    let method = req.method().clone();
-    let (code, body, kind) = match (&method, path.as_str()) {
-        (Method::Get, "/" | "/index.html") => (200, PAGE.to_owned(), "text/html; charset=utf-8"),
-        (Method::Get, "/status.json") => (200, status_json(page).to_string(), "application/json"),
-        (Method::Get, "/fsck.json") => (
-            200,
-            lock(&page.fsck).to_json().to_string(),
-            "application/json",
-        ),
-        (Method::Post, "/fsck.json") => {
-            let (code, v) = start_fsck(page);
-            (code, v.to_string(), "application/json")
-        }
-        (_, "/" | "/index.html" | "/status.json" | "/fsck.json") => (
-            405,
-            json!({"error": format!("{method} is not allowed on {path}")}).to_string(),
-            "application/json",
-        ),
-        _ => (
-            404,
-            json!({"error": format!("no such page: {path} (try / or /status.json)")}).to_string(),
-            "application/json",
-        ),
+/// At most this many characters of a client's Host or Origin are quoted back.
+const QUOTED: usize = 80;
+
+/// `s` cut to [`QUOTED`] characters.
+fn short(s: &str) -> String {
+    s.chars().take(QUOTED).collect()
+}
+
+/// `s` cut to [`QUOTED`] characters, in quotes, escaped.
+fn quoted(s: &str) -> String {
+    format!("{:?}", short(s))
+}
+
+/// The Host check: `Err(response)` refuses the request.
+fn check_host(page: &Page, req: &Request) -> Result<(), Response> {
+    let mut hosts = req.all("Host");
+    let (Some(host), None) = (hosts.next(), hosts.next()) else {
+        return Err(error(
+            400,
+            "bad request: the fleet page needs exactly one Host header",
+        ));
     };
-    let mut resp = Response::from_string(body).with_status_code(code);
-    for h in [
-        header("Content-Type", kind),
-        header("Cache-Control", "no-store"),
-        header("X-Content-Type-Options", "nosniff"),
-        header(
+    let name = host_name(host).map_err(|e| error(400, &format!("bad request: {e}")))?;
+    if name == "localhost" || is_ip_literal(&name) || page.allowed_hosts.contains(&name) {
+        return Ok(());
+    }
+    Err(error(
+        403,
+        &format!(
+            "Host {} is not allowed: the fleet page answers to localhost, an IP address and the names given with --allow-host (protection against DNS rebinding)",
+            quoted(host)
+        ),
+    ))
+}
+
+/// The cross-site check of a state-changing request: its `Origin`, when sent, must be
+/// `http://<Host>` (or `https://<Host>`: the page behind a TLS proxy that keeps the Host), and
+/// its `Sec-Fetch-Site`, when sent, `same-origin` or `none` (Fetch Metadata, W3C).
+fn check_origin(req: &Request) -> Result<(), Response> {
+    let host = req.header("Host").unwrap_or_default().trim();
+    if let Some(origin) = req.header("Origin") {
+        let origin = origin.trim();
+        let own = ["http", "https"]
+            .iter()
+            .any(|scheme| origin.eq_ignore_ascii_case(&format!("{scheme}://{host}")));
+        if !own {
+            return Err(error(
+                403,
+                &format!(
+                    "cross-origin request refused: Origin {} is not this page (http://{host})",
+                    quoted(origin)
+                ),
+            ));
+        }
+    }
+    if let Some(site) = req.header("Sec-Fetch-Site") {
+        if !matches!(site.trim(), "same-origin" | "none") {
+            return Err(error(
+                403,
+                &format!(
+                    "cross-site request refused: Sec-Fetch-Site is {}",
+                    quoted(site)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Answers one request: the Host check, then the route (the Origin check on the POST), with
+/// the page's security headers on every response.
+fn handle(page: &Arc<Page>, req: &Request) -> Response {
+    let resp = match check_host(page, req) {
+        Ok(()) => route(page, req),
+        Err(refusal) => refusal,
+    };
+    resp.with_header("Cache-Control", "no-store")
+        .with_header("X-Content-Type-Options", "nosniff")
+        .with_header(
             "Content-Security-Policy",
             "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+        )
+}
+
+fn route(page: &Arc<Page>, req: &Request) -> Response {
+    let path = req.path();
+    let method = req.method.as_str();
+    match (method, path) {
+        ("GET" | "HEAD", "/" | "/index.html") => {
+            Response::new(200, "text/html; charset=utf-8", PAGE)
+        }
+        ("GET" | "HEAD", "/status.json") => {
+            Response::new(200, "application/json", status_json(page).to_string())
+        }
+        ("GET" | "HEAD", "/fsck.json") => Response::new(
+            200,
+            "application/json",
+            lock(&page.fsck).to_json().to_string(),
         ),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        resp.add_header(h);
-    }
-    if let Err(e) = req.respond(resp) {
-        log::debug!("cannot answer {method} {path}: {e}");
+        ("POST", "/fsck.json") => match check_origin(req) {
+            Ok(()) => {
+                let (code, v) = start_fsck(page);
+                Response::new(code, "application/json", v.to_string())
+            }
+            Err(refusal) => refusal,
+        },
+        (_, "/" | "/index.html" | "/status.json" | "/fsck.json") => {
+            error(405, &format!("{method} is not allowed on {}", short(path)))
+        }
+        _ => error(
+            404,
+            &format!("no such page: {} (try / or /status.json)", short(path)),
+        ),
     }
 }
