@@ -80,9 +80,9 @@ fn timing_values(t: &Timings) -> [Duration; 9] {
     ]
 }
 
-/// This host's name, for the record (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else
-/// `unknown`).
-pub(crate) fn host_name() -> String {
+/// This host's name, as the record's `host` field gives it (`/proc/sys/kernel/hostname`, else
+/// `$HOSTNAME`, else `unknown`), trimmed.
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())

@@ -894,6 +894,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
                         rooms: c.rooms,
                         peers: c.peers,
                         skipped_rooms: c.skipped_rooms,
+                        forced: false,
                     },
                 );
             }
