@@ -31,7 +31,7 @@ use serde_json::{json, Value as Json};
 use crate::config::Config;
 use crate::conn::{self, Conn, Redis};
 use crate::error::{Error, Result};
-use crate::info::{InstanceInfo, TIMING_FIELDS};
+use crate::info::{InstanceInfo, REAPER_PAUSED_FIELDS, TIMING_FIELDS};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{Cursor, Scan};
 
@@ -45,7 +45,7 @@ const OP: &str = "read fleet status";
 pub const PREFIX_SCAN_PAGES: usize = 50;
 
 /// The record fields read with `HMGET` (every field [`crate::info`] documents).
-const INFO_FIELDS: [&str; 16] = [
+const INFO_FIELDS: [&str; 22] = [
     "version",
     "host",
     "pid",
@@ -63,6 +63,13 @@ const INFO_FIELDS: [&str; 16] = [
     "transport",
     // Not written by this version; read so a newer writer's knob shows up as a known field.
     "reap_pace",
+    // Only while the instance, as the leader, skips reap rounds (`src/pause.rs`).
+    REAPER_PAUSED_FIELDS[0],
+    REAPER_PAUSED_FIELDS[1],
+    REAPER_PAUSED_FIELDS[2],
+    REAPER_PAUSED_FIELDS[3],
+    REAPER_PAUSED_FIELDS[4],
+    REAPER_PAUSED_FIELDS[5],
 ];
 
 /// The value a cleanly stopped instance leaves in its heartbeat key (`heartbeat_release.lua`).
@@ -196,6 +203,11 @@ pub struct FleetStatus {
     /// `lua/lease_acquire.lua`'s: no lease is granted until a lease TTL after the dataset
     /// token was written, so a leader of a lost dataset has passed its own deadline).
     pub leader_note: Option<String>,
+    /// The lease holder skips its reap rounds (its record's `reaper_paused*` fields,
+    /// [`crate::info::ReaperPaused`]): why, and since when, on server time, one line:
+    /// `reaper paused: ticks slower than 500 ms (last 812 ms); 3 round(s) skipped in a row,
+    /// the first 40.0 s ago, the last 2.0 s ago`. Stale instances are not reaped meanwhile.
+    pub reaper_note: Option<String>,
     /// Server ms at which the dataset token (`P:{ctl}:dataset`) was written: when this
     /// dataset was first heartbeated on. `None` when the token is absent or not readable.
     pub dataset_created_ms: Option<i64>,
@@ -256,6 +268,7 @@ impl FleetStatus {
             "leader_ttl_ms": self.leader_ttl_ms,
             "leader_alive": self.leader_alive,
             "leader_note": self.leader_note,
+            "reaper_note": self.reaper_note,
             "dataset_created_ms": self.dataset_created_ms,
             "epoch": self.epoch_known.then_some(self.epoch),
             "redis": {
@@ -286,6 +299,7 @@ impl FleetStatus {
                 "uptime_ms": i.uptime_ms,
                 "transport": i.info.as_ref().and_then(|r| r.transport.clone()),
                 "timings": i.info.as_ref().map(timings_json),
+                "reaper_paused": i.info.as_ref().and_then(|r| r.reaper_paused.as_ref()).map(paused_json),
                 "problems": i.problems,
             })).collect::<Vec<_>>(),
             "problems": self.problems,
@@ -531,6 +545,15 @@ fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Re
             .iter()
             .any(|(m, i)| &m.raw == raw && i.state == InstanceState::Alive)
     });
+    // The leader's note only: another instance's is left from an earlier term (it clears it
+    // at its next reap interval).
+    let reaper_note = head.leader_raw.as_ref().and_then(|raw| {
+        instances
+            .iter()
+            .find(|(m, _)| &m.raw == raw)
+            .and_then(|(_, i)| i.info.as_ref()?.reaper_paused.as_ref())
+            .map(|p| p.message_at(now))
+    });
     let instances: Vec<InstanceStatus> = instances.into_iter().map(|(_, i)| i).collect();
     let leader_note = head
         .leader
@@ -550,6 +573,7 @@ fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Re
         leader_ttl_ms: head.leader_ttl_ms,
         leader_alive,
         leader_note,
+        reaper_note,
         dataset_created_ms: head.dataset_created_ms,
         epoch: head.epoch,
         epoch_known: head.epoch_known,
@@ -576,6 +600,21 @@ fn timings_json(info: &InstanceInfo) -> Json {
     }
     map.insert("reap_batch".into(), json!(info.reap_batch));
     Json::Object(map)
+}
+
+/// A record's `reaper_paused*` fields as the JSON object of `status --json`.
+fn paused_json(p: &crate::info::ReaperPaused) -> Json {
+    json!({
+        "reason": p.reason,
+        "slow_ticks": p.slow_ticks,
+        "redis_errors": p.redis_errors,
+        "tick_ms": p.tick_ms,
+        "slow_after_ms": p.slow_after_ms,
+        "at_ms": p.at_ms,
+        "since_ms": p.since_ms,
+        "rounds": p.rounds,
+        "message": p.message(),
+    })
 }
 
 /// Mixed versions, mixed timings, instances without a record: one sentence each.

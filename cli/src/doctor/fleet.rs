@@ -188,6 +188,10 @@ impl Fleet {
                 }
             }
         }
+        if let Some(note) = &st.reaper_note {
+            status = Status::Warn;
+            parts.push(note.clone());
+        }
         parts.push(format!(
             "{} instance(s): {alive} alive, {} stopped, {} late, {} stale, {} being reaped",
             st.instances.len(),
