@@ -349,7 +349,7 @@ pub fn fleet_status_with_stale(
     }
     let redis = Redis::from_config(config)?;
     let mut con = redis.connect()?;
-    let mut status = read(config, &mut con, stale_override)?;
+    let mut status = read(config, &mut con, stale_override, true)?;
     let route = redis.route();
     status.route = RouteStatus {
         url: redis.safe_url().to_owned(),
@@ -366,6 +366,18 @@ pub fn fleet_status_with_stale(
         ctl_master: con.cluster_master_of(&config.keys().leader()),
     };
     Ok(status)
+}
+
+/// [`fleet_status`] read on the caller's connection `con` (to `config`'s Redis), touching only
+/// the servers of the control plane: no new connection (a cluster's slot map is not read
+/// again) and no key-space scan for other prefixes ([`FleetStatus::other_prefixes`] stays
+/// empty); [`FleetStatus::route`] is left empty. `sfu-redis doctor` reads the fleet on the
+/// connection its checks use, so a master that does not answer is not waited for again.
+///
+/// # Errors
+/// As [`fleet_status`].
+pub fn fleet_status_on(config: &Config, con: &mut Conn) -> Result<FleetStatus> {
+    read(config, con, None, false)
 }
 
 /// One member of the heartbeat sorted set, as read.
@@ -525,7 +537,13 @@ fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
     Some(format!("{key}: the score of {id:?} {what}"))
 }
 
-fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Result<FleetStatus> {
+/// `hint`: list the other prefixes when this one has none (a key-space scan of every master).
+fn read(
+    config: &Config,
+    con: &mut Conn,
+    stale_override: Option<Duration>,
+    hint: bool,
+) -> Result<FleetStatus> {
     let ks = config.keys();
     let stale = stale_override.unwrap_or(config.timings().stale_threshold);
     let judge = Judge {
@@ -559,7 +577,7 @@ fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Re
         .leader
         .is_none()
         .then(|| no_leader_note(&head, &instances, config));
-    let other_prefixes = if instances.is_empty() {
+    let other_prefixes = if hint && instances.is_empty() {
         other_prefixes(con, ks.prefix())
     } else {
         Vec::new()
