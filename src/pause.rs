@@ -79,13 +79,15 @@ impl Skip {
 /// cleared by the reaper thread only.
 #[derive(Debug)]
 pub(crate) struct Note {
-    /// A note may be in the record (true at start: a term of this process may have left one).
+    /// A note may be in the record.
     noted: bool,
 }
 
 impl Note {
+    /// No note yet: the registration of this life wrote the record whole, without one, and
+    /// only this node's reaper thread writes one.
     pub(crate) fn new() -> Note {
-        Note { noted: true }
+        Note { noted: false }
     }
 
     /// Notes a skipped round. Best effort: a failure is logged (and not counted as a Redis
