@@ -385,6 +385,7 @@ impl Cluster {
             last: None,
             at: None,
             read_timeout: None,
+            unanswered: Vec::new(),
         };
         if current.is_none() || self.stale.load(Ordering::Relaxed) {
             con.reload_map()?;
@@ -540,6 +541,9 @@ pub(crate) struct ClusterConn {
     at: Option<Addr>,
     /// The read timeout set by the caller (`None`: the dialer's).
     read_timeout: Option<Duration>,
+    /// Nodes (`host:port`) that did not answer (a timeout, a broken connection) while this
+    /// connection read the slot map.
+    unanswered: Vec<String>,
 }
 
 impl std::fmt::Debug for ClusterConn {
@@ -634,10 +638,15 @@ impl ClusterConn {
                         "{shown} is not a cluster node (cluster support disabled): use redis://{shown} for a standalone server"
                     ));
                 }
-                Err(e) => said.push(format!(
-                    "{shown}: {}",
-                    node_reason(&e, self.cluster.dialer.is_tls())
-                )),
+                Err(e) => {
+                    if e.code().is_none() && (e.is_timeout() || e.is_io_error()) {
+                        self.unanswered.push(shown.clone());
+                    }
+                    said.push(format!(
+                        "{shown}: {}",
+                        node_reason(&e, self.cluster.dialer.is_tls())
+                    ))
+                }
             }
         }
         self.cluster.stale.store(true, Ordering::Relaxed);
@@ -832,6 +841,32 @@ impl ClusterConn {
         f: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> Vec<RedisResult<T>> {
         self.on_masters(f).collect()
+    }
+
+    /// The nodes (`host:port`) that did not answer while this connection read the slot map.
+    pub(crate) fn unanswered(&self) -> &[String] {
+        &self.unanswered
+    }
+
+    /// As [`ClusterConn::each_master_apart`], but the masters `skip` names (`host:port`) are
+    /// neither connected to nor given to `f`: `None` in their place.
+    pub(crate) fn each_master_except<T>(
+        &mut self,
+        skip: impl Fn(&str) -> bool,
+        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+    ) -> Vec<Option<RedisResult<T>>> {
+        let masters = self.map.nodes.clone();
+        masters
+            .into_iter()
+            .map(|addr| {
+                if skip(&show_addr(&addr.0, addr.1)) {
+                    return None;
+                }
+                self.trip(&addr);
+                let one = self.node(&addr).and_then(&mut f);
+                Some(self.settle(one))
+            })
+            .collect()
     }
 
     /// Sets the read timeout of every node connection, also of those opened later by this

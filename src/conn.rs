@@ -199,6 +199,42 @@ impl Conn {
             .collect()
     }
 
+    /// As [`Conn::on_each_server_apart`], but a master for which `skip(host:port)` is true (as
+    /// [`Conn::cluster_masters`] names it) is neither connected to nor given to `f`: `None` in
+    /// its place. A caller that saw a master fail leaves it out of its later calls instead of
+    /// waiting for it again (`sfu-redis doctor`). One server is never skipped (`skip` is not
+    /// asked: the caller decides whether to call at all).
+    ///
+    /// `f` may fail (a server that stopped answering): its error, like a failed connect, is
+    /// that master's result, and on a cluster this connection then drops its server
+    /// connections (as after any failed call: a late reply is never read as another's); a
+    /// timeout or a dropped connection names the master.
+    pub fn on_each_server_except<T>(
+        &mut self,
+        skip: impl Fn(&str) -> bool,
+        mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
+    ) -> Vec<Option<Result<T>>> {
+        let results = match &mut self.0 {
+            Inner::One(c) => vec![Some(f(c))],
+            Inner::Cluster(c) => c.each_master_except(skip, f),
+        };
+        results
+            .into_iter()
+            .map(|r| r.map(|r| r.map_err(|e| Error::redis("check the master", e))))
+            .collect()
+    }
+
+    /// The nodes (`host:port`) of a cluster that did not answer (a timeout, a broken
+    /// connection) while this connection read the slot map, in the order tried; empty for one
+    /// server or when each node asked answered. `sfu-redis doctor` leaves them out of its
+    /// checks instead of waiting for them again.
+    pub fn cluster_unanswered(&self) -> Vec<String> {
+        match &self.0 {
+            Inner::One(_) => Vec::new(),
+            Inner::Cluster(c) => c.unanswered().to_vec(),
+        }
+    }
+
     /// Sets the read timeout of the server connection(s) this connection holds now.
     pub(crate) fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {
         match &mut self.0 {

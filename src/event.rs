@@ -75,6 +75,11 @@ pub enum Event {
         peers: u64,
         /// Rooms in its index that another instance had taken over (left alone).
         skipped_rooms: u64,
+        /// An operator's `sfu-redis reap --force` (`reap::ReapOptions::force`): reaped
+        /// without waiting for it to go stale. Always false for a leader's reap (a node's
+        /// event); true only in what `sfu_redis::reap::reap_instance` publishes on
+        /// `P:events`.
+        forced: bool,
     },
     /// A room this node owned is no longer its own.
     RoomLost {
@@ -136,8 +141,9 @@ impl Event {
                 rooms,
                 peers,
                 skipped_rooms,
+                forced,
             } => {
-                json!({ "dead": dead, "rooms": rooms, "peers": peers, "skipped_rooms": skipped_rooms })
+                json!({ "dead": dead, "rooms": rooms, "peers": peers, "skipped_rooms": skipped_rooms, "forced": forced })
             }
             Event::RoomLost { room, new_owner } => json!({ "room": room, "new_owner": new_owner }),
             Event::ReapedSelf { rooms, room_ids } => {

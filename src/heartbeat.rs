@@ -809,7 +809,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>) {
             Ok(()) => {
                 let took = started.elapsed();
                 if took > interval / 2 {
-                    sh.counters.slow_tick();
+                    sh.counters.slow_tick(took);
                     log::warn!("heartbeat tick took {} ms", took.as_millis());
                 }
                 run.ok(worker::every(run.scheduled, interval))

@@ -17,6 +17,14 @@
 //! | `reap_batch` | index members per reap batch |
 //! | `reap_pace` | the reaper's pace: its pause after each batch, in multiples of the batch's duration (a decimal number; `ConfigBuilder::reap_pace`) |
 //! | `transport` | `plain`, `tls`, `sentinel`, `sentinel+tls`, `cluster` or `cluster+tls` |
+//! | `reaper_paused` | only while this instance, as the leader, skips reap rounds (`src/pause.rs`, `lua/reaper_paused.lua`): `slow_ticks` (heartbeat ticks longer than half the interval), `redis_errors`, or `slow_ticks,redis_errors`, what it saw during the last round's two-phase wait |
+//! | `reaper_paused_ms`, `reaper_paused_since_ms` | with it: server ms of the last skipped round, and of the first of the skipped rounds in a row |
+//! | `reaper_paused_rounds` | with it: rounds skipped in a row |
+//! | `reaper_paused_tick_ms`, `reaper_paused_slow_ms` | with `slow_ticks`: the last slow tick, and the threshold it passed (half the heartbeat interval), ms |
+//!
+//! The `reaper_paused*` fields are written by the leader's reaper thread into its existing
+//! record (never creating one) and deleted when a round runs again, finds nothing to reap,
+//! or the instance no longer leads; a registration rewrites the record without them.
 //!
 //! Readers tolerate what they do not know: a missing or unparsable field is `None` (and named
 //! in the problems [`InstanceInfo::from_fields`] returns), an unknown field is ignored, so a
@@ -51,7 +59,109 @@ pub struct InstanceInfo {
     pub reap_pace: Option<f64>,
     /// How it reaches Redis.
     pub transport: Option<String>,
+    /// Present while this instance, as the leader, skips reap rounds (the `reaper_paused*`
+    /// fields): why.
+    pub reaper_paused: Option<ReaperPaused>,
 }
+
+/// Why a leader skips its reap rounds, from the `reaper_paused*` fields of its record (module
+/// docs; `src/pause.rs` writes them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReaperPaused {
+    /// The last round's two-phase wait saw heartbeat ticks slower than
+    /// [`slow_after_ms`](Self::slow_after_ms).
+    pub slow_ticks: bool,
+    /// It saw Redis errors.
+    pub redis_errors: bool,
+    /// The last slow tick, ms (with `slow_ticks`).
+    pub tick_ms: Option<u64>,
+    /// Ticks longer than this are slow (half the heartbeat interval), ms (with `slow_ticks`).
+    pub slow_after_ms: Option<u64>,
+    /// Server ms of the last skipped round.
+    pub at_ms: Option<i64>,
+    /// Server ms of the first skipped round in a row.
+    pub since_ms: Option<i64>,
+    /// Rounds skipped in a row.
+    pub rounds: Option<u64>,
+    /// The `reaper_paused` value as found (`slow_ticks`, `redis_errors`, both
+    /// comma-separated, or what a newer writer put there).
+    pub reason: String,
+}
+
+impl ReaperPaused {
+    /// One line for people: `reaper paused: ticks slower than 500 ms (last 812 ms)`,
+    /// `reaper paused: Redis errors during the two-phase wait`, or both joined by `and`.
+    pub fn message(&self) -> String {
+        let mut why = Vec::new();
+        if self.slow_ticks {
+            let ms = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
+            why.push(format!(
+                "ticks slower than {} ms (last {} ms)",
+                ms(self.slow_after_ms),
+                ms(self.tick_ms)
+            ));
+        }
+        if self.redis_errors {
+            why.push("Redis errors during the two-phase wait".to_owned());
+        }
+        if why.is_empty() {
+            why.push(self.reason.clone());
+        }
+        format!("reaper paused: {}", why.join(" and "))
+    }
+
+    /// [`message`](Self::message), with how long it has lasted on server time `now_ms`:
+    /// `...; 3 round(s) skipped in a row, the first 40 s ago, the last 2 s ago`.
+    pub fn message_at(&self, now_ms: i64) -> String {
+        let ago = |t: Option<i64>| {
+            t.map_or_else(
+                || "?".to_owned(),
+                |t| {
+                    format!(
+                        "{:.1} s ago",
+                        now_ms.saturating_sub(t).max(0) as f64 / 1000.0
+                    )
+                },
+            )
+        };
+        format!(
+            "{}; {} round(s) skipped in a row, the first {}, the last {}",
+            self.message(),
+            self.rounds
+                .map_or_else(|| "?".to_owned(), |r| r.to_string()),
+            ago(self.since_ms),
+            ago(self.at_ms)
+        )
+    }
+
+    /// Reads the fields from a record's pairs; `None` without `reaper_paused`.
+    fn from_fields(get: &dyn Fn(&str) -> Option<String>) -> Option<ReaperPaused> {
+        let reason = get("reaper_paused")?;
+        let num = |f: &str| get(f).and_then(|v| v.trim().parse::<u64>().ok());
+        let parts: Vec<&str> = reason.split(',').map(str::trim).collect();
+        Some(ReaperPaused {
+            slow_ticks: parts.contains(&"slow_ticks"),
+            redis_errors: parts.contains(&"redis_errors"),
+            tick_ms: num("reaper_paused_tick_ms"),
+            slow_after_ms: num("reaper_paused_slow_ms"),
+            at_ms: num("reaper_paused_ms").and_then(|v| i64::try_from(v).ok()),
+            since_ms: num("reaper_paused_since_ms").and_then(|v| i64::try_from(v).ok()),
+            rounds: num("reaper_paused_rounds"),
+            reason,
+        })
+    }
+}
+
+/// The fields of [`ReaperPaused`], in the record.
+pub const REAPER_PAUSED_FIELDS: [&str; 6] = [
+    "reaper_paused",
+    "reaper_paused_ms",
+    "reaper_paused_since_ms",
+    "reaper_paused_rounds",
+    "reaper_paused_tick_ms",
+    "reaper_paused_slow_ms",
+];
 
 /// The timing fields of the record, in the order of [`InstanceInfo::timings_ms`].
 pub const TIMING_FIELDS: [&str; 9] = [
@@ -80,9 +190,9 @@ fn timing_values(t: &Timings) -> [Duration; 9] {
     ]
 }
 
-/// This host's name, for the record (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else
-/// `unknown`).
-pub(crate) fn host_name() -> String {
+/// This host's name, as the record's `host` field gives it (`/proc/sys/kernel/hostname`, else
+/// `$HOSTNAME`, else `unknown`), trimmed.
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -158,6 +268,8 @@ impl InstanceInfo {
             reap_batch,
             reap_pace,
             transport: text("transport"),
+            // Optional: only while the leader skips rounds.
+            reaper_paused: ReaperPaused::from_fields(&text),
         };
         for name in ["version", "host", "transport"] {
             if get(name).is_none() {
@@ -264,5 +376,46 @@ mod tests {
             .iter()
             .any(|p| p == "field stale_threshold_ms is missing"));
         assert!(info.timings_summary().contains("stale ? ms"));
+        assert_eq!(info.reaper_paused, None);
+    }
+
+    #[test]
+    fn a_pause_note_reads_back_as_one_line() {
+        let mut p = pairs(
+            &Config::builder()
+                .redis_url(Some("redis://127.0.0.1:1"))
+                .build()
+                .unwrap(),
+        );
+        for (k, v) in [
+            ("reaper_paused", "slow_ticks"),
+            ("reaper_paused_ms", "1700000010000"),
+            ("reaper_paused_since_ms", "1700000000000"),
+            ("reaper_paused_rounds", "4"),
+            ("reaper_paused_tick_ms", "812"),
+            ("reaper_paused_slow_ms", "500"),
+        ] {
+            p.push((k.to_owned(), v.to_owned()));
+        }
+        let (info, problems) = InstanceInfo::from_fields(&p);
+        assert!(problems.is_empty(), "{problems:?}");
+        let paused = info.reaper_paused.expect("the note");
+        assert!(paused.slow_ticks && !paused.redis_errors);
+        assert_eq!(
+            paused.message(),
+            "reaper paused: ticks slower than 500 ms (last 812 ms)"
+        );
+        assert_eq!(
+            paused.message_at(1_700_000_012_500),
+            "reaper paused: ticks slower than 500 ms (last 812 ms); 4 round(s) skipped in a row, the first 12.5 s ago, the last 2.5 s ago"
+        );
+        let errors = ReaperPaused::from_fields(&|f: &str| {
+            (f == "reaper_paused").then(|| "redis_errors".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            errors.message(),
+            "reaper paused: Redis errors during the two-phase wait"
+        );
     }
 }

@@ -42,6 +42,7 @@ mod lease;
 mod memory;
 mod metrics;
 mod node;
+mod pause;
 mod peers;
 pub mod reap;
 mod reaper;

@@ -99,7 +99,9 @@ pub enum Refusal {
     /// It is not in the heartbeat sorted set.
     NotRegistered {
         /// Index sets, an info hash or a heartbeat key of it exist all the same
-        /// (`fsck --repair` hands such an instance to the reaper).
+        /// (`fsck --repair` hands such an instance to the reaper): `not_registered`. Without
+        /// any, nothing of it is under the prefix (a wrong id or prefix, or reaped already):
+        /// `unknown_instance`.
         leftovers: bool,
     },
     /// It registered again while it was being reaped: the reap stopped; its new life's data
@@ -108,13 +110,16 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// `live`, `released`, `fresh`, `not_registered` or `registered_again` (the CLI's JSON).
+    /// `live`, `released`, `fresh`, `not_registered` (leftovers of it remain),
+    /// `unknown_instance` (nothing of it under the prefix) or `registered_again` (the CLI's
+    /// JSON `refused`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Refusal::Live => "live",
             Refusal::Released => "released",
             Refusal::Fresh { .. } => "fresh",
-            Refusal::NotRegistered { .. } => "not_registered",
+            Refusal::NotRegistered { leftovers: true } => "not_registered",
+            Refusal::NotRegistered { leftovers: false } => "unknown_instance",
             Refusal::RegisteredAgain => "registered_again",
         }
     }
@@ -287,7 +292,7 @@ pub fn reap_instance(
     match reaper::finish(&reap, &mut con, counts.kept)? {
         Finish::Done => {
             report.reaped = true;
-            publish_reaped(&ctx, &mut con, &dead, &counts);
+            publish_reaped(config, &ctx, &mut con, &dead, &counts, options.force);
         }
         Finish::Alive => report.refused = Some(Refusal::RegisteredAgain),
         Finish::Retry => {}
@@ -295,20 +300,29 @@ pub fn reap_instance(
     Ok(report)
 }
 
-/// Publishes `instance_reaped` on `P:events`, as a leader does after a reap (its `instance`
-/// field: this caller's own id, the reaper), so the fleet page and other subscribers see an
-/// operator's reap too. Best effort: a failure is logged, the reap is done all the same.
-fn publish_reaped(ctx: &Ctx, con: &mut Conn, dead: &str, counts: &ReapCounts) {
+/// Publishes `instance_reaped` on `P:events`, as a leader does after a reap, so the fleet page
+/// and other subscribers see an operator's reap too: its `instance` field is the caller's id
+/// ([`Config::instance_id`]; the CLI's is `sfu-redis-reap@<host>:<pid>`), `forced` says
+/// whether [`ReapOptions::force`] was set. Best effort: a failure is logged, the reap is done
+/// all the same.
+fn publish_reaped(
+    config: &Config,
+    ctx: &Ctx,
+    con: &mut Conn,
+    dead: &str,
+    counts: &ReapCounts,
+    forced: bool,
+) {
     let event = crate::event::Event::InstanceReaped {
         dead: decode_id(dead).unwrap_or_else(|_| dead.to_owned()),
         rooms: counts.rooms,
         peers: counts.peers,
         skipped_rooms: counts.skipped_rooms,
+        forced,
     };
-    let me = decode_id(&ctx.me).unwrap_or_else(|_| ctx.me.clone());
     let sent = redis::cmd("PUBLISH")
         .arg(ctx.keys.events_channel())
-        .arg(event.to_json(&me).to_string())
+        .arg(event.to_json(config.instance_id()).to_string())
         .query::<i64>(con);
     if let Err(e) = sent {
         log::warn!("could not publish instance_reaped for {dead}: {e}");

@@ -34,6 +34,7 @@ use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::keys::{decode_id, split_peer_member};
+use crate::pause::{Mark, Note};
 use crate::rooms::{Unindex, PEER_BATCH};
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
@@ -813,11 +814,19 @@ pub(crate) fn clean_own_leftovers(
     Ok(counts)
 }
 
-/// One reap round (the caller checked that this node leads).
-fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
-    let errors_before = sh.counters.troubles();
+/// One reap round (the caller checked that this node leads). A skipped round is noted in
+/// this node's record, and the note cleared when a round runs or finds nothing to reap
+/// (`src/pause.rs`).
+fn round(
+    sh: &Shared,
+    link: &mut Link,
+    shutdown: &Receiver<()>,
+    demoted: &Receiver<()>,
+    note: &mut Note,
+) {
+    let mark = Mark::take(&sh.counters);
     let cands = match link.run(&sh.redis, |c| candidates(&sh.ctx, c)) {
-        Ok(c) if c.is_empty() => return,
+        Ok(c) if c.is_empty() => return note.clear(sh, link),
         Ok(c) => c,
         Err(e) => {
             sh.note_error(&e);
@@ -845,10 +854,16 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
     if !leading() {
         return;
     }
-    if sh.counters.troubles() > errors_before {
-        log::warn!("this node saw Redis errors or slowness during the two-phase window; skipping this round");
-        return;
+    if let Some(skip) = mark.skip(&sh.counters, sh.ctx.timings.heartbeat_interval) {
+        log::warn!(
+            "this node saw {} during the two-phase window (last slow tick {} ms, slow above {} ms); skipping this round",
+            skip.reason(),
+            skip.last_tick.as_millis(),
+            skip.slow_after.as_millis()
+        );
+        return note.skipped(sh, link, &skip);
     }
+    note.clear(sh, link);
     for dead in cands {
         if !leading() || stopping(shutdown) {
             break;
@@ -894,6 +909,7 @@ fn round(sh: &Shared, link: &mut Link, shutdown: &Receiver<()>, demoted: &Receiv
                         rooms: c.rooms,
                         peers: c.peers,
                         skipped_rooms: c.skipped_rooms,
+                        forced: false,
                     },
                 );
             }
@@ -922,10 +938,13 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
     let crashed = || sh.is_crashed();
     // Rounds are not retried sooner after a failure: the backoff is unused.
     let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval, interval));
+    let mut note = Note::new();
     periodic.run(Instant::now() + interval, |run| {
         while demoted.try_recv().is_ok() {}
         if sh.is_leader() {
-            round(sh, &mut link, shutdown, demoted);
+            round(sh, &mut link, shutdown, demoted, &mut note);
+        } else {
+            note.clear(sh, &mut link);
         }
         worker::catch_up(run.scheduled, interval)
     });

@@ -62,6 +62,7 @@ scripts!(
     reap_peer,
     reap_finish,
     reap_putback,
+    reaper_paused,
     audit_room_index,
     audit_delete_room,
     audit_enqueue,

@@ -63,6 +63,9 @@ pub(crate) struct Counters {
     /// `redis_errors` by kind (`metrics::REDIS_ERROR_KINDS`).
     pub redis_errors_by_kind: [AtomicU64; 4],
     pub slow_ticks: AtomicU64,
+    /// Duration of the last slow heartbeat tick, ms (what a leader that skips reap rounds
+    /// reports: `src/pause.rs`).
+    pub last_slow_tick_ms: AtomicU64,
     pub instances_reaped: AtomicU64,
     pub rooms_reaped: AtomicU64,
     pub peers_reaped: AtomicU64,
@@ -97,6 +100,7 @@ impl Counters {
             redis_errors: AtomicU64::new(0),
             redis_errors_by_kind: Default::default(),
             slow_ticks: AtomicU64::new(0),
+            last_slow_tick_ms: AtomicU64::new(0),
             instances_reaped: AtomicU64::new(0),
             rooms_reaped: AtomicU64::new(0),
             peers_reaped: AtomicU64::new(0),
@@ -144,14 +148,11 @@ impl Counters {
         self.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn slow_tick(&self) {
+    /// A heartbeat tick took `took`, longer than half the heartbeat interval.
+    pub(crate) fn slow_tick(&self, took: Duration) {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.last_slow_tick_ms.store(ms, Ordering::Relaxed);
         self.slow_ticks.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Redis errors plus slow ticks seen so far: the leader skips a reap round in which this
-    /// grew (docs/DESIGN.md "Lessons from other systems").
-    pub(crate) fn troubles(&self) -> u64 {
-        self.redis_errors.load(Ordering::Relaxed) + self.slow_ticks.load(Ordering::Relaxed)
     }
 
     /// One instance reaped in `took`, with the rooms and peer records it lost and the rooms

@@ -31,7 +31,7 @@ use serde_json::{json, Value as Json};
 use crate::config::Config;
 use crate::conn::{self, Conn, Redis};
 use crate::error::{Error, Result};
-use crate::info::{InstanceInfo, TIMING_FIELDS};
+use crate::info::{InstanceInfo, REAPER_PAUSED_FIELDS, TIMING_FIELDS};
 use crate::keys::{decode_id, KeySpace};
 use crate::scan::{Cursor, Scan};
 
@@ -45,7 +45,7 @@ const OP: &str = "read fleet status";
 pub const PREFIX_SCAN_PAGES: usize = 50;
 
 /// The record fields read with `HMGET` (every field [`crate::info`] documents).
-const INFO_FIELDS: [&str; 16] = [
+const INFO_FIELDS: [&str; 22] = [
     "version",
     "host",
     "pid",
@@ -63,6 +63,13 @@ const INFO_FIELDS: [&str; 16] = [
     "transport",
     // Not written by this version; read so a newer writer's knob shows up as a known field.
     "reap_pace",
+    // Only while the instance, as the leader, skips reap rounds (`src/pause.rs`).
+    REAPER_PAUSED_FIELDS[0],
+    REAPER_PAUSED_FIELDS[1],
+    REAPER_PAUSED_FIELDS[2],
+    REAPER_PAUSED_FIELDS[3],
+    REAPER_PAUSED_FIELDS[4],
+    REAPER_PAUSED_FIELDS[5],
 ];
 
 /// The value a cleanly stopped instance leaves in its heartbeat key (`heartbeat_release.lua`).
@@ -196,6 +203,11 @@ pub struct FleetStatus {
     /// `lua/lease_acquire.lua`'s: no lease is granted until a lease TTL after the dataset
     /// token was written, so a leader of a lost dataset has passed its own deadline).
     pub leader_note: Option<String>,
+    /// The lease holder skips its reap rounds (its record's `reaper_paused*` fields,
+    /// [`crate::info::ReaperPaused`]): why, and since when, on server time, one line:
+    /// `reaper paused: ticks slower than 500 ms (last 812 ms); 3 round(s) skipped in a row,
+    /// the first 40.0 s ago, the last 2.0 s ago`. Stale instances are not reaped meanwhile.
+    pub reaper_note: Option<String>,
     /// Server ms at which the dataset token (`P:{ctl}:dataset`) was written: when this
     /// dataset was first heartbeated on. `None` when the token is absent or not readable.
     pub dataset_created_ms: Option<i64>,
@@ -256,6 +268,7 @@ impl FleetStatus {
             "leader_ttl_ms": self.leader_ttl_ms,
             "leader_alive": self.leader_alive,
             "leader_note": self.leader_note,
+            "reaper_note": self.reaper_note,
             "dataset_created_ms": self.dataset_created_ms,
             "epoch": self.epoch_known.then_some(self.epoch),
             "redis": {
@@ -286,6 +299,7 @@ impl FleetStatus {
                 "uptime_ms": i.uptime_ms,
                 "transport": i.info.as_ref().and_then(|r| r.transport.clone()),
                 "timings": i.info.as_ref().map(timings_json),
+                "reaper_paused": i.info.as_ref().and_then(|r| r.reaper_paused.as_ref()).map(paused_json),
                 "problems": i.problems,
             })).collect::<Vec<_>>(),
             "problems": self.problems,
@@ -335,7 +349,7 @@ pub fn fleet_status_with_stale(
     }
     let redis = Redis::from_config(config)?;
     let mut con = redis.connect()?;
-    let mut status = read(config, &mut con, stale_override)?;
+    let mut status = read(config, &mut con, stale_override, true)?;
     let route = redis.route();
     status.route = RouteStatus {
         url: redis.safe_url().to_owned(),
@@ -352,6 +366,18 @@ pub fn fleet_status_with_stale(
         ctl_master: con.cluster_master_of(&config.keys().leader()),
     };
     Ok(status)
+}
+
+/// [`fleet_status`] read on the caller's connection `con` (to `config`'s Redis), touching only
+/// the servers of the control plane: no new connection (a cluster's slot map is not read
+/// again) and no key-space scan for other prefixes ([`FleetStatus::other_prefixes`] stays
+/// empty); [`FleetStatus::route`] is left empty. `sfu-redis doctor` reads the fleet on the
+/// connection its checks use, so a master that does not answer is not waited for again.
+///
+/// # Errors
+/// As [`fleet_status`].
+pub fn fleet_status_on(config: &Config, con: &mut Conn) -> Result<FleetStatus> {
+    read(config, con, None, false)
 }
 
 /// One member of the heartbeat sorted set, as read.
@@ -511,7 +537,13 @@ fn score_problem(key: &str, id: &str, score: f64, now: i64) -> Option<String> {
     Some(format!("{key}: the score of {id:?} {what}"))
 }
 
-fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Result<FleetStatus> {
+/// `hint`: list the other prefixes when this one has none (a key-space scan of every master).
+fn read(
+    config: &Config,
+    con: &mut Conn,
+    stale_override: Option<Duration>,
+    hint: bool,
+) -> Result<FleetStatus> {
     let ks = config.keys();
     let stale = stale_override.unwrap_or(config.timings().stale_threshold);
     let judge = Judge {
@@ -531,12 +563,21 @@ fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Re
             .iter()
             .any(|(m, i)| &m.raw == raw && i.state == InstanceState::Alive)
     });
+    // The leader's note only: another instance's is left from an earlier term (it clears it
+    // at its next reap interval).
+    let reaper_note = head.leader_raw.as_ref().and_then(|raw| {
+        instances
+            .iter()
+            .find(|(m, _)| &m.raw == raw)
+            .and_then(|(_, i)| i.info.as_ref()?.reaper_paused.as_ref())
+            .map(|p| p.message_at(now))
+    });
     let instances: Vec<InstanceStatus> = instances.into_iter().map(|(_, i)| i).collect();
     let leader_note = head
         .leader
         .is_none()
         .then(|| no_leader_note(&head, &instances, config));
-    let other_prefixes = if instances.is_empty() {
+    let other_prefixes = if hint && instances.is_empty() {
         other_prefixes(con, ks.prefix())
     } else {
         Vec::new()
@@ -550,6 +591,7 @@ fn read(config: &Config, con: &mut Conn, stale_override: Option<Duration>) -> Re
         leader_ttl_ms: head.leader_ttl_ms,
         leader_alive,
         leader_note,
+        reaper_note,
         dataset_created_ms: head.dataset_created_ms,
         epoch: head.epoch,
         epoch_known: head.epoch_known,
@@ -576,6 +618,21 @@ fn timings_json(info: &InstanceInfo) -> Json {
     }
     map.insert("reap_batch".into(), json!(info.reap_batch));
     Json::Object(map)
+}
+
+/// A record's `reaper_paused*` fields as the JSON object of `status --json`.
+fn paused_json(p: &crate::info::ReaperPaused) -> Json {
+    json!({
+        "reason": p.reason,
+        "slow_ticks": p.slow_ticks,
+        "redis_errors": p.redis_errors,
+        "tick_ms": p.tick_ms,
+        "slow_after_ms": p.slow_after_ms,
+        "at_ms": p.at_ms,
+        "since_ms": p.since_ms,
+        "rounds": p.rounds,
+        "message": p.message(),
+    })
 }
 
 /// Mixed versions, mixed timings, instances without a record: one sentence each.

@@ -155,6 +155,7 @@ impl RedisStore {
                     rooms: c.rooms,
                     peers: c.peers,
                     skipped_rooms: c.skipped_rooms,
+                    forced: false,
                 });
             }
         }

@@ -162,6 +162,8 @@ impl SfuEvent {
                 rooms,
                 peers,
                 skipped_rooms,
+                // A node's reap is never forced (`forced` is in `json`).
+                ..
             } => {
                 out.kind = SfuEventKind::SFU_EVENT_INSTANCE_REAPED;
                 out.instance = own(dead);

@@ -316,11 +316,12 @@ pub(crate) fn with_place(what: &str, url: Option<&str>, e: &sfu_redis::Error) ->
 /// An event's fields (without `event` and `instance`) as `k=v` pairs for people, in a
 /// readable order: `dead=sfu-a rooms=3 peers=9 skipped_rooms=0`.
 pub(crate) fn event_fields(event: &Event) -> String {
-    const ORDER: [&str; 10] = [
+    const ORDER: [&str; 11] = [
         "dead",
         "rooms",
         "peers",
         "skipped_rooms",
+        "forced",
         "room",
         "new_owner",
         "room_ids",

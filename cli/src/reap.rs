@@ -5,8 +5,14 @@
 //! Exit codes (operators' scripts depend on them): 0 reaped (or, with --dry-run, would be
 //! reaped); 1 refused (alive, stopped or fresh without --force, a live boot token even with
 //! it, registered again during the reap, or not registered but with leftovers: use `fsck
-//! --repair`); 2 bad input or cannot check (a malformed or unknown id, bad flags, memory-only
-//! mode, Redis unreachable or failing).
+//! --repair`; `--json` `refused`: `live`, `released`, `fresh`, `registered_again`,
+//! `not_registered`); 2 bad input or cannot check (a malformed or unknown id, bad flags,
+//! memory-only mode, Redis unreachable or failing; an unknown id, nothing of it under the
+//! prefix, is `refused: unknown_instance` in `--json`, the others print no JSON).
+//!
+//! The reap publishes `instance_reaped` on the prefix's events channel with `instance` set to
+//! this command's own id, [`reaper_id`] (`sfu-redis-reap@<host>:<pid>`), and `forced` true
+//! when `--force` was given.
 
 use std::cell::RefCell;
 
@@ -35,7 +41,9 @@ pub(crate) struct ReapArgs {
     force: bool,
     /// Print one JSON object: {"instance", "dry_run", "reaped", "refused", "rooms", "peers",
     /// "skipped_rooms", "failed", "kept", "rooms_listed", "peers_listed", "room_ids",
-    /// "peer_ids", "stale_threshold_ms", "stale_threshold_from", "last_heartbeat_ms"}.
+    /// "peer_ids", "stale_threshold_ms", "stale_threshold_from", "last_heartbeat_ms"};
+    /// "refused" is null, live, released, fresh, not_registered (leftovers of it remain),
+    /// unknown_instance (nothing of it under the prefix) or registered_again.
     #[arg(long)]
     json: bool,
 }
@@ -44,6 +52,7 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
     let config = args
         .redis
         .builder()
+        .instance_id(&reaper_id())
         .build()
         .map_err(|e| Failure::config(&e))?;
     let Some(url) = config.redis_url() else {
@@ -87,6 +96,21 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
         print_report(&report);
     }
     verdict(&report, args.force)
+}
+
+/// This command's own id, the `instance` of the `instance_reaped` event it publishes:
+/// `sfu-redis-reap@<host>:<pid>` (the host name as an instance record gives it). Not an
+/// instance id of the fleet (`SFU_INSTANCE_ID` is a node's, and is not read): subscribers
+/// and the fleet page tell an operator's reap from a leader's by it.
+pub(crate) fn reaper_id() -> String {
+    // An id takes no control character and at most 256 bytes: a host name that breaks
+    // either is cut down rather than failing the reap.
+    let host: String = sfu_redis::info::host_name()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    format!("sfu-redis-reap@{host}:{}", std::process::id())
 }
 
 /// The report as the one JSON object of `--json`. In a dry run `rooms` and `peers` are what

@@ -84,7 +84,8 @@ fn a_node_on_a_cluster_works_and_is_reaped_from_every_master() {
             dead: "victim".into(),
             rooms: 39,
             peers: 40 * 2 - 1 - 2,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
     let left = references(&s.dump("*"), &["victim".into(), "vroom-".into()]);

@@ -211,7 +211,8 @@ fn zombie_reports_its_rooms_lost_and_never_writes_them_back() {
             dead: "zombie".into(),
             rooms: 2,
             peers: 2,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
     proxy.heal();

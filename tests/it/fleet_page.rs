@@ -743,3 +743,97 @@ fn a_client_that_never_reads_does_not_stall_the_page() {
     drop(hog);
     let _ = pumping.join();
 }
+
+/// The `<tr ...>...</tr>` rows of a dumped DOM that hold `needle`.
+fn rows_with<'a>(dom: &'a str, needle: &str) -> Vec<&'a str> {
+    dom.split("<tr ")
+        .skip(1)
+        .map(|t| t.split("</tr>").next().unwrap_or(t))
+        .filter(|t| t.contains(needle))
+        .collect()
+}
+
+// Issue 26 items 4 and 5 on the page. Fault: the leader's Redis traffic goes through the fault
+// proxy with 350 ms each way (each heartbeat tick is slower than half its 1 s interval, no call
+// fails) while a dead instance waits; later an instance that stopped cleanly is reaped with
+// `sfu-redis reap --force`. Protection: the page shows "reaper paused: ticks slower than 500 ms
+// (last N ms)" while the leader skips its rounds, and not once a round ran (the dead instance
+// reaped by the leader: an instance_reaped row, not forced); the forced reap shows as
+// "instance_reaped (forced)", published by the CLI's own id `sfu-redis-reap@<host>:<pid>`
+// (`data-forced="true"`). Fails if the pause is invisible, outlives the pause, or a forced
+// reap shows no publisher ("-", the old empty id) or is not marked forced.
+#[test]
+fn page_shows_a_paused_reaper_and_who_forced_a_reap() {
+    let s = Server::start_with(&[]);
+    let url = s.url();
+    let stage = "pagepause";
+    let proxy = s.proxy();
+    let mut t = sfu_redis::Timings::from_heartbeat(Duration::from_secs(1), Duration::from_secs(3));
+    t.command_timeout = Duration::from_millis(1500);
+    t.lease_ttl = Duration::from_secs(4);
+    t.lease_refresh = Duration::from_millis(1800);
+    t.two_phase_delay = Duration::from_millis(1500);
+    t.reap_interval = Duration::from_millis(500);
+    let leader = sfu_redis::Node::start(config_for(&proxy.url(), stage, "slowpoke", t)).unwrap();
+    wait_for(LONG, "slowpoke leads", || leader.is_leader().then_some(()));
+    let page = serve(&url, stage);
+    proxy.set_delay(Duration::from_millis(350));
+    s.fabricate_dead(
+        &ks(stage),
+        "stuck",
+        s.server_ms() - 60_000,
+        None,
+        &[("stuck-room", &[("p", None)])],
+    );
+    let d = wait_dom(&page.base, "the reaper's pause", |d| {
+        d.contains("reaper paused: ticks slower than 500 ms (last ")
+    });
+    assert!(
+        d.contains("id=\"reaper-paused\" role=\"status\" class=\"shown\""),
+        "the note is shown: {d}"
+    );
+
+    proxy.set_delay(Duration::ZERO);
+    let d = wait_dom(&page.base, "stuck reaped, the pause gone", |d| {
+        !d.contains("reaper paused")
+            && rows_with(d, "data-event=\"instance_reaped\"")
+                .iter()
+                .any(|r| r.contains("\"dead\":\"stuck\""))
+    });
+    let by_leader = rows_with(&d, "\"dead\":\"stuck\"");
+    assert!(
+        by_leader
+            .iter()
+            .all(|r| !r.contains("data-forced") && r.contains(">slowpoke<")),
+        "{by_leader:?}"
+    );
+
+    // Default timings: stale after 45 s, so only the forced reap can reap it now.
+    let quitter = s.node_with(stage, "quitter", sfu_redis::Timings::default());
+    quitter.shutdown().unwrap();
+    let o = Command::new(cli_bin())
+        .args(["reap", "--instance", "quitter", "--force", "--stage", stage])
+        .args(["--redis-url", &url])
+        .env_remove("SFU_INSTANCE_ID")
+        .output()
+        .expect("run sfu-redis reap");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let d = wait_dom(&page.base, "the forced reap", |d| {
+        !rows_with(d, "data-forced=\"true\"").is_empty()
+    });
+    let forced = rows_with(&d, "data-forced=\"true\"");
+    assert_eq!(forced.len(), 1, "{forced:?}");
+    assert!(
+        forced[0].contains(">sfu-redis-reap@")
+            && forced[0].contains(">instance_reaped (forced)<")
+            && forced[0].contains("\"dead\":\"quitter\""),
+        "{}",
+        forced[0]
+    );
+    leader.shutdown().unwrap();
+}

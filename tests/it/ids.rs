@@ -100,7 +100,8 @@ fn special_ids_work_end_to_end() {
             dead: odd.into(),
             rooms: (ROOMS.len() - 1) as u64,
             peers: ((ROOMS.len() - 1) * PEERS.len() - 1) as u64,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
     let mut needles = vec![encode_id(IdKind::Instance, odd).unwrap()];

@@ -56,6 +56,16 @@ fn json_of(o: &Output) -> Json {
     serde_json::from_str(lines[0]).expect("valid JSON")
 }
 
+/// True for the id `sfu-redis reap` publishes under: `sfu-redis-reap@<host>:<pid>`.
+fn is_reaper_id(v: &Json) -> bool {
+    let Some(rest) = v.as_str().and_then(|s| s.strip_prefix("sfu-redis-reap@")) else {
+        return false;
+    };
+    rest.rsplit_once(':').is_some_and(|(host, pid)| {
+        !host.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
 fn code(o: &Output) -> i32 {
     o.status.code().expect("exit code")
 }
@@ -184,6 +194,9 @@ fn a_crashed_node_is_refused_until_its_key_is_gone_then_reaped_with_force() {
         assert_eq!(announced["dead"], "crashy", "{announced}");
         assert_eq!(announced["rooms"], 2, "{announced}");
         assert_eq!(announced["peers"], 3, "{announced}");
+        // Published by the CLI under its own id, marked forced.
+        assert_eq!(announced["forced"], true, "{announced}");
+        assert!(is_reaper_id(&announced["instance"]), "{announced}");
     }
     let j = json_of(&o);
     assert_eq!(j["reaped"], true, "{j}");
@@ -288,6 +301,17 @@ fn dry_run_lists_and_writes_nothing() {
     );
     assert_eq!(s.dump(&ks(STAGE).scan_pattern()), before);
 
+    // The real reap is announced on P:events, not forced (checked on a single server).
+    let mut sub = (!cluster_topology()).then(|| {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let con = client.get_connection().unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        con
+    });
+    let mut ps = sub.as_mut().map(|con| con.as_pubsub());
+    if let Some(ps) = ps.as_mut() {
+        ps.subscribe(ks(STAGE).events_channel()).unwrap();
+    }
     let o = reap(&url, &["--instance", "dead-dry", "--json"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let j = json_of(&o);
@@ -296,6 +320,14 @@ fn dry_run_lists_and_writes_nothing() {
         (Some(30), Some(30)),
         "{j}"
     );
+    if let Some(ps) = ps.as_mut() {
+        let msg = ps.get_message().expect("an event on P:events within 10 s");
+        let e: Json = serde_json::from_str(&msg.get_payload::<String>().unwrap()).unwrap();
+        assert_eq!(e["event"], "instance_reaped", "{e}");
+        assert_eq!(e["dead"], "dead-dry", "{e}");
+        assert_eq!(e["forced"], false, "{e}");
+        assert!(is_reaper_id(&e["instance"]), "{e}");
+    }
     assert!(
         s.keys(&format!("sfu:{STAGE}:*")).is_empty(),
         "{:?}",
@@ -324,7 +356,7 @@ fn unknown_and_malformed_ids() {
     }
     let o = reap(&url, &["--instance", "nobody", "--json"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert_eq!(json_of(&o)["refused"], "not_registered");
+    assert_eq!(json_of(&o)["refused"], "unknown_instance");
     assert!(
         stderr(&o).contains("no instance \"nobody\""),
         "{}",
@@ -342,6 +374,11 @@ fn unknown_and_malformed_ids() {
     let o = reap(&url, &["--instance", "ghost", "--force"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("fsck --repair"), "{}", stderr(&o));
+    assert_eq!(s.dump(&ks.scan_pattern()), before);
+    // `--json` tells leftovers (`not_registered`, exit 1) from an unknown id (above).
+    let o = reap(&url, &["--instance", "ghost", "--json"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert_eq!(json_of(&o)["refused"], "not_registered");
     assert_eq!(s.dump(&ks.scan_pattern()), before);
 
     let o = Command::new(procs::cli_bin())
@@ -421,7 +458,7 @@ fn a_forced_reap_races_a_leader_reaping_the_same_instance() {
             assert_eq!(j["reaped"], true, "{j}");
             (j["rooms"].as_u64().unwrap(), j["peers"].as_u64().unwrap())
         }
-        2 if json_of(&o)["refused"] == "not_registered" => (0, 0),
+        2 if json_of(&o)["refused"] == "unknown_instance" => (0, 0),
         c => panic!("exit {c}: {}", stderr(&o)),
     };
     assert_eq!(cli_rooms + rooms, ROOMS, "cli {cli_rooms} + leader {rooms}");

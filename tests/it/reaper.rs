@@ -76,7 +76,8 @@ fn crashed_instance_is_fully_reaped() {
             dead: "victim-x".into(),
             rooms: 2,
             peers: 3,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
 
@@ -258,7 +259,8 @@ fn owner_cas_keeps_a_room_taken_over_by_a_live_instance() {
             dead: "doomed".into(),
             rooms: 1,
             peers: 2,
-            skipped_rooms: 1
+            skipped_rooms: 1,
+            forced: false
         }
     );
 
@@ -383,7 +385,8 @@ fn dead_instance_whose_pins_expired_is_still_fully_reaped() {
             dead: "gone-x".into(),
             rooms: 3,
             peers: 6,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
     let left = references(
@@ -456,7 +459,8 @@ fn whole_room_reap_removes_other_instances_index_entries() {
             dead: "solo-d".into(),
             rooms: 2,
             peers: 3,
-            skipped_rooms: 0
+            skipped_rooms: 0,
+            forced: false
         }
     );
     let left = references(

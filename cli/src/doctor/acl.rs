@@ -2,20 +2,20 @@
 
 use std::collections::BTreeSet;
 
-use redis::{Connection, Value};
+use redis::{ConnectionLike, Value};
 use sfu_redis::commands::{acl_probes, Need, Probe};
 use sfu_redis::keys::KeySpace;
 
 use super::server::reason;
 use super::{could_not_tell, Status};
 
-pub(super) fn acl(c: &mut Connection, keys: &KeySpace, cluster: bool) -> (Status, String) {
+pub(super) fn acl(c: &mut dyn ConnectionLike, keys: &KeySpace, cluster: bool) -> (Status, String) {
     let user: String = match redis::cmd("ACL").arg("WHOAMI").query(c) {
         Ok(u) => u,
         Err(e) => return could_not_tell(format!("ACL WHOAMI refused ({})", reason(&e))),
     };
     // A first dry run of PING tells whether the user may dry-run at all.
-    let dry = |c: &mut Connection, argv: &[String]| -> redis::RedisResult<Value> {
+    let dry = |c: &mut dyn ConnectionLike, argv: &[String]| -> redis::RedisResult<Value> {
         redis::cmd("ACL")
             .arg("DRYRUN")
             .arg(&user)

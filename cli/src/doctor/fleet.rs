@@ -5,15 +5,21 @@ use std::time::Duration;
 
 use sfu_redis::conn::{Conn, Redis};
 use sfu_redis::info::InstanceInfo;
-use sfu_redis::status::{fleet_status, FleetStatus, InstanceState};
+use sfu_redis::status::{fleet_status_on, FleetStatus, InstanceState};
 use sfu_redis::{Config, Timings};
 
 use super::server::info;
+use super::servers::Servers;
 use super::{could_not_tell, Status};
 
-pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Status, String) {
+pub(super) fn topology(
+    redis: &Redis,
+    servers: &mut Servers<'_>,
+    config: &Config,
+) -> (Status, String) {
     let route = redis.route();
-    if con.is_cluster() {
+    if servers.con().is_cluster() {
+        let con = servers.con();
         let masters = con.cluster_masters();
         let ctl = con
             .cluster_master_of(&config.keys().leader())
@@ -28,23 +34,27 @@ pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Statu
         // replica to promote leaves its slots unserved, and with the default
         // `cluster-require-full-coverage yes` the others refuse every command (CLUSTERDOWN).
         // (An ACL that refuses `CLUSTER INFO` leaves the state unchecked: a warning.)
-        let judged: Vec<(Status, String)> = match redis.connect() {
-            Err(e) => vec![(Status::Fail, e.to_string())],
-            Ok(mut own) => masters
-                .iter()
-                .zip(own.on_each_server_apart(cluster_state))
-                .filter_map(|(m, st)| match st {
-                    Ok(Ok(st)) if st == "ok" => None,
-                    Ok(Ok(st)) => Some((Status::Fail, format!("{m} says cluster_state:{st}"))),
-                    Ok(Err(e)) if e.code() == Some("NOPERM") => Some((
-                        Status::Warn,
-                        format!("{m}: CLUSTER INFO refused, cluster_state not checked: {e}"),
-                    )),
-                    Ok(Err(e)) => Some((Status::Fail, format!("{m}: CLUSTER INFO failed: {e}"))),
-                    Err(e) => Some((Status::Fail, format!("{m}: {e}"))),
-                })
-                .collect(),
-        };
+        let judged: Vec<(Status, String)> = servers
+            .each("topology", &|c| match cluster_state(c) {
+                Ok(st) if st == "ok" => (Status::Ok, String::new()),
+                Ok(st) => (Status::Fail, format!("says cluster_state:{st}")),
+                Err(e) if e.code() == Some("NOPERM") => (
+                    Status::Warn,
+                    format!("CLUSTER INFO refused, cluster_state not checked: {e}"),
+                ),
+                Err(e) => (Status::Fail, format!("CLUSTER INFO failed: {e}")),
+            })
+            .into_iter()
+            .filter(|(_, (st, _))| *st != Status::Ok)
+            .map(|(m, (st, detail))| {
+                let sep = if detail.starts_with("says ") {
+                    " "
+                } else {
+                    ": "
+                };
+                (st, format!("{m}{sep}{detail}"))
+            })
+            .collect();
         let Some(status) = judged.iter().map(|j| j.0).max() else {
             return (Status::Ok, shape);
         };
@@ -67,31 +77,33 @@ pub(super) fn topology(redis: &Redis, con: &mut Conn, config: &Config) -> (Statu
             ),
         };
     }
-    let replicas = con
-        .on_each_server(|c| info(c, "replication").ok())
-        .ok()
-        .and_then(|v| v.into_iter().next().flatten());
-    match replicas {
-        Some(i) => {
-            let n = i.get("connected_slaves").cloned().unwrap_or_default();
-            let role = i.get("role").cloned().unwrap_or_default();
-            (
-                Status::Ok,
-                format!("standalone: role {role}, {n} replica(s)"),
-            )
-        }
-        None => (
+    let replication = servers.each("topology", &|c| match info(c, "replication") {
+        Ok(i) => (
+            Status::Ok,
+            format!(
+                "standalone: role {}, {} replica(s)",
+                i.get("role").cloned().unwrap_or_default(),
+                i.get("connected_slaves").cloned().unwrap_or_default()
+            ),
+        ),
+        Err(e) if e.code().is_some() => (
             Status::Ok,
             format!(
                 "standalone ({} replica(s) seen at connect; INFO refused)",
                 route.replicas
             ),
         ),
-    }
+        Err(e) => (Status::Fail, format!("INFO replication failed: {e}")),
+    });
+    replication
+        .into_iter()
+        .next()
+        .map(|(_, judged)| judged)
+        .unwrap_or_else(|| (Status::Fail, "no server".into()))
 }
 
 /// `cluster_state` from `CLUSTER INFO` (`ok` or `fail`).
-fn cluster_state(c: &mut redis::Connection) -> redis::RedisResult<String> {
+fn cluster_state(c: &mut dyn redis::ConnectionLike) -> redis::RedisResult<String> {
     let text: String = redis::cmd("CLUSTER").arg("INFO").query(c)?;
     Ok(text
         .lines()
@@ -106,13 +118,15 @@ pub(super) struct Fleet {
     records: Vec<(String, Option<InstanceInfo>)>,
     /// Server ms the dataset token was written at (`P:{ctl}:dataset` = `<random>:<ms>`).
     dataset_ms: Option<i64>,
+    /// Not read at all ([`Fleet::not_read`]): the check fails.
+    not_read: bool,
 }
 
 impl Fleet {
-    /// Reads the fleet with [`fleet_status`], which also reads each instance's record and the
-    /// dataset token.
-    pub(super) fn read(config: &Config, _con: &mut Conn) -> Fleet {
-        let status = fleet_status(config).map_err(|e| e.to_string());
+    /// Reads the fleet with [`fleet_status_on`] on `con` (the checks' connection: no new
+    /// slot-map read), which also reads each instance's record and the dataset token.
+    pub(super) fn read(config: &Config, con: &mut Conn) -> Fleet {
+        let status = fleet_status_on(config, con).map_err(|e| e.to_string());
         let (records, dataset_ms) = match &status {
             Ok(st) => (
                 st.instances
@@ -127,6 +141,17 @@ impl Fleet {
             status,
             records,
             dataset_ms,
+            not_read: false,
+        }
+    }
+
+    /// The fleet was not read: the master holding `{ctl}` did not answer earlier (`why`).
+    pub(super) fn not_read(why: String) -> Fleet {
+        Fleet {
+            status: Err(why),
+            records: Vec::new(),
+            dataset_ms: None,
+            not_read: true,
         }
     }
 
@@ -150,6 +175,7 @@ impl Fleet {
     pub(super) fn judge(&self) -> (Status, String) {
         let st = match &self.status {
             Ok(st) => st,
+            Err(e) if self.not_read => return (Status::Fail, e.clone()),
             Err(e) => return could_not_tell(e),
         };
         if st.instances.is_empty() {
@@ -187,6 +213,10 @@ impl Fleet {
                     }
                 }
             }
+        }
+        if let Some(note) = &st.reaper_note {
+            status = Status::Warn;
+            parts.push(note.clone());
         }
         parts.push(format!(
             "{} instance(s): {alive} alive, {} stopped, {} late, {} stale, {} being reaped",

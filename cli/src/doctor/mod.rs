@@ -4,19 +4,23 @@
 //! Every server-level check runs on each master (one server: on it; a cluster: every master,
 //! each with its own configuration). A check whose command is refused (`CONFIG` renamed away,
 //! `INFO` or `ACL` denied) says `could not tell: <reason>` with status `warn`, and the other
-//! checks still run. Exit 0 when no check fails (warnings included), 1 when one fails, 2 when
-//! nothing can be checked (bad flags, Redis unreachable, authentication refused).
+//! checks still run. A master that cannot be reached or stops answering fails that check and
+//! every later one (`not checked: <master> did not answer in check <name>`) without being
+//! waited for again ([`servers`]), so a paused master costs about two command timeouts in all.
+//! On a terminal (stderr, not with `--json`) a progress line names the check under way.
+//! Exit 0 when no check fails (warnings included), 1 when one fails, 2 when nothing can be
+//! checked (bad flags, Redis unreachable, authentication refused).
 
 mod acl;
 mod fleet;
 mod server;
+mod servers;
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redis::Connection;
 use serde_json::json;
 use sfu_redis::conn::Redis;
 use sfu_redis::{Config, Timings};
@@ -25,6 +29,7 @@ use crate::{Failure, RedisArgs};
 
 use fleet::{topology, Fleet};
 use server::{latency, maxmemory_policy, persistence, replicas, server_version};
+use servers::{Servers, Steps};
 
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
@@ -160,7 +165,14 @@ pub(crate) fn run(args: DoctorArgs) -> Result<(), Failure> {
 }
 
 /// Runs every check; `false` when Redis could not be reached (only `connect` is returned).
+///
+/// Every check runs on one connection (the connect check's), and a master that stopped
+/// answering in one check is left out of the later ones (`servers`); the fleet is read after
+/// the server checks (its records give the latency check's timeout) and not at all when the
+/// master holding `{ctl}` is down. The report keeps the order of the README's table.
 fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
+    let steps = Steps::new(!args.json, 9);
+    steps.check("connect", &[], &[]);
     let started = Instant::now();
     let connected = Redis::from_config(config).and_then(|r| r.connect().map(|c| (r, c)));
     let (redis, mut con) = match connected {
@@ -170,7 +182,7 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
             return (vec![check("connect", (Status::Fail, detail))], false);
         }
     };
-    let connect = (
+    let mut connect = (
         Status::Ok,
         format!(
             "{} ({}) in {} ms",
@@ -179,38 +191,63 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
             started.elapsed().as_millis()
         ),
     );
-    let labels = con.cluster_masters();
-    let fleet = Fleet::read(config, &mut con);
+    // Cluster nodes that did not answer while the slot map was read: the masters among them
+    // are left out of every check (each says so and fails), not waited for again.
+    let masters = con.cluster_masters();
+    let unanswered: Vec<String> = con
+        .cluster_unanswered()
+        .into_iter()
+        .filter(|n| masters.contains(n))
+        .collect();
+    if !unanswered.is_empty() {
+        connect.0 = Status::Warn;
+        connect.1.push_str(&format!(
+            "; master(s) {} did not answer (left out of the checks below)",
+            unanswered.join(" ")
+        ));
+    }
+    let keys = config.keys().clone();
+    let cluster = con.is_cluster();
+    let ctl = con
+        .cluster_master_of(&keys.leader())
+        .or_else(|| redis.route().master)
+        .unwrap_or_else(|| redis.safe_url().to_owned());
+    let one = redis
+        .route()
+        .master
+        .unwrap_or_else(|| redis.safe_url().to_owned());
+    let mut servers = Servers::new(&mut con, one, &steps);
+    for m in &unanswered {
+        servers.mark_down(m, "connect");
+    }
+    let version = servers.run("server_version", &server_version);
+    let policy = servers.run("maxmemory_policy", &maxmemory_policy);
+    let persistence = servers.run("persistence", &persistence);
+    let replicas = servers.run("replicas", &|c| replicas(c, cluster));
+    let acl = servers.run("acl", &|c| acl::acl(c, &keys, cluster));
+    servers.step("fleet");
+    let fleet = match servers.down_note(&ctl) {
+        Some(note) => Fleet::not_read(note),
+        None => Fleet::read(config, servers.con()),
+    };
     let timeout = args
         .command_timeout_ms
         .map(Duration::from_millis)
         .or(fleet.command_timeout())
         .unwrap_or(config.timings().command_timeout);
-    // Each check on a connection of its own: a timed-out read may still deliver its reply
-    // late, which must not be taken for the answer to another check's command.
-    // A master that cannot be reached fails the check for itself; the others are checked.
-    let per_server = |f: &dyn Fn(&mut Connection) -> (Status, String)| match redis.connect() {
-        Ok(mut own) => {
-            let results = own
-                .on_each_server_apart(|c| f(c))
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|e| (Status::Fail, e.to_string())))
-                .collect();
-            merge(&labels, results)
-        }
-        Err(e) => could_not_tell(e),
-    };
-    let keys = config.keys().clone();
-    let cluster = con.is_cluster();
+    let latency = servers.run("latency", &|c| latency(c, args.pings, timeout));
+    let topology = topology(&redis, &mut servers, config);
+    drop(servers);
+    steps.finish();
     let checks = vec![
         check("connect", connect),
-        check("server_version", per_server(&server_version)),
-        check("maxmemory_policy", per_server(&maxmemory_policy)),
-        check("persistence", per_server(&persistence)),
-        check("replicas", per_server(&|c| replicas(c, cluster))),
-        check("acl", per_server(&|c| acl::acl(c, &keys, cluster))),
-        check("latency", per_server(&|c| latency(c, args.pings, timeout))),
-        check("topology", topology(&redis, &mut con, config)),
+        check("server_version", version),
+        check("maxmemory_policy", policy),
+        check("persistence", persistence),
+        check("replicas", replicas),
+        check("acl", acl),
+        check("latency", latency),
+        check("topology", topology),
         check("fleet", fleet.judge()),
     ];
     (checks, true)

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use redis::{Connection, Value};
+use redis::{ConnectionLike, Value};
 
 use super::{could_not_tell, Status};
 
@@ -14,7 +14,7 @@ const LATENCY_FAIL: f64 = 0.50;
 
 /// `INFO <section>` as `field -> value`.
 pub(super) fn info(
-    c: &mut Connection,
+    c: &mut dyn ConnectionLike,
     section: &str,
 ) -> redis::RedisResult<BTreeMap<String, String>> {
     let text: String = redis::cmd("INFO").arg(section).query(c)?;
@@ -26,7 +26,10 @@ pub(super) fn info(
 }
 
 /// `CONFIG GET <names...>` as `name -> value`.
-fn config_get(c: &mut Connection, names: &[&str]) -> redis::RedisResult<BTreeMap<String, String>> {
+fn config_get(
+    c: &mut dyn ConnectionLike,
+    names: &[&str],
+) -> redis::RedisResult<BTreeMap<String, String>> {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg(names);
     let pairs: Vec<String> = cmd.query(c)?;
@@ -41,7 +44,7 @@ pub(super) fn reason(e: &redis::RedisError) -> String {
     e.to_string().lines().next().unwrap_or_default().to_owned()
 }
 
-pub(super) fn server_version(c: &mut Connection) -> (Status, String) {
+pub(super) fn server_version(c: &mut dyn ConnectionLike) -> (Status, String) {
     let version = match info(c, "server") {
         Ok(i) => i.get("redis_version").cloned(),
         Err(e) if e.code().is_none() => return could_not_tell(format!("INFO: {}", reason(&e))),
@@ -94,7 +97,7 @@ fn hello_version(fields: &[Value]) -> Option<String> {
 /// The keys an eviction policy can remove under maxmemory, from the key schema.
 const TTL_KEYS: &str = "P:{ctl}:hb:<I> (heartbeats: a live instance looks dead and is reaped), P:{ctl}:leader (the lease: a second leader), P:room:{<R>}:owner (pins: live rooms look orphaned)";
 
-pub(super) fn maxmemory_policy(c: &mut Connection) -> (Status, String) {
+pub(super) fn maxmemory_policy(c: &mut dyn ConnectionLike) -> (Status, String) {
     let (policy, maxmemory) = match info(c, "memory") {
         Ok(i) if i.contains_key("maxmemory_policy") => (
             i.get("maxmemory_policy").cloned(),
@@ -174,7 +177,7 @@ const RESTORE: &str = "live instances see the data loss and register again, re-p
 /// What a restart costs after losing the last writes only.
 const PARTIAL: &str = "the next tick re-writes heartbeats and the pins whose room metadata survived; rooms and peers created since stay missing unless the instances see a data loss (README \"Redis lost its data\"), and instances reaped since reappear stale and are reaped again";
 
-pub(super) fn persistence(c: &mut Connection) -> (Status, String) {
+pub(super) fn persistence(c: &mut dyn ConnectionLike) -> (Status, String) {
     let conf = match config_get(c, &["save", "appendonly", "appendfsync"]) {
         Ok(m) => m,
         Err(e) if e.code().is_none() => {
@@ -217,7 +220,7 @@ pub(super) fn persistence(c: &mut Connection) -> (Status, String) {
     (status, detail)
 }
 
-pub(super) fn replicas(c: &mut Connection, cluster: bool) -> (Status, String) {
+pub(super) fn replicas(c: &mut dyn ConnectionLike, cluster: bool) -> (Status, String) {
     let i = match info(c, "replication") {
         Ok(i) => i,
         Err(e) => return could_not_tell(format!("INFO refused ({})", reason(&e))),
@@ -254,7 +257,7 @@ pub(super) fn replicas(c: &mut Connection, cluster: bool) -> (Status, String) {
     )
 }
 
-pub(super) fn latency(c: &mut Connection, n: usize, timeout: Duration) -> (Status, String) {
+pub(super) fn latency(c: &mut dyn ConnectionLike, n: usize, timeout: Duration) -> (Status, String) {
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
         let t = Instant::now();

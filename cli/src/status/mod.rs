@@ -281,6 +281,10 @@ pub(crate) fn print_table(out: &mut impl Write, st: &FleetStatus) -> std::io::Re
             }
         }
     }
+    // The leader skips its reap rounds: stale instances wait meanwhile.
+    if let Some(note) = &st.reaper_note {
+        writeln!(out, "           {}", cell(note))?;
+    }
     if st.stale_override {
         writeln!(
             out,

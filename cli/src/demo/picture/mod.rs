@@ -291,6 +291,7 @@ fn add_event(lanes: &mut BTreeMap<String, Lane>, who: &str, at: Duration, ev: &E
             rooms,
             peers,
             skipped_rooms,
+            ..
         } => {
             let l = lane(lanes, dead);
             // The round that reaped it: the reaper's last candidates event naming it.
