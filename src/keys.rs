@@ -305,6 +305,13 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:info", self.prefix)
     }
 
+    /// `P:{ctl}:instance:`, not a key: the base a script appends `<I>:info` to
+    /// (`candidates.lua` reads the record of each member it examines), so the derived key keeps
+    /// the prefix and the `{ctl}` tag.
+    pub(crate) fn instance_base(&self) -> String {
+        format!("{}:{{ctl}}:instance:", self.prefix)
+    }
+
     /// The keys of room `room` (wire form).
     pub fn room(&self, room: &str) -> RoomKeys {
         let base = format!("{}:room:{{{room}}}:", self.prefix);
