@@ -2,9 +2,8 @@
 -- candidates.lua: instances whose last heartbeat is older than their own stale threshold, on
 -- server time (phase one of the two-phase reap; candidates are not yet dead).
 --
--- KEYS[1] P:{ctl}:heartbeats
--- KEYS[2] P:{ctl}:instance:     the base of the instance records: a member I's record is
---                               KEYS[2] .. I .. ':info' (same prefix, same {ctl} tag)
+-- KEYS[1] P:{ctl}:heartbeats      a member I's record P:{ctl}:instance:<I>:info is derived
+--                                 from it (same prefix, same {ctl} tag)
 -- ARGV[1] the caller's stale_threshold, ms: used for a member without a readable record
 -- ARGV[2] at most this many candidates
 -- ARGV[3] floor, ms: the shortest stale threshold the caller knows of in the fleet's records
@@ -37,9 +36,12 @@ local fallback = tonumber(ARGV[1])
 local max = tonumber(ARGV[2])
 local budget = tonumber(ARGV[6])
 
+-- 'P:{ctl}:' (KEYS[1] without 'heartbeats'): the base of the instance records.
+local base = string.sub(KEYS[1], 1, -11) .. 'instance:'
+
 -- The record's stale_threshold_ms, or nil (no record, another type, not a positive number).
 local function own(member)
-  local v = redis.pcall('HGET', KEYS[2] .. member .. ':info', 'stale_threshold_ms')
+  local v = redis.pcall('HGET', base .. member .. ':info', 'stale_threshold_ms')
   if type(v) ~= 'string' then return nil end
   local n = tonumber(string.match(v, '^%s*(%d+)%s*$') or '')
   if not n or n <= 0 then return nil end

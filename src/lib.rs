@@ -49,6 +49,7 @@ mod rooms;
 pub mod scan;
 mod scripts;
 mod sentinel;
+mod shards;
 mod state;
 pub mod status;
 mod store;

@@ -116,7 +116,6 @@ pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn, floor: &mut Floor) -> Result
     let leader_ms = ctx.timings.stale_threshold.as_millis() as u64;
     let mut inv = SCRIPTS.candidates.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
-        .key(ctx.keys.instance_base())
         .arg(leader_ms)
         .arg(MAX_CANDIDATES)
         .arg(floor.ms(leader_ms))
