@@ -5,6 +5,9 @@
 //! The same tick notices what happened to this instance while it could not see Redis:
 //! - Redis lost its data (`restored`): pins, indexes and peer records are written back, and a
 //!   lease this node held is given up (the lease key is gone with the data);
+//! - on a Redis Cluster, one master lost its data (its dataset token, checked ahead of the pin
+//!   refresh, is gone or changed: src/shards.rs): the rooms this node holds there are written
+//!   back (pins, metadata, peer records), as after a loss of everything, for those rooms only;
 //! - a leader reaped it (`reaped`, a zombie): every room is reported lost, forgotten and never
 //!   written back; its own leftovers are cleaned; it registers again as a fresh life;
 //! - host calls whose reply was lost (pin, close, upsert, remove): settled, and the index
@@ -822,6 +825,7 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);
+    sh.shards.lock().restore.clear();
     log::warn!(
         "instance {} was reaped while unresponsive; {} rooms lost; registering again",
         sh.id,
