@@ -1,7 +1,10 @@
 #!lua
 -- pin_refresh.lua: extend or re-pin one of the caller's pins, with the owner CAS. The tick
 -- refreshes pins with plain PEXPIRE GT + GET (src/rooms.rs); this script runs, pipelined, for
--- the pins that GET found gone, and for every pin while restoring after Redis lost its data.
+-- the pins that GET found gone, and for every pin while restoring after Redis (or, on a
+-- cluster, the pin's master) lost its data. A restore writes the room's entry in the caller's
+-- room index first (on a cluster in a round trip of its own, before this script is sent:
+-- index first, docs/DESIGN.md "Cross-slot order").
 --
 -- KEYS[1] P:room:{R}:owner
 -- KEYS[2] P:room:{R}:meta

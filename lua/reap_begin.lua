@@ -12,13 +12,15 @@
 -- KEYS[8] P:{ctl}:instance:<D>:reaping         STRING: the token of the reap that owns them
 -- KEYS[9] P:{ctl}:instance:<D>:info            HASH: D's own stale_threshold_ms, if any
 -- ARGV[1] candidate instance id (wire form)
--- ARGV[2] the leader's stale_threshold, ms
+-- ARGV[2] the leader's stale_threshold, ms: used when D has no readable record
 -- ARGV[3] the calling leader's instance id (wire form)
 --
--- Dead means: no heartbeat key and a sorted-set score older than the threshold (server time):
--- the leader's, or the instance's own (its record's stale_threshold_ms, at most 7 days, the
--- largest a configuration accepts) when that is longer, so that an instance is never reaped
--- before the silence its own configuration tolerates (a fleet with mixed timings).
+-- Dead means: no heartbeat key and a sorted-set score older than D's own stale threshold
+-- (server time): its record's stale_threshold_ms when that is a positive whole number (at
+-- most 7 days, the largest a configuration accepts), else the leader's. So an instance is
+-- reaped after the silence its own configuration tolerates, never before, whatever the
+-- leader's timings (a fleet with mixed timings), as candidates.lua lists it and `status`
+-- judges it.
 -- A dead instance's score is set to 0, which (a) keeps it a candidate should this leader die
 -- mid-reap and (b) tells the instance, should it resume, that it was reaped (heartbeat.lua).
 --
@@ -52,8 +54,9 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score == false then return {'gone', now, now_us, 0} end
 local threshold = tonumber(ARGV[2])
 local own = redis.pcall('HGET', KEYS[9], 'stale_threshold_ms')
-if type(own) == 'string' and tonumber(own) and tonumber(own) > threshold then
-  threshold = math.min(tonumber(own), 604800000)
+if type(own) == 'string' then
+  local n = tonumber(string.match(own, '^%s*(%d+)%s*$') or '')
+  if n and n > 0 then threshold = math.min(n, 604800000) end
 end
 if tonumber(score) >= now - threshold then return {'alive', now, now_us, 0} end
 redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])

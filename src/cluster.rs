@@ -122,6 +122,16 @@ impl SlotMap {
         &self.nodes
     }
 
+    /// The lowest slot `addr` serves, if any: where its dataset token lives
+    /// (src/shards.rs).
+    pub(crate) fn first_slot_of(&self, addr: &Addr) -> Option<u16> {
+        let i = self.nodes.iter().position(|n| n == addr)?;
+        self.owner
+            .iter()
+            .position(|o| *o as usize == i)
+            .map(|s| s as u16)
+    }
+
     /// The slot ranges `addr` serves (`0-5460,10923`), for messages.
     pub(crate) fn slots_of(&self, addr: &Addr) -> String {
         let Some(i) = self.nodes.iter().position(|n| n == addr) else {

@@ -263,6 +263,14 @@ impl Conn {
         }
     }
 
+    /// The slot map a cluster connection routes by; `None` for one server.
+    pub(crate) fn slot_map(&self) -> Option<&crate::cluster::SlotMap> {
+        match &self.0 {
+            Inner::One(_) => None,
+            Inner::Cluster(c) => Some(c.slot_map()),
+        }
+    }
+
     /// Runs `f` on the connection to every master (one server: on it); the results in
     /// master order.
     pub(crate) fn each_master<T>(

@@ -5,6 +5,9 @@
 //! The same tick notices what happened to this instance while it could not see Redis:
 //! - Redis lost its data (`restored`): pins, indexes and peer records are written back, and a
 //!   lease this node held is given up (the lease key is gone with the data);
+//! - on a Redis Cluster, one master lost its data (its dataset token, checked ahead of the pin
+//!   refresh, is gone or changed: src/shards.rs): the rooms this node holds there are written
+//!   back (pins, metadata, peer records), as after a loss of everything, for those rooms only;
 //! - a leader reaped it (`reaped`, a zombie): every room is reported lost, forgotten and never
 //!   written back; its own leftovers are cleaned; it registers again as a fresh life;
 //! - host calls whose reply was lost (pin, close, upsert, remove): settled, and the index
@@ -12,6 +15,7 @@
 //!   node knew, never from a reply (`settle_uncertain`). In steady state (nothing uncertain)
 //!   this costs no round trip.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -25,6 +29,7 @@ use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
 use crate::scripts::SCRIPTS;
+use crate::shards;
 use crate::state::{Shared, ROOM_LOCKS};
 use crate::worker::{self, Periodic};
 
@@ -209,21 +214,74 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
+    // On a cluster: rooms on a master that lost its data, restored this tick (all of them
+    // with `restore`).
+    let mut partial: Vec<String> = Vec::new();
     let results = if restore {
+        // Everything is written back, on every master: the masters' dataset tokens are only
+        // learnt (checked ahead, in the same first round trip).
+        sh.shards.lock().restore.clear();
+        let wires = rooms::wired(&rooms);
         link.run(&sh.redis, |c| {
-            rooms::refresh_pins(&sh.ctx, c, &rooms, true, &redis::pipe())
+            let checks = shards::Checks::new(sh, c, &wires, &[]);
+            let (replies, out) = rooms::restore_pins(&sh.ctx, c, wires.clone(), checks.pipe())?;
+            checks.handle(&sh.shards, replies);
+            Ok(out)
         })?
-        .1
     } else {
-        // This tick's share of the held entries (and a page of each index) rides ahead of
-        // the pin refresh: still two round trips per tick.
+        // Rooms still to restore after their master lost its data (an earlier tick's restore
+        // failed) are not refreshed plainly: a gone pin of theirs is no lost room.
+        let pending: BTreeSet<String> = sh
+            .shards
+            .lock()
+            .restore
+            .iter()
+            .filter(|r| sh.local.has_room(r))
+            .cloned()
+            .collect();
+        let plain = rooms::wired(&rooms)
+            .into_iter()
+            .filter(|(r, _)| !pending.contains(r))
+            .collect::<Vec<_>>();
+        // This tick's share of the held entries (and a page of each index) and, on a cluster,
+        // the check of each master's dataset token ride ahead of the pin refresh: still two
+        // round trips per tick.
         let stripes = sh.local.next_reassert_stripes(REASSERT_STRIPES);
-        Reassert::new(sh, stripes, true).send_with_refresh(link, &rooms)?
+        let (mut results, lapsed, newly) =
+            Reassert::new(sh, stripes, true).send_with_refresh(link, &plain, &rooms, &pending)?;
+        if !newly.is_empty() {
+            sh.shards.lock().restore.extend(newly.iter().cloned());
+            // What the refresh found there is replaced by what the restore finds.
+            results.retain(|(r, _)| !newly.contains(r));
+        }
+        let lapsed: Vec<(String, String)> = lapsed
+            .into_iter()
+            .filter(|(r, _)| !newly.contains(r))
+            .collect();
+        if !lapsed.is_empty() {
+            results.extend(link.run(&sh.redis, |c| {
+                rooms::refresh_lapsed(&sh.ctx, c, lapsed.clone())
+            })?);
+        }
+        partial = pending.union(&newly).cloned().collect();
+        if !partial.is_empty() {
+            let wires = rooms::wired(&partial);
+            let (_, out) = link.run(&sh.redis, |c| {
+                rooms::restore_pins(&sh.ctx, c, wires.clone(), &redis::pipe())
+            })?;
+            results.extend(out);
+        }
+        results
     };
     let mut lost = Vec::new();
     for (room, outcome) in results {
         match outcome {
             Refreshed::Ok => {}
+            Refreshed::Repinned if !sh.local.has_room(&room) => {
+                // A restore pinned again a room the host closed meanwhile: the settlements of
+                // the next tick release it (owner CAS) and remove its index entry.
+                sh.local.mark_uncertain(&room);
+            }
             Refreshed::Repinned => log::info!("room {room:?}: pin had lapsed; pinned again"),
             Refreshed::Lost(new_owner) => lost.push((room, new_owner)),
             Refreshed::Failed(e) => {
@@ -257,6 +315,20 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
             "wrote back the {restored} peer records this node holds (after data loss or a master switch)"
         );
         sh.restore_pending.store(false, Ordering::Relaxed);
+    } else if !partial.is_empty() {
+        let partial: BTreeSet<String> = partial.into_iter().collect();
+        let held: Vec<_> = sh
+            .local
+            .peers()
+            .into_iter()
+            .filter(|(r, _, _)| partial.contains(r))
+            .collect();
+        let restored = link.run(&sh.redis, |c| peers::restore(&sh.ctx, c, &held))?;
+        log::info!(
+            "restored {} rooms and wrote back their {restored} peer records (their master lost its data)",
+            partial.len()
+        );
+        sh.shards.lock().restore.retain(|r| !partial.contains(r));
     }
     sh.counters.heartbeat_ok();
     Ok(())
@@ -355,19 +427,64 @@ impl<'a> Reassert<'a> {
         }
     }
 
-    /// Sends the commands ahead of the pin refresh of `rooms` (one round trip), handles their
-    /// replies, and returns the refresh's outcomes.
+    /// Sends the commands ahead of the plain pin refresh of `plain` (`(id, wire)`; one round
+    /// trip), with, on a cluster, the check of the dataset token of every master serving a
+    /// room of `held` (`plain` and `pending`; `crate::shards`); handles their replies. Returns
+    /// the refresh's outcomes, the rooms whose pin lapsed (for `rooms::refresh_lapsed`) and
+    /// the rooms of `held` on a master that lost its data (to restore).
+    #[allow(clippy::type_complexity)]
     fn send_with_refresh(
         self,
         link: &mut Link,
-        rooms: &[String],
-    ) -> Result<Vec<(String, Refreshed)>> {
+        plain: &[(String, String)],
+        held: &[String],
+        pending: &BTreeSet<String>,
+    ) -> Result<(
+        Vec<(String, Refreshed)>,
+        Vec<(String, String)>,
+        BTreeSet<String>,
+    )> {
         let sh = self.sh;
-        let (ahead, results) = link.run(&sh.redis, |c| {
-            rooms::refresh_pins(&sh.ctx, c, rooms, false, &self.pipe)
+        // The masters to check: those of the rooms held (the pending ones too).
+        let pending: Vec<String> = pending
+            .iter()
+            .filter_map(|r| encode_id(IdKind::Room, r).ok())
+            .collect();
+        let (refreshed, lost) = link.run(&sh.redis, |c| {
+            let checks = shards::Checks::new(sh, c, plain, &pending);
+            let with_checks;
+            let ahead = if checks.pipe().is_empty() {
+                &self.pipe
+            } else {
+                let mut p = self.pipe.clone();
+                for cmd in checks.pipe().cmd_iter() {
+                    p.add_command(cmd.clone());
+                }
+                with_checks = p;
+                &with_checks
+            };
+            let mut refreshed = rooms::refresh_plain(&sh.ctx, c, plain, ahead)?;
+            let checked = refreshed
+                .ahead
+                .split_off(self.pipe.len().min(refreshed.ahead.len()));
+            let lost = checks.handle(&sh.shards, checked);
+            let lost = if lost.is_empty() {
+                BTreeSet::new()
+            } else {
+                let rooms: BTreeSet<String> =
+                    shards::rooms_on(c, &lost, held).into_iter().collect();
+                log::warn!(
+                    "{} rooms this node holds are on {}, which lost its data: restoring them",
+                    rooms.len(),
+                    shards::describe(&lost)
+                );
+                rooms
+            };
+            Ok((refreshed, lost))
         })?;
+        let rooms::Plain { ahead, out, lapsed } = refreshed;
         self.handle(ahead);
-        Ok(results)
+        Ok((out, lapsed, lost))
     }
 
     /// Handles the replies of the commands (never fails: see [`Reassert`]).
@@ -708,6 +825,7 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);
+    sh.shards.lock().restore.clear();
     log::warn!(
         "instance {} was reaped while unresponsive; {} rooms lost; registering again",
         sh.id,

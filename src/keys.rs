@@ -11,6 +11,7 @@
 //! | `P:{ctl}:leader` | STRING, PX lease_ttl | reaper lease holder (instance id) |
 //! | `P:{ctl}:epoch` | counter | fencing token, INCR on every acquire |
 //! | `P:{ctl}:dataset` | STRING | dataset token: tells "reaped" from "Redis lost its data" |
+//! | `P:shard:{<tag>}:dataset` | STRING | a Redis Cluster master's dataset token (`<tag>` hashes to a slot it serves): tells a master that lost its data |
 //! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
 //! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
 //! | `P:room:{<R>}:owner` | STRING, PX pin_ttl | owning instance |
@@ -251,6 +252,16 @@ impl KeySpace {
         format!("{}:{{ctl}}:dataset", self.prefix)
     }
 
+    /// `P:shard:{<tag>}:dataset`: on a Redis Cluster, the dataset token of the master that
+    /// serves `tag`'s hash slot (`tag` is `<slot>.<n>`, chosen so that it hashes to that slot:
+    /// src/shards.rs). A heartbeat that finds it gone or changed knows that master lost its
+    /// data and restores the rooms this node holds there. The token is data like any key: it
+    /// moves with its slot (a migration) and lives on in a promoted replica (a failover that
+    /// kept the data).
+    pub fn shard_dataset(&self, tag: &str) -> String {
+        format!("{}:shard:{{{tag}}}:dataset", self.prefix)
+    }
+
     /// `P:{ctl}:instance:<I>:rooms` (`instance` in wire form).
     pub fn instance_rooms(&self, instance: &str) -> String {
         format!("{}:{{ctl}}:instance:{instance}:rooms", self.prefix)
@@ -381,6 +392,13 @@ impl KeySpace {
                 }
             });
         }
+        if let Some(tag) = rest
+            .strip_prefix("shard:{")
+            .and_then(|t| t.strip_suffix("}:dataset"))
+            .filter(|t| !t.is_empty() && !t.contains(['{', '}']))
+        {
+            return Some(ParsedKey::ShardDataset(tag.to_owned()));
+        }
         let room = rest.strip_prefix("room:{")?;
         let (room, tail) = room.split_once("}:")?;
         let room = room.to_owned();
@@ -404,6 +422,8 @@ pub enum ParsedKey {
     Leader,
     Epoch,
     Dataset,
+    /// A cluster master's dataset token ([`KeySpace::shard_dataset`]): its hash tag.
+    ShardDataset(String),
     InstanceRooms(String),
     InstancePeers(String),
     InstanceInfo(String),
@@ -561,5 +581,10 @@ mod tests {
         );
         assert_eq!(ks.parse("sfu:dev:mainx:{ctl}:leader"), None);
         assert_eq!(ks.parse(&ks.leader()), Some(ParsedKey::Leader));
+        assert_eq!(
+            ks.parse(&ks.shard_dataset("5461.12")),
+            Some(ParsedKey::ShardDataset("5461.12".into()))
+        );
+        assert_eq!(ks.parse("sfu:dev:main:shard:{}:dataset"), None);
     }
 }

@@ -50,6 +50,7 @@ mod rooms;
 pub mod scan;
 mod scripts;
 mod sentinel;
+mod shards;
 pub mod signals;
 mod state;
 pub mod status;

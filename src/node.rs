@@ -258,6 +258,7 @@ impl Node {
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
             restore_pending: AtomicBool::new(false),
+            shards: Mutex::default(),
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),
             crashed: AtomicBool::new(false),

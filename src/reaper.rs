@@ -43,8 +43,14 @@ use crate::worker::{self, stopping, Periodic};
 
 pub use crate::config::REAP_BATCH;
 
-/// Most candidates examined per round.
+/// Most candidates listed per round.
 const MAX_CANDIDATES: usize = 1000;
+
+/// Most members older than the floor ([`Floor`]) whose record one listing reads.
+const MAX_EXAMINED: usize = 2000;
+
+/// Members of the heartbeat sorted set whose record one listing reads for the floor walk.
+const FLOOR_WALK_PAGE: usize = 256;
 
 /// Counts of one reaped instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,14 +67,65 @@ pub struct ReapCounts {
     pub kept: u64,
 }
 
-/// Phase one: instances (wire form) whose last heartbeat is older than the stale threshold on
-/// server time, this instance excluded.
-pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn) -> Result<Vec<String>> {
+/// The shortest stale threshold (ms) the leader knows of among the fleet's instance records
+/// (`P:{ctl}:instance:<I>:info`): `candidates.lua` reads the record of every member older
+/// than it, and of no younger one, so a short-threshold instance is listed once its own
+/// threshold passed while the listing stays bounded. Learned by a walk of the heartbeat sorted
+/// set, one page ([`FLOOR_WALK_PAGE`] members) per round: a fleet up to a page is read whole
+/// every round; a bigger one over a few rounds (until then a short-threshold instance the walk
+/// has not met yet is listed by the leader's own threshold, as before records were consulted:
+/// late, never early).
+#[derive(Debug, Default)]
+pub(crate) struct Floor {
+    /// Where the walk goes on (`ZSCAN` cursor; 0 starts a pass).
+    cursor: u64,
+    /// The shortest threshold seen in the pass under way.
+    pass: Option<u64>,
+    /// The shortest threshold of the last full pass.
+    last: Option<u64>,
+}
+
+impl Floor {
+    /// The floor for a leader whose own threshold is `leader_ms`: the shortest of it and the
+    /// thresholds the walk saw in this pass and the last.
+    fn ms(&self, leader_ms: u64) -> u64 {
+        [self.pass, self.last]
+            .into_iter()
+            .flatten()
+            .fold(leader_ms, u64::min)
+    }
+
+    /// Notes a walk page: its shortest threshold (0: none) and the next cursor.
+    fn walked(&mut self, page_min: u64, next: u64) {
+        if page_min > 0 {
+            self.pass = Some(self.pass.map_or(page_min, |p| p.min(page_min)));
+        }
+        self.cursor = next;
+        if next == 0 {
+            // A pass ended: its minimum replaces the last one (instances gone since no longer
+            // lower the floor).
+            self.last = self.pass.take();
+        }
+    }
+}
+
+/// Phase one: instances (wire form) whose last heartbeat is older than their own stale
+/// threshold (their record's `stale_threshold_ms`, else this leader's) on server time, this
+/// instance excluded: what `status` calls stale (`candidates.lua`; `floor` is the leader's
+/// knowledge of the fleet's shortest threshold, updated by the call).
+pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn, floor: &mut Floor) -> Result<Vec<String>> {
+    let leader_ms = ctx.timings.stale_threshold.as_millis() as u64;
     let mut inv = SCRIPTS.candidates.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
-        .arg(ctx.timings.stale_threshold.as_millis() as u64)
-        .arg(MAX_CANDIDATES);
-    let (_now, ids): (i64, Vec<Vec<u8>>) = conn::call(con, "find stale instances", &inv)?;
+        .arg(leader_ms)
+        .arg(MAX_CANDIDATES)
+        .arg(floor.ms(leader_ms))
+        .arg(floor.cursor)
+        .arg(FLOOR_WALK_PAGE)
+        .arg(MAX_EXAMINED);
+    let (_now, ids, next, page_min): (i64, Vec<Vec<u8>>, u64, u64) =
+        conn::call(con, "find stale instances", &inv)?;
+    floor.walked(page_min, next);
     Ok(ids
         .into_iter()
         .filter_map(|raw| match String::from_utf8(raw) {
@@ -820,12 +877,13 @@ pub(crate) fn clean_own_leftovers(
 fn round(
     sh: &Shared,
     link: &mut Link,
+    floor: &mut Floor,
     shutdown: &Receiver<()>,
     demoted: &Receiver<()>,
     note: &mut Note,
 ) {
     let mark = Mark::take(&sh.counters);
-    let cands = match link.run(&sh.redis, |c| candidates(&sh.ctx, c)) {
+    let cands = match link.run(&sh.redis, |c| candidates(&sh.ctx, c, floor)) {
         Ok(c) if c.is_empty() => return note.clear(sh, link),
         Ok(c) => c,
         Err(e) => {
@@ -935,6 +993,7 @@ fn round(
 pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) {
     let interval = sh.ctx.timings.reap_interval;
     let mut link = Link::new();
+    let mut floor = Floor::default();
     let crashed = || sh.is_crashed();
     // Rounds are not retried sooner after a failure: the backoff is unused.
     let periodic = Periodic::new(shutdown, &crashed, Backoff::new(interval, interval));
@@ -942,7 +1001,7 @@ pub(crate) fn run(sh: &Shared, shutdown: &Receiver<()>, demoted: &Receiver<()>) 
     periodic.run(Instant::now() + interval, |run| {
         while demoted.try_recv().is_ok() {}
         if sh.is_leader() {
-            round(sh, &mut link, shutdown, demoted, &mut note);
+            round(sh, &mut link, &mut floor, shutdown, demoted, &mut note);
         } else {
             note.clear(sh, &mut link);
         }
@@ -959,6 +1018,85 @@ mod tests {
     use crate::keys::peer_member;
     use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
+
+    // The listing judges each member with its own record's stale threshold (issue 26), the
+    // leader's (1 s here) without a readable one; the walk learns the fleet's shortest
+    // threshold, and a member older than it but younger than its own is not listed. Fails if
+    // the listing used the leader's threshold for everyone (short-old would be missed,
+    // long-old listed) or took a garbage record's value.
+    #[test]
+    fn candidates_are_judged_by_their_own_records() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let mut t = Timings::fast();
+        t.stale_threshold = Duration::from_millis(1000);
+        let cfg = Config::builder()
+            .redis_url(server.url())
+            .stage("unit")
+            .instance_id("leader")
+            .timings(t)
+            .build()
+            .unwrap();
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let mut con = crate::conn::Redis::new(&server.url(), Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        let now = crate::conn::server_time_ms(&mut con).unwrap();
+        // (member, age ms, its record's stale_threshold_ms, listed?)
+        let fleet: [(&str, i64, Option<&str>, bool); 8] = [
+            ("short-old", 400, Some("300"), true),
+            ("short-young", 100, Some("300"), false),
+            ("long-old", 5_000, Some("10000"), false),
+            ("long-older", 11_000, Some("10000"), true),
+            ("plain-old", 1_500, None, true),
+            ("plain-young", 500, None, false),
+            ("garbage-record", 1_500, Some("-5 ms"), true),
+            ("leader", 60_000, None, false),
+        ];
+        let mut pipe = redis::pipe();
+        for (id, age, own, _) in fleet {
+            pipe.zadd(ctx.keys.heartbeats(), id, now - age).ignore();
+            if let Some(own) = own {
+                pipe.hset(ctx.keys.instance_info(id), "stale_threshold_ms", own)
+                    .ignore();
+            }
+        }
+        pipe.zadd(ctx.keys.heartbeats(), "being-reaped", 0).ignore();
+        pipe.query::<()>(&mut con).unwrap();
+
+        let mut floor = Floor::default();
+        let listed: BTreeSet<String> = candidates(&ctx, &mut con, &mut floor)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let mut want: BTreeSet<String> = fleet
+            .iter()
+            .filter(|m| m.3)
+            .map(|m| m.0.to_owned())
+            .collect();
+        want.insert("being-reaped".into());
+        assert_eq!(listed, want);
+        // One page walked the whole set: the pass ended and its shortest threshold is known.
+        assert_eq!((floor.cursor, floor.last), (0, Some(300)));
+        assert_eq!(floor.ms(1000), 300);
+    }
+
+    // The floor: the shortest of the leader's threshold and the thresholds of this pass and the
+    // last; a pass that ends replaces the last one's (an instance gone no longer lowers it).
+    #[test]
+    fn the_floor_keeps_the_shortest_threshold_of_the_last_pass() {
+        let mut f = Floor::default();
+        assert_eq!(f.ms(1000), 1000);
+        f.walked(300, 7);
+        assert_eq!((f.ms(1000), f.cursor), (300, 7));
+        f.walked(0, 0);
+        assert_eq!(f.ms(1000), 300);
+        f.walked(2000, 9);
+        assert_eq!(f.ms(1000), 300);
+        f.walked(5000, 0);
+        assert_eq!(f.ms(1000), 1000);
+        assert_eq!(f.ms(800), 800);
+    }
 
     // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
     // of the last batch that ran must still be sent. Each of 300 rooms of a dead instance holds

@@ -1,5 +1,5 @@
 //! Rooms on Redis: pin (with takeover of a stale pin), close, owner, and the heartbeat's
-//! pipelined pin refresh.
+//! pipelined pin refresh and restore.
 //!
 //! Cross-slot order (docs/DESIGN.md "Rules"): the instance's room index (`{ctl}`) is written before
 //! the pin (`{R}`), and cleaned after the room is deleted, so a crash in between leaves at most
@@ -262,41 +262,51 @@ pub(crate) enum Refreshed {
     Failed(Error),
 }
 
-/// Refreshes every pin in `rooms` (callers' ids).
-///
-/// Steady state, one pipelined round trip of plain commands: per room `PEXPIRE owner pin_ttl GT`
-/// then `GET owner`. `GT` only ever lengthens a TTL and `PEXPIRE` never changes a value, so the
-/// refresh cannot shorten or overwrite another instance's pin; the `GET` tells whether the pin
-/// is still ours. (Should it name another instance, that instance's pin got at most one
-/// `pin_ttl` longer, which changes no owner: a pin whose owner has no heartbeat can be taken
-/// over and is reaped whatever its TTL.) On the server this costs about 2x a bare pipelined
-/// `PEXPIRE`, where a per-room script costs about 6x (README "Performance").
-///
-/// Rooms whose pin is gone go through `pin_refresh.lua` (owner CAS; re-pins a free room) in a
-/// second round trip, as does every room with `restore` (after Redis lost its data: the rooms
-/// are also re-added to this instance's room index, and rooms whose metadata is gone are pinned
-/// again).
-///
-/// `ahead` (may be empty): commands of the caller sent first in the same round trip (not with
-/// `restore`); their replies are returned beside the outcomes.
-pub(crate) fn refresh_pins(
-    ctx: &Ctx,
-    con: &mut Conn,
-    rooms: &[String],
-    restore: bool,
-    ahead: &Pipeline,
-) -> Result<(Replies, Vec<(String, Refreshed)>)> {
-    let op = "refresh pins";
-    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
-    let wires: Vec<(String, String)> = rooms
+/// The wire forms of `rooms` (callers' ids), as `(id, wire)`; an id that cannot be encoded
+/// (never stored) is left out.
+pub(crate) fn wired(rooms: &[String]) -> Vec<(String, String)> {
+    rooms
         .iter()
         .filter_map(|r| encode_id(IdKind::Room, r).ok().map(|w| (r.clone(), w)))
-        .collect();
-    if restore {
-        return Ok((Vec::new(), refresh_pins_scripted(ctx, con, wires, true)?));
-    }
+        .collect()
+}
+
+/// What the plain refresh ([`refresh_plain`]) found.
+pub(crate) struct Plain {
+    /// The replies of the caller's commands sent ahead.
+    pub ahead: Replies,
+    /// Rooms whose pin named us (extended), named another instance, or failed.
+    pub out: Vec<(String, Refreshed)>,
+    /// Rooms whose pin is gone, `(id, wire)`: for [`refresh_lapsed`] (or [`restore_pins`]).
+    pub lapsed: Vec<(String, String)>,
+}
+
+/// Refreshes every pin in `rooms` (`(id, wire)`, [`wired`]), the tick's steady state: one
+/// pipelined round trip of plain commands, per room `PEXPIRE owner pin_ttl GT` then `GET
+/// owner`. `GT` only ever lengthens a TTL and `PEXPIRE` never changes a value, so the refresh
+/// cannot shorten or overwrite another instance's pin; the `GET` tells whether the pin is still
+/// ours. (Should it name another instance, that instance's pin got at most one `pin_ttl`
+/// longer, which changes no owner: a pin whose owner has no heartbeat can be taken over and is
+/// reaped whatever its TTL.) On the server this costs about 2x a bare pipelined `PEXPIRE`,
+/// where a per-room script costs about 6x (README "Performance").
+///
+/// Rooms whose pin is gone are returned apart ([`Plain::lapsed`]): the caller sends them
+/// through `pin_refresh.lua` ([`refresh_lapsed`]; owner CAS, re-pins a free room) in a second
+/// round trip, or restores them ([`restore_pins`]) when their master lost its data.
+///
+/// `ahead` (may be empty): commands of the caller sent first in the same round trip; their
+/// replies are returned in [`Plain::ahead`]. On a cluster each master's share of `ahead` runs
+/// before that master's refreshes (one connection per master, commands in order).
+pub(crate) fn refresh_plain(
+    ctx: &Ctx,
+    con: &mut Conn,
+    rooms: &[(String, String)],
+    ahead: &Pipeline,
+) -> Result<Plain> {
+    let op = "refresh pins";
+    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let mut pipe = ahead.clone();
-    for (_, w) in &wires {
+    for (_, w) in rooms {
         let owner = ctx.keys.room_owner(w);
         pipe.cmd("PEXPIRE").arg(&owner).arg(ttl).arg("GT");
         pipe.get(&owner);
@@ -304,54 +314,118 @@ pub(crate) fn refresh_pins(
     let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let rest = replies.split_off(ahead.len().min(replies.len()));
     let ahead_replies = replies;
-    let mut out = Vec::with_capacity(wires.len());
+    let mut out = Vec::with_capacity(rooms.len());
     let mut lapsed = Vec::new();
     let mut replies = rest.into_iter();
-    for (room, wire) in wires {
+    for (room, wire) in rooms {
         let (Some(extended), Some(owner)) = (replies.next(), replies.next()) else {
             return Err(Error::bad_data(op, "fewer replies than commands"));
         };
         // A refused PEXPIRE (NOPERM, a server without GT) must not pass for a refresh: the
         // pin would lapse every pin_ttl while the GET still names us.
         if let Err(e) = conn::decode::<i64>(op, extended) {
-            out.push((room, Refreshed::Failed(e)));
+            out.push((room.clone(), Refreshed::Failed(e)));
             continue;
         }
         let outcome = match conn::decode::<Option<String>>(op, owner) {
             Ok(Some(owner)) if owner == ctx.me => Refreshed::Ok,
             Ok(Some(owner)) => Refreshed::Lost(decode_id(&owner).ok()),
             Ok(None) => {
-                lapsed.push((room, wire));
+                lapsed.push((room.clone(), wire.clone()));
                 continue;
             }
             Err(e) => Refreshed::Failed(e),
         };
-        out.push((room, outcome));
+        out.push((room.clone(), outcome));
     }
-    if !lapsed.is_empty() {
-        out.extend(refresh_pins_scripted(ctx, con, lapsed, false)?);
-    }
-    Ok((ahead_replies, out))
+    Ok(Plain {
+        ahead: ahead_replies,
+        out,
+        lapsed,
+    })
 }
 
-/// `pin_refresh.lua` for each of `wires` (caller's id, wire form), in one pipelined round trip.
-fn refresh_pins_scripted(
+/// `pin_refresh.lua` for rooms whose pin lapsed (`(id, wire)`), in one pipelined round trip:
+/// a room whose metadata still names us is pinned again, one another instance owns is lost,
+/// one whose pin and metadata are gone (closed or reaped) is lost with no new owner. Nothing
+/// is written to the room index: a re-pin needs metadata naming us, a record the index has
+/// reached since the room's pin (index first, `pin`).
+pub(crate) fn refresh_lapsed(
     ctx: &Ctx,
     con: &mut Conn,
-    wires: Vec<(String, String)>,
-    restore: bool,
+    lapsed: Vec<(String, String)>,
 ) -> Result<Vec<(String, Refreshed)>> {
+    if lapsed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    let (_, out) = pin_refresh_scripts(ctx, con, &mut pipe, 0, lapsed, false)?;
+    Ok(out)
+}
+
+/// Writes back the pins of `rooms` (`(id, wire)`) after their master lost its data (Redis
+/// lost its data, a failover to a replica that missed writes, or on a cluster one master
+/// restarted empty): each room goes back into this instance's room index, then
+/// `pin_refresh.lua` pins it again when it is free (also when its metadata is gone, which it
+/// then writes: owner and pin time), reports it lost when another instance owns it, and
+/// extends it when it is still ours.
+///
+/// Cross-slot order (docs/DESIGN.md): the index entry is written before the pin and metadata
+/// (`{ctl}` before `{<R>}`), so a crash in between leaves at most an entry pointing at nothing.
+/// On one server that is the order of one pipeline (one connection, commands run in order).
+/// On a cluster a pipeline is split per master and the masters run their shares in any order,
+/// so the index `SADD`s go first in a round trip of their own, checked, and the re-pins
+/// follow only once every `SADD` succeeded: one more round trip, on a cluster only, and only
+/// when a restore runs (a re-pin of a room whose metadata is gone can happen only then).
+///
+/// `ahead` (may be empty): commands of the caller sent first, in the first round trip; their
+/// replies are returned beside the outcomes.
+pub(crate) fn restore_pins(
+    ctx: &Ctx,
+    con: &mut Conn,
+    rooms: Vec<(String, String)>,
+    ahead: &Pipeline,
+) -> Result<(Replies, Vec<(String, Refreshed)>)> {
+    let op = "restore pins";
+    let index = ctx.keys.instance_rooms(&ctx.me);
+    let mut pipe = ahead.clone();
+    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>());
+    }
+    let sadds = pipe.len() - ahead.len();
+    if con.is_cluster() {
+        let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+        for r in replies.split_off(ahead.len().min(replies.len())) {
+            // An entry not written: no re-pin (it could leave a room no index reaches).
+            conn::decode::<i64>(op, r)?;
+        }
+        let mut scripts = redis::pipe();
+        let (_, out) = pin_refresh_scripts(ctx, con, &mut scripts, 0, rooms, true)?;
+        return Ok((replies, out));
+    }
+    // One server: index first by the pipeline's order, one round trip.
+    pin_refresh_scripts(ctx, con, &mut pipe, ahead.len() + sadds, rooms, true).map(
+        |(mut replies, out)| {
+            replies.truncate(ahead.len());
+            (replies, out)
+        },
+    )
+}
+
+/// Adds `pin_refresh.lua` for each of `rooms` (`(id, wire)`) to `pipe`, whose first `before`
+/// commands are the caller's, sends it (one round trip), and returns the replies of those
+/// `before` commands and the outcome of each room.
+fn pin_refresh_scripts(
+    ctx: &Ctx,
+    con: &mut Conn,
+    pipe: &mut Pipeline,
+    before: usize,
+    rooms: Vec<(String, String)>,
+    restore: bool,
+) -> Result<(Replies, Vec<(String, Refreshed)>)> {
     let op = "refresh pins";
     let ttl = ctx.timings.pin_ttl.as_millis() as u64;
-    let mut pipe = redis::pipe();
-    if restore && !wires.is_empty() {
-        let index = ctx.keys.instance_rooms(&ctx.me);
-        for chunk in wires.chunks(conn::MEMBERS_PER_COMMAND) {
-            pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>())
-                .ignore();
-        }
-    }
-    let keys: Vec<_> = wires.iter().map(|(_, w)| ctx.keys.room(w)).collect();
+    let keys: Vec<_> = rooms.iter().map(|(_, w)| ctx.keys.room(w)).collect();
     let invs: Vec<_> = keys
         .iter()
         .map(|rk| {
@@ -367,10 +441,14 @@ fn refresh_pins_scripted(
     for inv in &invs {
         pipe.invoke_script(inv);
     }
-    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-    Ok(wires
+    let mut replies = conn::exec(con, pipe).map_err(|e| Error::redis(op, e))?;
+    let scripts = replies.split_off(before.min(replies.len()));
+    if scripts.len() != rooms.len() {
+        return Err(Error::bad_data(op, "fewer replies than commands"));
+    }
+    let out = rooms
         .into_iter()
-        .zip(replies)
+        .zip(scripts)
         .map(|((room, _), r)| {
             let outcome = match conn::decode::<(String, String)>(op, r) {
                 Ok((s, _)) if s == "ok" => Refreshed::Ok,
@@ -381,7 +459,8 @@ fn refresh_pins_scripted(
             };
             (room, outcome)
         })
-        .collect())
+        .collect();
+    Ok((replies, out))
 }
 
 #[cfg(test)]

@@ -198,6 +198,10 @@ pub(crate) struct Shared {
     pub max_epoch: AtomicU64,
     /// Redis lost its data and this node has not finished writing its pins and peers back.
     pub restore_pending: AtomicBool,
+    /// On a Redis Cluster: the masters' dataset tokens this node knows and the rooms it still
+    /// has to restore after one master lost its data (src/shards.rs). Taken by the heartbeat
+    /// thread (and a host's manual tick) only.
+    pub shards: Mutex<ShardTokens>,
     /// [`Redis::master_switches`] as the heartbeat last saw it: a higher count means a
     /// failover moved the master, and the heartbeat restores what this node holds.
     pub switches_seen: AtomicU64,
@@ -213,6 +217,19 @@ pub(crate) struct Shared {
     /// Closed as soon as the node begins to stop: a host call that waits (a paced
     /// `Node::reap_now`) wakes at once, before `shutdown` waits for it.
     pub stopping: Stopping,
+}
+
+/// What the heartbeat knows of a Redis Cluster's masters' dataset tokens
+/// (`P:shard:{<tag>}:dataset`, src/shards.rs).
+#[derive(Debug, Default)]
+pub(crate) struct ShardTokens {
+    /// Token last seen, by hash tag.
+    pub known: std::collections::HashMap<String, String>,
+    /// The hash tag of each slot that held a token (computed once per slot).
+    pub tags: std::collections::HashMap<u16, String>,
+    /// Rooms (callers' ids) on a master that lost its data, whose pins, metadata and peers
+    /// this node has not finished writing back (the next tick tries again).
+    pub restore: BTreeSet<String>,
 }
 
 /// A stop signal for host calls: its receiver disconnects once [`Stopping::signal`] ran (the

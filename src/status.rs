@@ -663,7 +663,7 @@ fn fleet_warnings(instances: &[InstanceStatus]) -> Vec<String> {
     }
     if timings.len() > 1 {
         warnings.push(format!(
-            "mixed timings (each instance is judged with its own; a reaper uses its own stale threshold for every candidate): {}",
+            "mixed timings (each instance is judged with its own, by status and by the reaper): {}",
             list(&timings)
         ));
     }

@@ -422,6 +422,36 @@ impl LocalCluster {
         self.dial.forget(port);
     }
 
+    /// Kills the node on `port` with SIGKILL and starts it again on the same port and dir:
+    /// its `nodes.conf` is kept (it rejoins with the same id, role and slots), its data is not
+    /// (no persistence): a master without replica comes back serving its slots, empty. Returns
+    /// once every node says the cluster is ok again (within `timeout`).
+    ///
+    /// # Errors
+    /// When the node does not start again, or the cluster is not ok within `timeout`.
+    ///
+    /// # Panics
+    /// When no node of the cluster has that port.
+    pub fn restart_empty(&mut self, port: u16, timeout: Duration) -> io::Result<()> {
+        self.dial.forget(port);
+        let node = self.node_mut(port);
+        node.kill9();
+        node.start_again()
+            .map_err(|e| from_kit(format!("start cluster node {port} again"), e))?;
+        if self.wait_ok(timeout) {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the cluster is not ok within {timeout:?} of restarting node {port}: {}{}",
+                    self.problem(false).unwrap_or_default(),
+                    self.logs()
+                ),
+            ))
+        }
+    }
+
     /// Stops the node on `port` with SIGSTOP: it keeps its connections but answers nothing,
     /// and after `cluster-node-timeout` the others deem it failed (a master's replica takes
     /// over).

@@ -209,6 +209,30 @@ fn keyslot(s: &Server, key: &str) -> u16 {
         .unwrap()
 }
 
+/// The lowest slot the master on `port` serves (`CLUSTER SLOTS`, asked of that master).
+fn lowest_slot_of(port: u16) -> u16 {
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).unwrap();
+    ranges
+        .iter()
+        .filter_map(|r| {
+            let redis::Value::Array(parts) = r else {
+                return None;
+            };
+            let (redis::Value::Int(start), redis::Value::Array(master)) = (&parts[0], &parts[2])
+            else {
+                return None;
+            };
+            matches!(master.get(1), Some(redis::Value::Int(p)) if *p == i64::from(port))
+                .then_some(*start as u16)
+        })
+        .min()
+        .expect("the master serves some slot")
+}
+
 /// A master other than `port`.
 fn other_master(s: &Server, port: u16) -> u16 {
     s.nodes()
@@ -800,4 +824,330 @@ fn a_failed_pipeline_leaves_no_late_reply_for_the_next_command() {
             "a late reply answered GET {t}:alt"
         );
     }
+}
+
+// Issue 26, per-master data loss: a master that does not hold `{ctl}`, without replica, is
+// killed (-9) and started again empty (its nodes.conf kept: it serves its slots again, with no
+// data). Its rooms' owners are alive: each finds that master's dataset token
+// (`P:shard:{<tag>}:dataset`) gone or changed and restores the rooms it holds there (the pin
+// naming it, the metadata, the peer records, the room's peers set and guest pointers), with
+// no `room_lost`; rooms on the other masters are untouched; the audit ends clean. Before the
+// restart, the master's lowest slot (where its token lives) is migrated to another master:
+// a token that moved with its slot is no data loss (no restore rewrites any record), and the
+// master's new token is the one the restart loses. Fails on the old code: the `{ctl}` token
+// was unchanged, so every room of that master came back as `room_lost` with no new owner and
+// was forgotten by its owner.
+#[test]
+fn a_master_that_restarts_empty_has_its_rooms_restored_by_their_owners() {
+    let mut s = Server::cluster(3, 0);
+    let ks = ks(STAGE);
+    let (a, mut log_a) = s.leader(STAGE, "ra", fault_timings());
+    let b = s.node_with(STAGE, "rb", fault_timings());
+    let mut log_b = EventLog::new(&b);
+    let mut rooms: Vec<(&str, String)> = Vec::new();
+    for i in 0..24 {
+        let (node, id) = if i % 4 == 0 { (&a, "ra") } else { (&b, "rb") };
+        let room = format!("{id}-{i}");
+        assert!(node.pin_room(&room).unwrap().is_owned());
+        node.upsert_peer(&room, "p", Some("g"), &[("name", "x")])
+            .unwrap();
+        rooms.push((id, room));
+    }
+    let ctl_master = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &ks.leader()))
+        .unwrap();
+    let master_of = |s: &Server, room: &str| {
+        s.nodes()
+            .unwrap()
+            .master_of_slot(keyslot(s, &ks.room(room).owner))
+            .unwrap()
+    };
+    // The master other than `{ctl}`'s with the most of these rooms.
+    let victim = s
+        .nodes()
+        .unwrap()
+        .master_ports()
+        .into_iter()
+        .filter(|p| *p != ctl_master)
+        .max_by_key(|p| rooms.iter().filter(|(_, r)| master_of(&s, r) == *p).count())
+        .unwrap();
+    // Both nodes finish a tick with their rooms (a heartbeat score that moved twice: the tick
+    // of the first move has ended), so both checked the victim's dataset token.
+    let two_ticks = |s: &Server| {
+        for id in ["ra", "rb"] {
+            let score = || -> i64 {
+                redis::cmd("ZSCORE")
+                    .arg(ks.heartbeats())
+                    .arg(id)
+                    .query::<Option<i64>>(&mut s.con())
+                    .unwrap()
+                    .unwrap_or(0)
+            };
+            for _ in 0..2 {
+                let seen = score();
+                wait_for(LONG, "a heartbeat", || (score() > seen).then_some(()));
+            }
+        }
+    };
+    two_ticks(&s);
+    let updated = |s: &Server| -> Vec<Option<String>> {
+        rooms
+            .iter()
+            .map(|(_, r)| {
+                redis::cmd("HGET")
+                    .arg(ks.peer(r, "p"))
+                    .arg("updated_us")
+                    .query(&mut s.con())
+                    .unwrap()
+            })
+            .collect()
+    };
+    let before_migration = updated(&s);
+    // The victim's lowest slot goes to the third master, its token with it.
+    let lowest = lowest_slot_of(victim);
+    let third = s
+        .nodes()
+        .unwrap()
+        .master_ports()
+        .into_iter()
+        .find(|p| *p != victim && *p != ctl_master)
+        .unwrap();
+    let moved = s.nodes().unwrap().migrate_slot(lowest, third).unwrap();
+    two_ticks(&s);
+    assert_never_lost(
+        "a migration of a master's lowest slot",
+        &mut [("ra", &mut log_a), ("rb", &mut log_b)],
+    );
+    assert_eq!(
+        updated(&s),
+        before_migration,
+        "a token that moved with its slot was taken for a data loss (peer records rewritten)"
+    );
+    eprintln!("migrated the victim's lowest slot {lowest} ({moved} keys) to {third}");
+
+    let on_victim: Vec<(&str, String)> = rooms
+        .iter()
+        .filter(|(_, r)| master_of(&s, r) == victim)
+        .cloned()
+        .collect();
+    assert!(
+        on_victim.iter().any(|(o, _)| *o == "rb"),
+        "no room of rb on {victim}: {on_victim:?}"
+    );
+    let elsewhere: Vec<String> = rooms
+        .iter()
+        .filter(|(_, r)| master_of(&s, r) != victim)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let before_elsewhere = room_view(
+        &s,
+        STAGE,
+        &elsewhere.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    let pattern = format!("{}:shard:*", ks.prefix());
+    let token_on_victim = || -> Option<String> {
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{victim}"))
+            .ok()?
+            .get_connection()
+            .ok()?;
+        let keys =
+            sfu_redis::scan::collect(&mut con, sfu_redis::scan::Scan::keys(&pattern)).ok()?;
+        let key = String::from_utf8(keys.first()?.clone()).ok()?;
+        redis::cmd("GET").arg(key).query(&mut con).ok()?
+    };
+    let token = token_on_victim();
+
+    s.nodes_mut()
+        .unwrap()
+        .restart_empty(victim, LONG)
+        .expect("restart the master empty");
+    let started = std::time::Instant::now();
+    let restored = |owner: &str, room: &str| -> Option<()> {
+        let rk = ks.room(room);
+        let mut con = s.con();
+        let pin: Option<String> = redis::cmd("GET").arg(&rk.owner).query(&mut con).ok()?;
+        let meta: Option<String> = redis::cmd("HGET")
+            .arg(&rk.meta)
+            .arg("owner")
+            .query(&mut con)
+            .ok()?;
+        let record: Option<String> = redis::cmd("HGET")
+            .arg(ks.peer(room, "p"))
+            .arg("instance")
+            .query(&mut con)
+            .ok()?;
+        let in_room: bool = redis::cmd("SISMEMBER")
+            .arg(&rk.peers)
+            .arg("p")
+            .query(&mut con)
+            .ok()?;
+        let guest: Option<String> = redis::cmd("HGET")
+            .arg(&rk.guests)
+            .arg("g")
+            .query(&mut con)
+            .ok()?;
+        (pin.as_deref() == Some(owner)
+            && meta.as_deref() == Some(owner)
+            && record.as_deref() == Some(owner)
+            && in_room
+            && guest.as_deref() == Some("p"))
+        .then_some(())
+    };
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        for (id, log) in [("ra", &mut log_a), ("rb", &mut log_b)] {
+            let lost: Vec<&Event> = log
+                .drain()
+                .iter()
+                .filter(|e| matches!(e, Event::RoomLost { .. } | Event::ReapedSelf { .. }))
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "{id} lost rooms when {victim} restarted empty: {lost:?}"
+            );
+        }
+        if on_victim.iter().all(|(o, r)| restored(o, r).is_some()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rooms on {victim} were not restored: {:?}",
+            on_victim
+                .iter()
+                .filter(|(o, r)| restored(o, r).is_none())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(ms(50));
+    }
+    eprintln!(
+        "{} rooms on master {victim} restored by their owners {:.2} s after it came back empty",
+        on_victim.len(),
+        started.elapsed().as_secs_f64()
+    );
+    // It did lose its data: its token is a new one.
+    let token = token.expect("the victim's dataset token before the restart");
+    assert_ne!(token_on_victim(), Some(token));
+    assert_never_lost(
+        "a master restarted empty",
+        &mut [("ra", &mut log_a), ("rb", &mut log_b)],
+    );
+    assert_eq!((b.stats().rooms, b.stats().peers), (18, 18));
+    assert_eq!((a.stats().rooms, a.stats().peers), (6, 6));
+    assert_eq!(
+        room_view(
+            &s,
+            STAGE,
+            &elsewhere.iter().map(String::as_str).collect::<Vec<_>>(),
+            &[]
+        ),
+        before_elsewhere,
+        "rooms on the other masters changed"
+    );
+    wait_clean(&s, "after a master restarted empty");
+}
+
+// Issue 26, cross-slot order of the restore ("index first", docs/DESIGN.md): on a cluster the
+// restore's pipeline reaches several masters that run their shares in any order, so the room
+// index `SADD`s must complete before any re-pin is sent. Fault: every master loses its data,
+// and the node's room index (`P:{ctl}:instance:<I>:rooms`, on the `{ctl}` master) is left
+// holding a string, so the index write fails (a stand-in for an index write that did not
+// complete: the `{ctl}` master timing out, the node crashing). Protection: no room is pinned
+// again while its index entry cannot be written (a re-pin then would be a record no index
+// reaches: an orphan once the node dies); once the key is fixed, every room is restored,
+// indexed, and the audit is clean. Fails on the old code, which sent the `SADD`s and the
+// re-pins in one pipeline: the room masters re-pinned every room while the `SADD` failed.
+#[test]
+fn a_restore_on_a_cluster_never_pins_a_room_before_its_index_entry_is_written() {
+    let s = Server::cluster(3, 0);
+    let ks = ks(STAGE);
+    let n = s.node(STAGE, "ix");
+    let rooms: Vec<String> = (0..12).map(|i| format!("ix-{i}")).collect();
+    for r in &rooms {
+        assert_eq!(n.pin_room(r).unwrap(), PinOutcome::Pinned);
+        n.upsert_peer(r, "p", None, &[]).unwrap();
+    }
+    let index = ks.instance_rooms("ix");
+    let ctl_master = s
+        .nodes()
+        .unwrap()
+        .master_of_slot(keyslot(&s, &index))
+        .unwrap();
+    let raw = |port: u16| {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    // The `{ctl}` master first, atomically: its data gone and the index a string.
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .ignore()
+        .cmd("SET")
+        .arg(&index)
+        .arg("not a set")
+        .ignore()
+        .query(&mut raw(ctl_master))
+        .unwrap();
+    for port in s.nodes().unwrap().master_ports() {
+        if port != ctl_master {
+            let _: () = redis::cmd("FLUSHALL").query(&mut raw(port)).unwrap();
+        }
+    }
+    // Three ticks (each tries the restore; here each fails on the index).
+    let ticks = || {
+        let st = n.stats();
+        st.heartbeats + st.heartbeat_failures
+    };
+    let before = ticks();
+    wait_for(LONG, "three ticks", || {
+        (ticks() >= before + 3).then_some(())
+    });
+    let pinned: Vec<&String> = rooms
+        .iter()
+        .filter(|r| {
+            let rk = ks.room(r);
+            let mut con = s.con();
+            redis::cmd("EXISTS")
+                .arg(&rk.owner)
+                .query::<bool>(&mut con)
+                .unwrap()
+                || redis::cmd("EXISTS")
+                    .arg(&rk.meta)
+                    .query::<bool>(&mut con)
+                    .unwrap()
+        })
+        .collect();
+    assert!(
+        pinned.is_empty(),
+        "rooms pinned again while their index entry could not be written (orphans): {pinned:?}"
+    );
+    // The bad key removed (as an operator would after `fsck` names it): everything comes back.
+    let _: () = redis::cmd("DEL").arg(&index).query(&mut s.con()).unwrap();
+    for r in &rooms {
+        wait_for(LONG, "the room restored and indexed", || {
+            let mut con = s.con();
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(ks.room(r).owner)
+                .query(&mut con)
+                .ok()?;
+            let indexed: bool = redis::cmd("SISMEMBER")
+                .arg(&index)
+                .arg(r)
+                .query(&mut con)
+                .ok()?;
+            let record: Option<String> = redis::cmd("HGET")
+                .arg(ks.peer(r, "p"))
+                .arg("instance")
+                .query(&mut con)
+                .ok()?;
+            (owner.as_deref() == Some("ix") && indexed && record.as_deref() == Some("ix"))
+                .then_some(())
+        });
+    }
+    assert_eq!(n.stats().rooms, 12);
+    wait_clean(&s, "after the restore");
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sfu_redis::keys::IdKind;
+use sfu_redis::status::InstanceState;
 use sfu_redis::{Event, PinOutcome, Timings};
 use support::*;
 
@@ -559,50 +560,122 @@ fn leader_never_reaps_itself() {
     assert!(leader.is_leader());
 }
 
-// Protects invariant 1 in a fleet with mixed timings. Fault: an instance whose own record asks
-// for a stale threshold of 8 s (`stale_threshold_ms` in P:{ctl}:instance:<I>:info) falls
-// silent; the leader's own threshold is 0.9 s (fast timings). Protection: the leader's re-check
-// (reap_begin.lua) uses the longer of the two: the instance is listed as a candidate and found
-// alive until 8 s of silence, then reaped. Fails if the leader reaps it on its own threshold.
+// Protects invariant 1 and "status and reaper agree" in a fleet with mixed timings (issue 26).
+// Three real nodes with different timings: the leader (stale threshold 6 s), "mixed-short"
+// (fast timings: 0.9 s) and "mixed-long" (9 s); the two others crash at the same moment. Each
+// instance must be judged with its own record's threshold, as `status` judges it:
+// - every `candidates` event lists only instances `status` (read right after) calls stale,
+//   so mixed-long is never listed while it is only late (old code: listed at the leader's 6 s);
+// - mixed-short is reaped in line with its own 0.9 s, well before the leader's 6 s (old code:
+//   listed only once the leader's 6 s had passed);
+// - mixed-long is never reaped before its own 9 s of silence, and its room stays until then.
 #[test]
-fn an_instance_is_never_reaped_before_its_own_stale_threshold() {
+fn a_mixed_timings_fleet_is_reaped_by_each_instances_own_threshold() {
     let s = Server::start();
     let ks = ks(STAGE);
-    let silent_since = s.server_ms() - 500;
-    s.fabricate_dead(
-        &ks,
-        "patient",
-        silent_since,
-        None,
-        &[("pr", &[("pp", None)][..])],
-    );
-    let _: () = redis::cmd("HSET")
-        .arg(ks.instance_info("patient"))
-        .arg("stale_threshold_ms")
-        .arg(8000)
-        .query(&mut s.con())
-        .unwrap();
-    let leader = s.node(STAGE, "leader");
-    let mut log = EventLog::new(&leader);
-    let listed = |e: &Event| matches!(e, Event::Candidates { instances } if instances.iter().any(|i| i == "patient"));
-    // Listed (the leader's 0.9 s), re-checked and found alive, listed again.
-    log.wait(LONG, "patient listed as a candidate", listed);
-    log.wait(LONG, "patient listed again after a re-check", listed);
-    let silence = s.server_ms() - silent_since;
-    if silence < 7000 {
-        assert_eq!(
-            zscore(&s, "patient"),
-            Some(silent_since),
-            "reaped after {silence} ms of silence, before its own 8 s threshold"
-        );
-        assert!(exists(&s, &ks.room("pr").meta));
+    let ms = Duration::from_millis;
+    let timings = |interval: u64, ttl: u64| {
+        let mut t = Timings::from_heartbeat(ms(interval), ms(ttl));
+        t.command_timeout = ms(400);
+        t
+    };
+    // Short two-phase delay and reap interval: the listing is what differs.
+    let mut leader_t = timings(400, 4000);
+    leader_t.two_phase_delay = ms(1000);
+    leader_t.reap_interval = ms(300);
+    // A lease granted soon after the dataset token is written (a lease TTL after it).
+    leader_t.lease_ttl = ms(3000);
+    leader_t.lease_refresh = ms(1000);
+    let long_t = timings(500, 6000);
+    let short_t = Timings::fast();
+    assert_eq!(leader_t.stale_threshold, ms(6000));
+    assert_eq!(long_t.stale_threshold, ms(9000));
+    assert_eq!(short_t.stale_threshold, ms(900));
+
+    let (leader, mut log) = s.leader(STAGE, "mixed-leader", leader_t);
+    let short = s.node_with(STAGE, "mixed-short", short_t);
+    let long = s.node_with(STAGE, "mixed-long", long_t);
+    for (node, room) in [(&short, "short-room"), (&long, "long-room")] {
+        assert_eq!(node.pin_room(room).unwrap(), PinOutcome::Pinned);
+        node.upsert_peer(room, &format!("{room}-peer"), None, &[])
+            .unwrap();
     }
-    log.wait(
-        LONG,
-        "patient reaped",
-        |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "patient"),
+    let status_config = s.config_with(STAGE, "mixed-reader", leader_t);
+    let status = || sfu_redis::status::fleet_status(&status_config).expect("fleet status");
+    // Both judged with their own records from the start.
+    let st = status();
+    for (id, own) in [("mixed-short", 900), ("mixed-long", 9000)] {
+        let i = st.instances.iter().find(|i| i.id == id).expect(id);
+        assert_eq!(
+            (i.stale_threshold_ms, i.stale_threshold_from),
+            (own, "record")
+        );
+    }
+
+    short.simulate_crash();
+    long.simulate_crash();
+    let mark = log.mark();
+    // The last heartbeat (server ms) of each, read while it is registered; the silence at its
+    // reap is measured from it.
+    let mut last: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut reaped_at: BTreeMap<String, i64> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + LONG;
+    while reaped_at.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not both reaped within {LONG:?}: {:?}",
+            log.since(mark)
+        );
+        for id in ["mixed-short", "mixed-long"] {
+            if let Some(score) = zscore(&s, id).filter(|s| *s > 0) {
+                last.insert(id, score);
+            }
+        }
+        let quiet = s.server_ms() - last["mixed-long"];
+        if quiet < 8500 {
+            assert!(
+                exists(&s, &ks.room("long-room").meta),
+                "mixed-long's room went after {quiet} ms of silence, before its own 9 s"
+            );
+        }
+        let Some(e) = log.try_wait(ms(100), |_| true) else {
+            continue;
+        };
+        match e {
+            Event::Candidates { instances } => {
+                // Listed => stale by `status` (its own record's threshold), being reaped or
+                // gone (reaped meanwhile): never only late.
+                let st = status();
+                for id in instances.iter().filter(|i| i.starts_with("mixed-")) {
+                    if let Some(i) = st.instances.iter().find(|i| &i.id == id) {
+                        assert!(
+                            matches!(i.state, InstanceState::Stale | InstanceState::BeingReaped),
+                            "the leader listed {id}, which status calls {} ({} ms of silence, own threshold {} ms)",
+                            i.state,
+                            i.age_ms,
+                            i.stale_threshold_ms
+                        );
+                    }
+                }
+            }
+            Event::InstanceReaped { dead, .. } if dead.starts_with("mixed-") => {
+                reaped_at.insert(dead, s.server_ms());
+            }
+            _ => {}
+        }
+    }
+    let short_after = reaped_at["mixed-short"] - last["mixed-short"];
+    let long_after = reaped_at["mixed-long"] - last["mixed-long"];
+    eprintln!("silence at reap: mixed-short {short_after} ms (own threshold 900 ms), mixed-long {long_after} ms (own 9000 ms); the leader's threshold 6000 ms");
+    assert!(
+        (900..6000).contains(&short_after),
+        "mixed-short reaped after {short_after} ms of silence: its own threshold is 0.9 s, the leader's 6 s"
     );
-    let silence = s.server_ms() - silent_since;
-    assert!(silence >= 8000, "reaped after {silence} ms of silence");
-    assert!(!exists(&s, &ks.room("pr").meta));
+    assert!(
+        long_after >= 9000,
+        "mixed-long reaped after {long_after} ms"
+    );
+    assert!(!exists(&s, &ks.room("short-room").meta));
+    assert!(!exists(&s, &ks.room("long-room").meta));
+    assert!(leader.is_leader());
 }
