@@ -4,11 +4,14 @@
 //! prints each as one JSON line ([`Event::to_json`]) with the same names and fields, plus
 //! `"instance"` (the emitting node).
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
 use crossbeam_channel::{Sender, TrySendError};
 use serde_json::{json, Value};
 
 use crate::config::Mode;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a node stopped being the leader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +163,27 @@ impl Event {
     }
 }
 
+/// One event as it was emitted: [`crate::Node::emitted`] keeps the last [`EMITTED_HISTORY`].
+///
+/// `at` is taken by the emitting thread (the reaper, the lease or the heartbeat thread) right
+/// before the event enters the channel, so the time between two events of one node is what the
+/// node did in between, whenever a reader took them from the channel. Rule's source: issue 26
+/// item 4 ("timing checks compare stamps taken where things happen"): `sfu-redis demo` checks
+/// the two-phase wait between a `candidates` event and the `instance_reaped` that follows it
+/// with these stamps; stamped on arrival, a reader descheduled while `candidates` waited in the
+/// channel measured 1.195 s for a 1.2 s wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmittedEvent {
+    /// When it was emitted, on this process's monotonic clock.
+    pub at: Instant,
+    /// The event.
+    pub event: Event,
+}
+
+/// How many of its last events a node keeps with their emission times
+/// ([`crate::Node::emitted`]).
+pub const EMITTED_HISTORY: usize = 256;
+
 /// The sending side of a node's bounded event channel; a full channel drops the event and
 /// counts it rather than blocking a worker thread. [`EventSink::close`] (after `Stopped`)
 /// disconnects the channel, so a host's `for event in receiver` loop ends.
@@ -168,6 +192,8 @@ pub(crate) struct EventSink {
     instance: String,
     tx: parking_lot::Mutex<Option<Sender<Event>>>,
     dropped: AtomicU64,
+    /// The last [`EMITTED_HISTORY`] events with their emission times, oldest first.
+    history: parking_lot::Mutex<VecDeque<EmittedEvent>>,
 }
 
 impl EventSink {
@@ -176,6 +202,7 @@ impl EventSink {
             instance: instance.to_owned(),
             tx: parking_lot::Mutex::new(Some(tx)),
             dropped: AtomicU64::new(0),
+            history: parking_lot::Mutex::new(VecDeque::with_capacity(EMITTED_HISTORY)),
         }
     }
 
@@ -185,6 +212,16 @@ impl EventSink {
         let Some(tx) = tx.as_ref() else {
             return;
         };
+        {
+            let mut h = self.history.lock();
+            if h.len() == EMITTED_HISTORY {
+                h.pop_front();
+            }
+            h.push_back(EmittedEvent {
+                at: Instant::now(),
+                event: e.clone(),
+            });
+        }
         match tx.try_send(e) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(e)) => {
@@ -202,5 +239,10 @@ impl EventSink {
 
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The last events emitted, oldest first, with their emission times.
+    pub(crate) fn history(&self) -> Vec<EmittedEvent> {
+        self.history.lock().iter().cloned().collect()
     }
 }

@@ -66,7 +66,7 @@ pub use config::{
 /// `crossbeam-channel` dependency of its own).
 pub use crossbeam_channel::Receiver;
 pub use error::{Error, ErrorKind, Result};
-pub use event::{Event, LeaderLostReason};
+pub use event::{EmittedEvent, Event, LeaderLostReason, EMITTED_HISTORY};
 pub use leader::TermRecord;
 pub use metrics::{Health, MetricsFormat};
 pub use node::{Node, Stats, EVENT_CAPACITY};

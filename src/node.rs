@@ -568,6 +568,15 @@ impl Node {
         self.events_rx.clone()
     }
 
+    /// The last [`EMITTED_HISTORY`](crate::EMITTED_HISTORY) events this node emitted,
+    /// oldest first, each with the monotonic time its emitting thread sent it (whether or not
+    /// the channel took it). For timing what the node did between two events (the two-phase
+    /// wait between `candidates` and `instance_reaped`) without the reader's scheduling in
+    /// the measure; [`Node::terms`] does the same for leadership terms.
+    pub fn emitted(&self) -> Vec<crate::EmittedEvent> {
+        self.events.history()
+    }
+
     /// Emits [`Event::Ready`] with the current room and peer counts. Call it once the host's
     /// start-up pins and peers are written; operators' tooling waits for it.
     pub fn ready(&self) {

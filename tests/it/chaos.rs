@@ -870,7 +870,8 @@ struct Chaos {
     status_errors: u32,
     violations: Vec<(Option<usize>, String)>,
     notes: Vec<String>,
-    /// When the nodes stop churning (set when the fleet starts; refills churn until then).
+    /// The fault period, which is the churn window: from the moment the first fleet is ready
+    /// (`start_fleet`) for `secs`; refills churn until its end. `None` before.
     churn_from: Instant,
     churn_end: Option<Instant>,
     /// The id a slot's next refill reuses (set by some kills).
@@ -1113,8 +1114,10 @@ impl Chaos {
             .args(["--rooms", &rooms.join(",")])
             .args(FAST);
         // Churn over the shared pool until the end of the fault period (a refill spawned
-        // mid-period churns for the time left).
-        let churn_ms = self.churn_end.map_or(0, |end| {
+        // mid-period churns for the time left). The first fleet is spawned before the period
+        // starts (it starts when they are ready, `start_fleet`): each churns for the whole
+        // period from its own `ready`.
+        let churn_ms = self.churn_end.map_or(self.secs * 1_000, |end| {
             end.saturating_duration_since(Instant::now()).as_millis() as u64
         });
         if churn_ms >= 500 {
@@ -2019,22 +2022,22 @@ impl Chaos {
 
     // ---- phases -------------------------------------------------------------------------
 
+    /// Starts the five nodes and waits until they are ready and one leads. The fault period
+    /// (the churn window) starts when the last of them printed `ready`: each churns from its
+    /// own `ready` for the period's length. Counted from the spawn, a machine slow to start
+    /// processes (or to build the CLI first) once ate the whole 90 s period before any node
+    /// ran, and the churn check then expected "at least 0" calls.
     fn start_fleet(&mut self) {
-        // The churn window is the fault period: it starts with the fleet (churning begins at
-        // each node's `ready`) and the fault period ends with it.
-        let now = Instant::now();
-        self.churn_from = now;
-        self.churn_end = Some(now + Duration::from_secs(self.secs));
+        support::procs::cli_bin();
         for slot in 0..SLOTS {
             self.spawn(slot);
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline
-            && (self
+            && self
                 .current()
                 .iter()
                 .any(|li| self.lives[*li].phase == Phase::Spawning)
-                || self.leader_now.is_none())
         {
             self.step();
         }
@@ -2042,8 +2045,24 @@ impl Chaos {
             self.current()
                 .iter()
                 .all(|li| self.lives[*li].phase == Phase::Running),
-            "five nodes ready"
+            "five nodes ready within 60 s"
         );
+        let ready = self
+            .current()
+            .iter()
+            .filter_map(|li| self.lives[*li].ready_at)
+            .max()
+            .expect("five ready lives");
+        self.churn_from = ready;
+        self.churn_end = Some(ready + Duration::from_secs(self.secs));
+        self.say(&format!(
+            "fault period of {} s starts: five nodes ready",
+            self.secs
+        ));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && self.leader_now.is_none() {
+            self.step();
+        }
         assert!(self.leader_now.is_some(), "a leader within 60 s");
     }
 
@@ -2579,9 +2598,8 @@ impl Chaos {
     fn check_workload(&mut self) {
         let ops = self.churn_total("ops");
         // At least 2 calls per second of each life's readiness within the fault period (a
-        // churning node makes some 25 a second): judged on the time nodes really were up, so
-        // a machine too loaded to start them early does not count as an idle churn.
-        let end = self.start + Duration::from_secs(self.secs);
+        // churning node makes some 25 a second): judged on the time nodes really were up.
+        let end = self.churn_end.expect("set by start_fleet");
         let node_secs: f64 = self
             .lives
             .iter()
@@ -2591,8 +2609,21 @@ impl Chaos {
                 Some(until.saturating_duration_since(ready).as_secs_f64())
             })
             .sum();
-        let want = (node_secs * 2.0) as u64;
-        if ops < want || (self.secs >= 20 && ops == 0) {
+        // And they were up: the period starts when the fleet is ready, and at most
+        // MAX_DISRUPTED slots are ever dead or starting, so the others' lives cover the whole
+        // period (a fifth off for the edges: a refill's start, the last events' arrival).
+        let floor = (SLOTS - MAX_DISRUPTED) as f64 * self.secs as f64 * 0.8;
+        if node_secs < floor {
+            self.violation(
+                None,
+                format!(
+                    "the nodes were ready for {node_secs:.0} node-seconds of a {} s fault period; expected at least {floor:.0}",
+                    self.secs
+                ),
+            );
+        }
+        let want = ((node_secs * 2.0) as u64).max(1);
+        if ops < want {
             self.violation(
                 None,
                 format!(

@@ -25,18 +25,23 @@ use serde_json::Value;
 use support::procs::{cli_bin, Spawn};
 use support::*;
 
-/// Fast timings (as `procs::FAST`) but a two-phase delay of 15 s: a killed instance stays
-/// `stale` long enough for a browser poll (a chromium start takes seconds on a loaded
-/// machine) to see it before the leader reaps it.
+/// Timings of the page test's nodes: a two-phase delay of 15 s, so that a killed instance stays
+/// `stale` long enough for a browser poll (a chromium start takes seconds on a loaded machine)
+/// to see it before the leader reaps it; and a heartbeat every 2 s. The leader skips a reap
+/// round when one of its ticks took longer than half its heartbeat interval (src/heartbeat.rs,
+/// DESIGN "Lessons from other systems"): with `procs::FAST`'s 200 ms interval, a tick slower
+/// than 100 ms, which a loaded 2-core machine makes common, skipped every 15 s round and the
+/// killed instance was never reaped. A 1 s tick is slow on any machine. The lease follows the
+/// heartbeat (`heartbeat_interval + command_timeout < lease_ttl`); stale after 9 s.
 const SLOW_REAP: [&str; 14] = [
     "--heartbeat-interval-ms",
-    "200",
+    "2000",
     "--heartbeat-ttl-ms",
-    "600",
+    "6000",
     "--lease-ttl-ms",
-    "1800",
+    "3000",
     "--lease-refresh-ms",
-    "600",
+    "1000",
     "--two-phase-delay-ms",
     "15000",
     "--reap-interval-ms",

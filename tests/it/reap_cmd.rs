@@ -11,7 +11,7 @@ use crate::support;
 
 use std::io::Write as _;
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 use sfu_redis::keys::IdKind;
@@ -445,24 +445,67 @@ fn a_forced_reap_races_a_leader_reaping_the_same_instance() {
         move || reap(&url, &["--instance", "dead-race", "--force", "--json"])
     });
     let o = cli.join().expect("CLI thread");
-    let got = log.wait(LONG, "instance_reaped of dead-race", |e| {
-        reaped(e, "dead-race")
-    });
-    let Event::InstanceReaped { rooms, peers, .. } = got else {
-        unreachable!()
-    };
-    // The CLI ran while the leader was reaping: it reaped the rest, or found it finished.
+    // The CLI ran while the leader was reaping: each deleted a share. Which of them ends the
+    // reap depends on which began last and which finished first (README "Against a leader"):
+    // the CLI reaped the rest (exit 0), found it finished (exit 2, not_registered), or left the
+    // end to a leader round that began after it (exit 1, not finished); and the leader emits
+    // instance_reaped only when its own reap ends the instance. On a loaded machine the
+    // leader's paced reap once finished its scan before the CLI (whose token was the later
+    // one): its reap ended "retry", the CLI then ended the instance, and the leader never
+    // emitted the event this test waited for. Its share is in its stats either way.
     let (cli_rooms, cli_peers) = match code(&o) {
-        0 => {
+        c @ (0 | 1) => {
             let j = json_of(&o);
-            assert_eq!(j["reaped"], true, "{j}");
+            assert_eq!(j["reaped"], c == 0, "{j}");
+            assert_eq!(j["refused"], Json::Null, "{j}");
             (j["rooms"].as_u64().unwrap(), j["peers"].as_u64().unwrap())
         }
         2 if json_of(&o)["refused"] == "unknown_instance" => (0, 0),
         c => panic!("exit {c}: {}", stderr(&o)),
     };
-    assert_eq!(cli_rooms + rooms, ROOMS, "cli {cli_rooms} + leader {rooms}");
-    assert_eq!(cli_peers + peers, ROOMS, "cli {cli_peers} + leader {peers}");
+    // Nothing of the dead instance is left, and the leader has counted its share (it counts
+    // when a reap call returns, after its last delete).
+    let shares = || {
+        let st = boss.stats();
+        (cli_rooms + st.rooms_reaped, cli_peers + st.peers_reaped)
+    };
+    let deadline = Instant::now() + LONG;
+    while !(traces_of(&s, "dead-race").is_empty() && shares().0 >= ROOMS && shares().1 >= ROOMS) {
+        assert!(
+            Instant::now() < deadline,
+            "within {LONG:?}: traces of dead-race {:?}, cli {cli_rooms} rooms {cli_peers} peers, leader {:?}",
+            traces_of(&s, "dead-race"),
+            shares()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A leader round that listed it before it was gone re-checks it a two-phase delay later
+    // and finds it gone: after that (and a reap round) no reap of it can count anything more.
+    let t = Timings::fast(); // slow_leader's
+    std::thread::sleep(t.two_phase_delay + t.reap_interval * 2);
+    let (rooms, peers) = shares();
+    assert_eq!(
+        rooms,
+        ROOMS,
+        "cli {cli_rooms} + leader {}",
+        rooms - cli_rooms
+    );
+    assert_eq!(
+        peers,
+        ROOMS,
+        "cli {cli_peers} + leader {}",
+        peers - cli_peers
+    );
+    // If the leader's reap ended the instance, its event counts no more than its stats.
+    if let Some(Event::InstanceReaped { rooms: r, .. }) =
+        log.try_wait(Duration::ZERO, |e| reaped(e, "dead-race"))
+    {
+        assert!(
+            r <= rooms - cli_rooms,
+            "instance_reaped rooms={r}, stats {}",
+            rooms - cli_rooms
+        );
+    }
     assert_eq!(traces_of(&s, "dead-race"), Vec::<String>::new());
     assert_eq!(live_view(), view, "the live instances' rooms and indexes");
     let problems = sfu_redis::audit::scan(&ks, &mut s.con()).unwrap();

@@ -138,6 +138,15 @@ fn close_racing_pin_on_one_node_keeps_the_room_indexed_and_reapable() {
     );
 }
 
+/// Timings of the nodes in the races below, which only need their calls to complete: the races
+/// are set by the proxy's delay and the 2 ms between the two calls, not by any timing of the
+/// node. A 2 s command timeout (the production bound; heartbeat every 5 s). With
+/// `Timings::fast()`'s 400 ms, the start-up through the delaying proxy timed out on a loaded
+/// 2-core machine (`connect to Redis ...: Resource temporarily unavailable`).
+fn patient() -> Timings {
+    Timings::from_heartbeat(Duration::from_secs(5), Duration::from_secs(15))
+}
+
 // Protects: invariant 4 ("after any sequence of upserts/removes/reconnects, each index holds
 // exactly what the peer records say").
 // Fault: remove_peer(old generation) and upsert_peer of the same peer id from two host threads,
@@ -153,8 +162,7 @@ fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(5));
-    let a =
-        Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-a", Timings::fast())).unwrap());
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-a", patient())).unwrap());
     a.pin_room("room").unwrap();
     let mut problems = Vec::new();
     for i in 0..5 {
@@ -196,8 +204,7 @@ fn supersede_racing_upsert_of_the_superseded_peer_keeps_indexes_exact() {
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(5));
-    let a =
-        Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-b", Timings::fast())).unwrap());
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-b", patient())).unwrap());
     a.pin_room("room").unwrap();
     let mut problems = Vec::new();
     for i in 0..5 {
@@ -309,8 +316,7 @@ fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
     let ks = ks(RACE);
     let proxy = s.proxy();
     proxy.set_delay(Duration::from_millis(2));
-    let a =
-        Arc::new(Node::start(config_for(&proxy.url(), RACE, "closer", Timings::fast())).unwrap());
+    let a = Arc::new(Node::start(config_for(&proxy.url(), RACE, "closer", patient())).unwrap());
     let mut leftovers = Vec::new();
     for round in 0..3 {
         let room = format!("big-{round}");

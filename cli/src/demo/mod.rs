@@ -21,7 +21,9 @@ use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
 use sfu_redis::scan::{self, Scan};
 use sfu_redis::status::{fleet_status, FleetStatus};
-use sfu_redis::{redact_url, Config, ConfigBuilder, Event, Node, PinOutcome, Timings};
+use sfu_redis::{
+    redact_url, Config, ConfigBuilder, EmittedEvent, Event, Node, PinOutcome, Timings,
+};
 use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::devserver::LocalRedis;
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
@@ -565,7 +567,8 @@ fn cleanup(con: &mut Conn, keys: &KeySpace) -> Result<usize, String> {
     Ok(all.len())
 }
 
-/// Forwards one node's events to the demo's timeline, stamped on arrival.
+/// Forwards one node's events to the demo's timeline, stamped on arrival (the steps wait on
+/// them; `Demo::restamp` gives them their emission times at the end).
 fn collect(
     start: Instant,
     id: String,

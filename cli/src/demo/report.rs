@@ -23,8 +23,31 @@ impl Demo {
         }
         self.tx = None;
         self.pump();
+        self.restamp();
         self.trace.ended(self.elapsed());
         self.members.clear();
+    }
+
+    /// Gives every event of the timeline the time its node emitted it (`Node::emitted`) instead
+    /// of the time the demo's collector received it, so that the timeline and the picture show
+    /// what the nodes did when they did it (a collector descheduled on a busy machine once
+    /// shrank a drawn two-phase wait below the delay). A node's events arrive in the order it
+    /// emitted them, so they are matched from the last one back (its history keeps only the
+    /// last `EMITTED_HISTORY`; an event it lacks keeps its arrival stamp).
+    fn restamp(&mut self) {
+        for m in &self.members {
+            let emitted = m.node.emitted();
+            let mut left = emitted.len();
+            for e in self.entries.iter_mut().rev().filter(|e| e.instance == m.id) {
+                let What::Event(ev) = &e.what else {
+                    continue;
+                };
+                if let Some(k) = emitted[..left].iter().rposition(|h| &h.event == ev) {
+                    e.at = emitted[k].at.saturating_duration_since(self.start);
+                    left = k;
+                }
+            }
+        }
     }
 
     pub(super) fn print_timeline(&mut self) {

@@ -3,8 +3,8 @@
 //! epochs, the candidates events naming it, the two-phase wait, its crash and its reap; the
 //! Redis failover (with `--sentinel`) as a line across the lanes.
 //!
-//! Everything drawn is something the demo observed: events as its collectors stamped them on
-//! arrival, crashes when it crashed a node, and heartbeats from each node's [`Stats`] polled by
+//! Everything drawn is something the demo observed: events at the times their nodes emitted
+//! them (`Node::emitted`; the timeline is re-stamped so when the demo ends), crashes when it crashed a node, and heartbeats from each node's [`Stats`] polled by
 //! the demo's waits (every [`POLL`] at most): a heartbeat is drawn at the poll's time minus
 //! `last_heartbeat_age`, so at the time it succeeded. Beats that happened between two polls
 //! before the last one have no known time: they are counted on the picture, not drawn.
