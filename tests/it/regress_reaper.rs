@@ -198,7 +198,9 @@ fn reaper_stops_deleting_a_big_room_once_it_loses_the_lease() {
         "reap of the big room started",
         || (scard(&s, &rk.peers) < N as i64).then_some(()),
     );
-    // Take the lease away: someone else holds it now.
+    // Take the lease away: someone else holds it now. Events queued before (a term lost and
+    // won again on a loaded machine: fast timings through a 10 ms proxy) are not this loss.
+    log.drain();
     let _: () = redis::cmd("SET")
         .arg(ks.leader())
         .arg("thief")

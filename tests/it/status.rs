@@ -430,6 +430,15 @@ fn node_leave_on_exit_leaves_nothing_behind() {
         let mut extra: Vec<&str> = procs::FAST.to_vec();
         if leave {
             extra.push("--leave-on-exit");
+        } else {
+            // The released heartbeat key must outlive the `status` run below: 600 ms was
+            // shorter than a process start on a loaded machine (`late` instead of `stopped`).
+            let ttl = extra
+                .iter()
+                .position(|f| *f == "--heartbeat-ttl-ms")
+                .unwrap()
+                + 1;
+            extra[ttl] = "10000";
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let mut spawn = procs::Spawn::new(&url, stage, "leaver", &["r1", "r2"]);
