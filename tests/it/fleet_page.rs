@@ -773,16 +773,12 @@ fn page_shows_a_paused_reaper_and_who_forced_a_reap() {
     let url = s.url();
     let stage = "pagepause";
     let proxy = s.proxy();
-    let mut t = sfu_redis::Timings::from_heartbeat(Duration::from_secs(1), Duration::from_secs(3));
-    t.command_timeout = Duration::from_millis(1500);
-    t.lease_ttl = Duration::from_secs(4);
-    t.lease_refresh = Duration::from_millis(1800);
-    t.two_phase_delay = Duration::from_millis(1500);
-    t.reap_interval = Duration::from_millis(500);
+    let t = crate::status::slowable();
     let leader = sfu_redis::Node::start(config_for(&proxy.url(), stage, "slowpoke", t)).unwrap();
     wait_for(LONG, "slowpoke leads", || leader.is_leader().then_some(()));
     let page = serve(&url, stage);
     proxy.set_delay(Duration::from_millis(350));
+    crate::status::wait_for_a_slow_tick(&leader);
     s.fabricate_dead(
         &ks(stage),
         "stuck",

@@ -662,14 +662,32 @@ fn a_new_dataset_and_an_empty_prefix_say_why() {
 /// Timings of a leader whose ticks the fault proxy can make slow without making its calls fail:
 /// a tick is slow above 500 ms (half the 1 s interval), a call fails after 1.5 s; a round every
 /// 500 ms with a 1.5 s two-phase wait; a 4 s lease (first granted 4 s after the dataset began).
-fn slowable() -> Timings {
+/// A leader whose ticks a 350 ms proxy delay makes slow (a tick is a round trip or more:
+/// 700 ms and up, over half its 1 s interval) while no call times out. Its two-phase window
+/// (4 s) holds at least two tick completions even on a loaded machine, so every round in the
+/// slow phase sees a slow tick (a 1.5 s window could end while its only tick was still under
+/// way: the round then reaped).
+pub(crate) fn slowable() -> Timings {
     let mut t = Timings::from_heartbeat(Duration::from_secs(1), Duration::from_secs(3));
     t.command_timeout = Duration::from_millis(1500);
     t.lease_ttl = Duration::from_secs(4);
     t.lease_refresh = Duration::from_millis(1800);
-    t.two_phase_delay = Duration::from_millis(1500);
+    t.two_phase_delay = Duration::from_secs(4);
     t.reap_interval = Duration::from_millis(500);
     t
+}
+
+/// Waits until `node` counted a slow heartbeat tick (`sfu_redis_slow_ticks` above 0): the
+/// proxy's delay has taken effect before a dead instance appears.
+pub(crate) fn wait_for_a_slow_tick(node: &sfu_redis::Node) {
+    wait_for(LONG, "a slow tick", || {
+        node.metrics()
+            .lines()
+            .filter(|l| l.starts_with("sfu_redis_slow_ticks"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .any(|n| n > 0.0)
+            .then_some(())
+    });
 }
 
 fn exists(s: &Server, key: &str) -> bool {
@@ -704,6 +722,7 @@ fn a_leader_skipping_reap_rounds_says_so_until_a_round_runs() {
     wait_for(LONG, "slowpoke leads", || node.is_leader().then_some(()));
     support::procs::cli_bin(); // built before the slow part starts
     proxy.set_delay(Duration::from_millis(350));
+    wait_for_a_slow_tick(&node);
     let ks = ks(STAGE);
     s.fabricate_dead(
         &ks,
