@@ -88,7 +88,11 @@ if not token then
   redis.call('DEL', KEYS[3])
   redis.call('SET', KEYS[3], token)
 end
-if status == 'ok' and holder and holder ~= ARGV[6] then status = 'duplicate' end
+-- On 'tick' only: at 'register' the one holder left here is 'released' (checked above), which
+-- is free to register over (reporting it as a duplicate made a restart wait an interval).
+if status == 'ok' and ARGV[3] ~= 'register' and holder and holder ~= ARGV[6] then
+  status = 'duplicate'
+end
 if tonumber(ARGV[7]) > tonumber(epoch) then
   redis.call('DEL', KEYS[4])
   redis.call('SET', KEYS[4], ARGV[7])

@@ -872,8 +872,8 @@ impl Node {
             // instance that died. Deregistering here would hide it from every reaper.
             Some(e) => Err(e.within(&format!(
                 "leave: {rooms_left} rooms and {peers_left} peers of this instance were not removed; \
-                 it stays registered (heartbeat released) so that a leader reaps them once its \
-                 heartbeat is stale"
+                 it stays registered (its heartbeat released, or expiring by its TTL) so that a \
+                 leader reaps them once its heartbeat is stale"
             ))),
         }
     }

@@ -28,6 +28,13 @@ pub(crate) struct MetricsServer {
 
 /// Parses `--metrics-addr` (`HOST:PORT`; port 0 picks a free one) into socket addresses.
 pub(crate) fn parse_addr(s: &str) -> Result<String, String> {
+    // A bare port is loopback, as `status --serve PORT` takes it.
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return match s.parse::<u16>() {
+            Ok(port) => Ok(format!("127.0.0.1:{port}")),
+            Err(_) => Err(format!("{s:?}: a port is 0 to 65535")),
+        };
+    }
     match s.to_socket_addrs().map(|mut a| a.next()) {
         Ok(Some(_)) => Ok(s.to_owned()),
         Ok(None) => Err(format!("{s:?} resolves to no address")),
@@ -79,5 +86,19 @@ fn respond(node: &Node, rq: &Request) -> Response {
     } else {
         let health = node.health();
         Response::text(if health.ok { 200 } else { 503 }, &health.reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_addr;
+
+    #[test]
+    fn a_bare_port_is_loopback_and_bad_ports_are_named() {
+        assert_eq!(parse_addr("9464").as_deref(), Ok("127.0.0.1:9464"));
+        assert_eq!(parse_addr("0").as_deref(), Ok("127.0.0.1:0"));
+        assert_eq!(parse_addr("[::1]:9464").as_deref(), Ok("[::1]:9464"));
+        assert!(parse_addr("70000").unwrap_err().contains("0 to 65535"));
+        assert!(parse_addr("nohost").unwrap_err().contains("HOST:PORT"));
     }
 }

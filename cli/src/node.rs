@@ -64,8 +64,9 @@ pub(crate) struct NodeArgs {
     leave_on_exit: bool,
     /// Serve GET /metrics (Prometheus text format, OpenMetrics when asked) and GET /healthz
     /// (200 when the last heartbeat succeeded within the heartbeat TTL, 503 otherwise, the
-    /// reason as body) on this address, e.g. 127.0.0.1:9464; port 0 picks a free port (the
-    /// address is printed on stderr). No TLS, no authentication: bind it to a private address.
+    /// reason as body) on this address, e.g. 127.0.0.1:9464 (a bare PORT is 127.0.0.1:PORT);
+    /// port 0 picks a free port (the address is printed on stderr). No TLS, no
+    /// authentication: bind it to a private address.
     #[arg(long, env = "SFU_METRICS_ADDR", value_name = "HOST:PORT", value_parser = metrics::parse_addr)]
     metrics_addr: Option<String>,
     /// For the chaos test only (hidden, not a public contract): after `ready`, keep pinning,

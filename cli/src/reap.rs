@@ -95,7 +95,7 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
     } else {
         print_report(&report);
     }
-    verdict(&report, args.force)
+    verdict(&report, args.force, config.keys().prefix())
 }
 
 /// This command's own id, the `instance` of the `instance_reaped` event it publishes:
@@ -186,7 +186,7 @@ fn list(what: &str, ids: &[String], total: u64) {
 
 /// The exit status of a report: `Ok` when reaped (or a dry run would reap), else the refusal
 /// with its code (module docs).
-fn verdict(r: &ReapReport, forced: bool) -> Result<(), Failure> {
+fn verdict(r: &ReapReport, forced: bool, prefix: &str) -> Result<(), Failure> {
     let id = &r.instance;
     let refuse = |m: String| Err(Failure::runtime(m));
     match &r.refused {
@@ -214,7 +214,7 @@ fn verdict(r: &ReapReport, forced: bool) -> Result<(), Failure> {
             "{id} is not registered (no heartbeat sorted-set entry) but keys of it remain; refused (run `sfu-redis fsck --repair`: it hands such an instance to the reaper)"
         )),
         Some(Refusal::NotRegistered { leftovers: false }) => Err(Failure::usage(format!(
-            "no instance {id:?} under this prefix (check the id with `sfu-redis status`, and --namespace / --stage / --branch)"
+            "no instance {id:?} under {prefix}: nothing of it is left, whether it never existed or a leader already reaped it (check the id with `sfu-redis status`, and --namespace / --stage / --branch)"
         ))),
         Some(Refusal::RegisteredAgain) => refuse(format!(
             "{id} registered again while it was being reaped; stopped (its new life's rooms and peers are kept)"
