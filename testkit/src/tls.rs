@@ -92,6 +92,7 @@ impl TestCerts {
     /// it), when a run fails (the message holds its stderr) or when the temp dir cannot be
     /// written.
     pub fn generate() -> Result<TestCerts> {
+        sweep_dead_processes_dirs();
         let dir = std::env::temp_dir().join(format!(
             "sfu-redis-certs-{}-{:08x}",
             std::process::id(),
@@ -229,6 +230,29 @@ impl TestCerts {
     /// `not-pem.txt`: a text file that is not PEM (for "bad certificate file" tests).
     pub fn not_pem(&self) -> PathBuf {
         self.dir.join("not-pem.txt")
+    }
+}
+
+/// Removes the certificate dirs of processes that are gone: a set kept in a `static` for a
+/// whole test binary is never dropped, so each run would leave one behind (keys included).
+fn sweep_dead_processes_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("sfu-redis-certs-"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().filter(|p| p.parse::<u32>().is_ok()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 

@@ -288,6 +288,8 @@ fn unix_socket_password_under_a_percent_encoded_name_is_never_printed() {
         .into_iter()
         .filter(|t| t.contains(TAIL))
         .collect();
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(leaks.is_empty(), "password printed: {leaks:#?}");
 }
 
