@@ -6,8 +6,12 @@
 //! timeout, cap no request head and bound no write: one client that never reads stalls it.
 //! Here every rule below is ours and tested (tests/it/metrics.rs, tests/it/fleet_page.rs):
 //!
-//! - one thread per connection, at most [`Limits::max_connections`] open at once; beyond
-//!   that a best-effort short 503 and the connection is closed at once;
+//! - one thread per connection, at most [`Limits::max_connections`] open at once; a new
+//!   connection beyond that takes the place of the one that has waited longest for its
+//!   request to arrive (it is closed: a client that holds connections open without finishing
+//!   its requests, however many, cannot keep a prompt client such as a liveness probe out);
+//!   only when every open connection is answering is the new one refused (a best-effort short
+//!   503, then closed);
 //! - the whole request (head and body) must arrive within [`Limits::read_timeout`] of the
 //!   accept: a trickle of bytes (slowloris) does not extend it; past it, 408 and close;
 //! - the head (request line and headers) is at most [`Limits::max_head`] bytes (431 past it,
@@ -15,7 +19,9 @@
 //! - a body is at most [`Limits::max_body`] bytes (413, judged from `Content-Length` before
 //!   reading it); `Transfer-Encoding` is refused (501), conflicting `Content-Length`s too (400);
 //! - an HTTP/1.1 request needs exactly one `Host` (400 otherwise; RFC 9112 section 3.2), an
-//!   HTTP/1.0 one at most one;
+//!   HTTP/1.0 one at most one; `Origin` and `Sec-Fetch-Site` at most once each (400: a
+//!   handler checks them); an absolute-form target (`http://host/path`) is taken as its path
+//!   when its authority is the `Host` (400 otherwise);
 //! - one request per connection: every response says `Connection: close`, the rest of what
 //!   the client sent (pipelined requests) is never parsed, so requests cannot pile up;
 //! - the response must be written within [`Limits::write_timeout`]: it is written in chunks,
@@ -33,8 +39,9 @@
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::ToSocketAddrs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Most headers in one request (431 past it).
@@ -257,7 +264,7 @@ impl Server {
     }
 
     fn accept_loop(self, handler: &Arc<Handler>, stop: &AtomicBool) {
-        let open = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(Open::default());
         loop {
             let accepted = self.listener.accept();
             if stop.load(Ordering::Acquire) {
@@ -273,25 +280,20 @@ impl Server {
                     continue;
                 }
             };
-            if open.fetch_add(1, Ordering::AcqRel) >= self.limits.max_connections {
-                open.fetch_sub(1, Ordering::AcqRel);
+            let Some(slot) = Open::admit(&open, &stream, self.limits.max_connections) else {
                 refuse_busy(stream, self.limits.max_connections);
                 log::debug!(
-                    "{}: {} connections open; one more refused with 503",
+                    "{}: {} connections open, all answering; one more refused with 503",
                     self.name,
                     self.limits.max_connections
                 );
                 continue;
-            }
-            let slot = Slot(open.clone());
+            };
             let (limits, handler) = (self.limits, handler.clone());
             let spawned = std::thread::Builder::new()
                 .name("sfu-http-conn".into())
                 .stack_size(STACK)
-                .spawn(move || {
-                    let _slot = slot;
-                    connection(stream, &limits, &*handler);
-                });
+                .spawn(move || connection(stream, &slot, &limits, &*handler));
             if let Err(e) = spawned {
                 // The closure (the stream and its slot) is dropped: the connection closes.
                 log::warn!("{}: cannot start a connection thread: {e}", self.name);
@@ -317,13 +319,80 @@ impl Stopper {
     }
 }
 
+/// The open connections of one server.
+#[derive(Default)]
+struct Open {
+    conns: Mutex<Vec<Entry>>,
+    /// The next connection's id (ids are never reused within a server's life).
+    next: AtomicU64,
+}
+
+struct Entry {
+    id: u64,
+    /// A handle to shut the connection down when another takes its place.
+    stream: Option<TcpStream>,
+    accepted: Instant,
+    /// Still waiting for its request (false once it is being answered).
+    reading: bool,
+}
+
+impl Open {
+    fn lock(&self) -> MutexGuard<'_, Vec<Entry>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for `stream` under `cap`: when all are taken, the connection that has waited
+    /// longest for its request is shut down and its place given to this one; `None` when every
+    /// open connection is being answered.
+    fn admit(open: &Arc<Open>, stream: &TcpStream, cap: usize) -> Option<Slot> {
+        let mut conns = open.lock();
+        // Connections already shut down to make room are on their way out: not counted.
+        let counted = conns.iter().filter(|e| e.stream.is_some()).count();
+        if counted >= cap {
+            let oldest = conns
+                .iter_mut()
+                .filter(|e| e.reading && e.stream.is_some())
+                .min_by_key(|e| e.accepted)?;
+            if let Some(s) = oldest.stream.take() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            log::debug!(
+                "{cap} connections open; the one waiting longest for its request was closed for a new one"
+            );
+        }
+        let id = open.next.fetch_add(1, Ordering::Relaxed);
+        conns.push(Entry {
+            id,
+            stream: stream.try_clone().ok(),
+            accepted: Instant::now(),
+            reading: true,
+        });
+        Some(Slot {
+            open: open.clone(),
+            id,
+        })
+    }
+}
+
 /// An open connection's place under [`Limits::max_connections`], given back on drop (also
 /// when a handler panics).
-struct Slot(Arc<AtomicUsize>);
+struct Slot {
+    open: Arc<Open>,
+    id: u64,
+}
+
+impl Slot {
+    /// Its request has arrived: it is being answered and no new connection takes its place.
+    fn answering(&self) {
+        if let Some(e) = self.open.lock().iter_mut().find(|e| e.id == self.id) {
+            e.reading = false;
+        }
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.open.lock().retain(|e| e.id != self.id);
     }
 }
 
@@ -349,10 +418,12 @@ enum ReadFailure {
 }
 
 /// One connection: read one request, answer it, close.
-fn connection(mut stream: TcpStream, limits: &Limits, handler: &Handler) {
+fn connection(mut stream: TcpStream, slot: &Slot, limits: &Limits, handler: &Handler) {
     let _ = stream.set_nodelay(true);
     let read_deadline = Instant::now() + limits.read_timeout;
-    let (response, head_only) = match read_request(&mut stream, limits, read_deadline) {
+    let read = read_request(&mut stream, limits, read_deadline);
+    slot.answering();
+    let (response, head_only) = match read {
         Ok(req) => (handler(&req), req.method == "HEAD"),
         Err(ReadFailure::Gone) => return,
         Err(ReadFailure::Refused(resp)) => (resp, false),
@@ -526,6 +597,16 @@ fn read_request(
             ))
         }
     }
+    for name in ["Origin", "Sec-Fetch-Site"] {
+        let n = count(name);
+        if n > 1 {
+            return Err(refused(
+                400,
+                &format!("bad request: {n} {name} headers; send at most one"),
+            ));
+        }
+    }
+    let target = origin_form(&head.target, &head.headers)?;
     let mut length: Option<u64> = None;
     for (_, v) in head
         .headers
@@ -570,9 +651,42 @@ fn read_request(
     }
     Ok(Request {
         method: head.method,
-        target: head.target,
+        target,
         headers: head.headers,
     })
+}
+
+/// The request target in origin form (`/path?query`): an absolute-form target
+/// (`http://host/path`, RFC 9112 section 3.2.2) is taken as its path when its authority is the
+/// `Host` header's value, so the Host a handler checks is the one the request is for.
+fn origin_form(target: &str, headers: &[(String, String)]) -> Result<String, ReadFailure> {
+    let lower = target.to_ascii_lowercase();
+    let Some(rest) = ["http://", "https://"]
+        .iter()
+        .find_map(|scheme| lower.starts_with(scheme).then(|| &target[scheme.len()..]))
+    else {
+        return Ok(target.to_owned());
+    };
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let host = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("Host"))
+        .map(|(_, v)| v.trim());
+    if host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
+        Ok(if path.starts_with('?') {
+            format!("/{path}")
+        } else {
+            path.to_owned()
+        })
+    } else {
+        Err(refused(
+            400,
+            "bad request: an absolute-form target's authority must be the Host header",
+        ))
+    }
 }
 
 /// The Host header's name part, lower case, without a port or a trailing dot; IPv6 literals
@@ -586,7 +700,20 @@ pub(crate) fn host_name(host: &str) -> Result<String, String> {
         let (v6, after) = rest
             .split_once(']')
             .ok_or_else(|| format!("Host {host:?}: an IPv6 address needs its closing ]"))?;
-        (v6, after.strip_prefix(':'))
+        if v6.parse::<Ipv6Addr>().is_err() {
+            return Err(format!(
+                "Host {host:?}: not an IPv6 address between [ and ]"
+            ));
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| format!("Host {host:?}: only a :port may follow the ]"))?,
+            ),
+        };
+        (v6, port)
     } else {
         match host.split_once(':') {
             Some((n, p)) => (n, Some(p)),
@@ -625,8 +752,22 @@ mod tests {
         assert!(host_name("a:b").is_err());
         assert!(host_name("a:99999").is_err());
         assert!(host_name("[::1").is_err());
+        assert!(host_name("[::1]evil.example").is_err());
+        assert!(host_name("[localhost]").is_err());
+        assert!(host_name("[fleet.example]:1").is_err());
         assert!(is_ip_literal("::1") && is_ip_literal("10.1.2.3"));
         assert!(!is_ip_literal("localhost"));
+    }
+
+    #[test]
+    fn absolute_form_targets_are_their_path_when_the_authority_is_the_host() {
+        let h = |v: &str| vec![("Host".to_owned(), v.to_owned())];
+        let ok = |t: &str, host: &str| origin_form(t, &h(host)).ok();
+        assert_eq!(ok("/metrics", "a:1").as_deref(), Some("/metrics"));
+        assert_eq!(ok("http://a:1/healthz", "a:1").as_deref(), Some("/healthz"));
+        assert_eq!(ok("HTTP://A:1", "a:1").as_deref(), Some("/"));
+        assert_eq!(ok("http://a:1?x=1", "a:1").as_deref(), Some("/?x=1"));
+        assert!(ok("http://evil/healthz", "a:1").is_none());
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! SIGINT and SIGTERM, handled on one thread of their own (`sfu-signals`).
+//! SIGINT, SIGTERM and the other signals that would end the process, handled on one thread
+//! of their own (`sfu-signals`).
 //!
-//! [`install`] runs first in `main`, before any other thread exists: it blocks the two signals
-//! on the main thread, every thread started later inherits that mask, and the `sfu-signals`
+//! [`install`] runs first in `main`, before any other thread exists: it blocks the signals
+//! below on the main thread, every thread started later inherits that mask, and the `sfu-signals`
 //! thread takes them synchronously with `sigwait`. So a stop request never runs a handler on
 //! a thread that is waiting for Redis: such a read has a timeout, is never restarted after a
 //! handler, and would fail with `EINTR`, failing the clean stop it belongs to (issue 26: a
@@ -9,7 +10,7 @@
 //! threads block every asynchronous signal anyway (`sfu_redis::signals`). Child processes do
 //! not inherit the mask (the standard library clears it before `exec`).
 //!
-//! What a signal does:
+//! What a signal does. SIGINT, SIGTERM and SIGHUP (the terminal went away) are stop requests:
 //! - the first one, when a command asked for it ([`signal_channel`]), disconnects that
 //!   channel: the command stops cleanly (a node releases its heartbeat and lease, or leaves);
 //! - the first one, when no command asked, does what it does by default: the process ends by
@@ -18,6 +19,12 @@
 //!   (`timeout(1)` and supervisors that signal the whole process group) and is ignored;
 //! - a later one exits at once with 130, without clean-up (a stuck clean-up can be cut short:
 //!   what it leaves is reaped once the instance is seen dead).
+//!
+//! SIGUSR1, SIGUSR2 and SIGALRM mean nothing to the CLI: a command that asked for stop
+//! requests (`node`, `demo`) logs and ignores them, where by default each would have ended the
+//! process with no clean stop (a log-rotation tool's SIGUSR1 left a live heartbeat token and
+//! the lease); other commands end by them as before. SIGQUIT keeps its default (a core dump
+//! for debugging), SIGPIPE stays ignored (Rust's runtime).
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,14 +41,22 @@ pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
 struct State {
     /// The channel of the command that asked for stop requests.
     subscriber: Option<Sender<()>>,
-    /// When the first signal arrived.
+    /// A command asked for stop requests (so the meaningless signals are ignored).
+    asked: bool,
+    /// When the first stop request arrived.
     first: Option<Instant>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     subscriber: None,
+    asked: false,
     first: None,
 });
+
+/// Stop requests.
+const STOP: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
+/// Signals that mean nothing to the CLI.
+const IGNORED: [Signal; 3] = [Signal::SIGUSR1, Signal::SIGUSR2, Signal::SIGALRM];
 
 fn state() -> MutexGuard<'static, State> {
     STATE
@@ -49,18 +64,18 @@ fn state() -> MutexGuard<'static, State> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn stop_signals() -> SigSet {
-    [Signal::SIGINT, Signal::SIGTERM].into_iter().collect()
+fn handled() -> SigSet {
+    STOP.into_iter().chain(IGNORED).collect()
 }
 
-/// Blocks SIGINT/SIGTERM on the calling (main) thread and starts the thread that waits for
-/// them. Call it before any other thread starts.
+/// Blocks the handled signals on the calling (main) thread and starts the thread that waits
+/// for them. Call it before any other thread starts.
 ///
 /// # Errors
 /// A runtime failure when the mask cannot be set or the thread cannot start (then nothing is
 /// blocked: the signals keep their default action).
 pub(crate) fn install() -> Result<(), Failure> {
-    let set = stop_signals();
+    let set = handled();
     set.thread_block()
         .map_err(|e| Failure::runtime(format!("cannot block SIGINT/SIGTERM: {e}")))?;
     let spawned = std::thread::Builder::new()
@@ -76,7 +91,7 @@ pub(crate) fn install() -> Result<(), Failure> {
             }
         });
     if let Err(e) = spawned {
-        let _ = stop_signals().thread_unblock();
+        let _ = handled().thread_unblock();
         return Err(Failure::runtime(format!(
             "cannot start the SIGINT/SIGTERM thread: {e}"
         )));
@@ -86,6 +101,14 @@ pub(crate) fn install() -> Result<(), Failure> {
 
 fn on_signal(sig: Signal) {
     let mut s = state();
+    if IGNORED.contains(&sig) {
+        if s.asked {
+            log::info!("{sig} ignored (SIGINT, SIGTERM or SIGHUP stop sfu-redis)");
+            return;
+        }
+        drop(s);
+        return default_action(sig);
+    }
     match s.first {
         None => {
             s.first = Some(Instant::now());
@@ -112,12 +135,13 @@ fn default_action(sig: Signal) {
     std::process::exit(128 + sig as i32);
 }
 
-/// A receiver that reports "disconnected" once SIGINT or SIGTERM arrives (at once when one
-/// already did). From then on the process no longer ends by the first signal: the command
+/// A receiver that reports "disconnected" once SIGINT, SIGTERM or SIGHUP arrives (at once
+/// when one already did). From then on the process no longer ends by the first signal: the command
 /// stops by itself when it sees the channel disconnected.
 pub(crate) fn signal_channel() -> Result<Receiver<()>, Failure> {
     let (tx, rx) = bounded::<()>(0);
     let mut s = state();
+    s.asked = true;
     if s.first.is_none() {
         s.subscriber = Some(tx);
     }

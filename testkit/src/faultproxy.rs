@@ -63,6 +63,8 @@ struct State {
     stop: AtomicBool,
     /// Replies lost so far (connections closed instead of forwarding a reply).
     replies_lost: AtomicU64,
+    /// Chunks read from clients so far (forwarded, held or dropped alike).
+    requests_seen: AtomicU64,
 }
 
 /// A running proxy; stops (and closes every connection) on `Drop`.
@@ -176,6 +178,13 @@ impl FaultProxy {
     /// connections closed when the reply of a marked request came back.
     pub fn replies_lost(&self) -> u64 {
         self.state.replies_lost.load(Ordering::Relaxed)
+    }
+
+    /// Chunks of requests read from clients so far, whatever became of them (forwarded,
+    /// delayed, held or dropped by a blackhole): one per request or pipeline a client sent,
+    /// or more when the kernel split one. A test counts what a node sends during a fault.
+    pub fn requests_seen(&self) -> u64 {
+        self.state.requests_seen.load(Ordering::Relaxed)
     }
 
     /// True while a [`FaultProxy::lose_reply_of`] has not fired yet (no request held its
@@ -330,6 +339,9 @@ fn pump(
                     }
                     Err(_) => break,
                 };
+                if upstream {
+                    st.requests_seen.fetch_add(1, Ordering::Relaxed);
+                }
                 // The faults as they are now, after the read (a fault set while the read was
                 // waiting applies to what it returned): a stall holds the chunk back, a drop
                 // discards it.

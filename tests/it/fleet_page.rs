@@ -693,6 +693,20 @@ fn the_page_refuses_foreign_hosts_and_cross_site_posts() {
         assert_eq!(code, 403, "{headers:?}: {body}");
         assert!(body.contains("refused"), "{headers:?}: {body}");
     }
+    // Two of a header that is checked (only the first was, in an adversarial trial: an own
+    // Origin then a foreign one got 202), and Host forms that are no host: 400.
+    for headers in [
+        format!("Origin: http://{addr}\r\nOrigin: https://attacker.example\r\n"),
+        "Sec-Fetch-Site: same-origin\r\nSec-Fetch-Site: cross-site\r\n".to_owned(),
+    ] {
+        let (code, body) = post(&headers);
+        assert_eq!(code, 400, "{headers:?}: {body}");
+    }
+    for host in ["[::1]attacker.example", "[localhost]", "[fleet.example]:1"] {
+        let (code, body) = get("/status.json", host);
+        assert_eq!(code, 400, "Host {host}: {body}");
+        assert!(!body.contains(&prefix), "Host {host}: {body}");
+    }
     let (_, body) = get("/fsck.json", addr);
     let fsck: Value = serde_json::from_str(&body).expect("fsck.json is JSON");
     assert!(

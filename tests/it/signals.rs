@@ -249,3 +249,70 @@ fn the_library_s_own_threads_block_the_asynchronous_signals() {
     }
     node.shutdown().unwrap();
 }
+
+// Signals that mean nothing to the CLI never end a node without its clean stop (an
+// adversarial trial: SIGUSR1, SIGUSR2 and SIGALRM ended `node` at once, exit 138/140/142, with
+// a live boot token in its heartbeat key and its lease kept, before and after the sigwait
+// thread came in; SIGHUP, a closed terminal, did the same with 129 once the sigwait thread
+// replaced ctrlc, which had handled it). Now the three are ignored (the node keeps
+// heartbeating) and SIGHUP is a stop request like SIGTERM: exit 0, heartbeat and lease
+// released.
+#[test]
+fn stray_signals_never_end_a_node_without_its_clean_stop() {
+    let s = Server::start();
+    for (stage, stop) in [("sigu", libc::SIGTERM), ("sighup", libc::SIGHUP)] {
+        let ks = ks(stage);
+        let mut child = Command::new(cli_bin())
+            .args(["node", "--json", "--stage", stage, "--instance-id", stage])
+            .args(["--redis-url", &s.url()])
+            .args(procs::FAST)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sfu-redis node");
+        wait_for(LONG, "the node registered", || {
+            redis::cmd("EXISTS")
+                .arg(ks.heartbeat(stage))
+                .query::<bool>(&mut s.con())
+                .ok()?
+                .then_some(())
+        });
+        let pid = child.id();
+        for sig in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM] {
+            assert!(kill(pid, sig));
+        }
+        // Still running a while later, and still heartbeating.
+        let before = s.server_ms();
+        wait_for(LONG, "a heartbeat after the stray signals", || {
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(ks.heartbeats())
+                .arg(stage)
+                .query(&mut s.con())
+                .ok()?;
+            score.filter(|&t| t as i64 > before).map(|_| ())
+        });
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "{stage}: a stray signal ended the node"
+        );
+        assert!(kill(pid, stop));
+        let code = wait_for(LONG, "the node's exit", || {
+            child.try_wait().expect("try_wait")
+        });
+        assert!(code.success(), "{stage}: exit {code} after signal {stop}");
+        let hb: Option<String> = redis::cmd("GET")
+            .arg(ks.heartbeat(stage))
+            .query(&mut s.con())
+            .unwrap();
+        assert_eq!(
+            hb.as_deref(),
+            Some("released"),
+            "{stage}: heartbeat released"
+        );
+        let lease: bool = redis::cmd("EXISTS")
+            .arg(ks.leader())
+            .query(&mut s.con())
+            .unwrap();
+        assert!(!lease, "{stage}: lease released");
+    }
+}

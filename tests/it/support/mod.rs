@@ -317,12 +317,22 @@ pub fn config_for(url: &str, stage: &str, instance: &str, t: Timings) -> Config 
         .expect("valid config")
 }
 
-/// A connection of the library's connector to `url` (a cluster URL too).
+/// A connection of the library's connector to `url` (a cluster URL too). A server still
+/// loading its dataset (just restarted with persistence: `LOADING`) is waited for, up to
+/// [`LONG`].
 pub fn con_to(url: &str) -> sfu_redis::conn::Conn {
-    sfu_redis::conn::Redis::new(url, Duration::from_secs(5))
-        .unwrap()
-        .connect()
-        .expect("connect to test redis")
+    let redis = sfu_redis::conn::Redis::new(url, Duration::from_secs(5)).unwrap();
+    let deadline = Instant::now() + LONG;
+    loop {
+        match redis.connect() {
+            Ok(con) => return con,
+            Err(e) if e.to_string().contains("LOADING") || e.to_string().contains("loading") => {
+                assert!(Instant::now() < deadline, "still loading: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect to test redis: {e}"),
+        }
+    }
 }
 
 /// The key space of stage `stage` (`sfu:<stage>:main`).
