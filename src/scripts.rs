@@ -15,33 +15,80 @@ macro_rules! scripts {
         #[derive(Debug)]
         pub(crate) struct Scripts {
             $(pub $name: Script,)+
+            /// Every script's name and source, in the order of the list.
+            sources: Vec<(&'static str, &'static str)>,
         }
 
-        pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-            $($name: Script::new(include_str!(concat!("../lua/", stringify!($name), ".lua"))),)+
+        pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+            let sources = vec![$((
+                stringify!($name),
+                source(stringify!($name), include_str!(concat!("../lua/", stringify!($name), ".lua"))),
+            )),+];
+            let mut each = sources.iter().map(|(_, source)| Script::new(source));
+            Scripts {
+                $($name: each.next().expect("one source per script"),)+
+                sources,
+            }
         });
 
         impl Scripts {
-            /// Every script, for preloading.
-            pub(crate) fn all(&self) -> Vec<&Script> {
-                vec![$(&self.$name),+]
-            }
-
-            /// Every script's name (`heartbeat` for `lua/heartbeat.lua`) and source.
-            pub(crate) fn sources(&self) -> Vec<(&'static str, &'static str)> {
-                vec![$((stringify!($name), include_str!(concat!("../lua/", stringify!($name), ".lua")))),+]
-            }
-
-            /// The source of the script whose SHA1 is `sha` (an `EVALSHA` turned into an
-            /// `EVAL` when the script cache keeps being flushed).
-            pub(crate) fn source_of(&self, sha: &[u8]) -> Option<&'static str> {
-                $(if self.$name.get_hash().as_bytes() == sha {
-                    return Some(include_str!(concat!("../lua/", stringify!($name), ".lua")));
-                })+
-                None
+            /// The script `name` of the list.
+            fn by_name(&self, name: &str) -> &Script {
+                match name {
+                    $(stringify!($name) => &self.$name,)+
+                    _ => unreachable!("{name} is not a script of the list"),
+                }
             }
         }
     };
+}
+
+impl Scripts {
+    /// Every script, for preloading.
+    pub(crate) fn all(&self) -> Vec<&Script> {
+        let mut all = Vec::with_capacity(self.sources.len());
+        for (name, _) in &self.sources {
+            all.push(self.by_name(name));
+        }
+        all
+    }
+
+    /// Every script's name (`heartbeat` for `lua/heartbeat.lua`) and source.
+    pub(crate) fn sources(&self) -> Vec<(&'static str, &'static str)> {
+        self.sources.clone()
+    }
+
+    /// The source of the script whose SHA1 is `sha` (an `EVALSHA` turned into an `EVAL` when
+    /// the script cache keeps being flushed).
+    pub(crate) fn source_of(&self, sha: &[u8]) -> Option<&'static str> {
+        self.sources
+            .iter()
+            .find(|(name, _)| self.by_name(name).get_hash().as_bytes() == sha)
+            .map(|(_, source)| *source)
+    }
+}
+
+/// The source of script `name`: the compiled-in one, or with the `testing` feature and
+/// `SFU_TEST_LUA_DIR` set, `<dir>/<name>.lua` read at first use. The mutation check
+/// (`.ci/mutants.py`) runs the suite's processes over a copy of `lua/` with one guard broken,
+/// without rebuilding; a host's build (no `testing`) always runs what it was compiled with.
+fn source(name: &str, compiled: &'static str) -> &'static str {
+    #[cfg(feature = "testing")]
+    if let Some(dir) = std::env::var_os("SFU_TEST_LUA_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.lua"));
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                log::warn!(
+                    "SFU_TEST_LUA_DIR: {name} runs {} (a test override)",
+                    path.display()
+                );
+                return Box::leak(text.into_boxed_str());
+            }
+            Err(e) => panic!("SFU_TEST_LUA_DIR: cannot read {}: {e}", path.display()),
+        }
+    }
+    let _ = name;
+    compiled
 }
 
 scripts!(

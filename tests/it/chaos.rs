@@ -18,9 +18,9 @@
 //!   fleet, on running nodes): the next request of that node runs, its reply is lost with the
 //!   connection. Not counted as faults (they disrupt no slot).
 //!
-//! **Failover mode** (opt-in: `SFU_CHAOS_FAILOVERS=<seconds>` sets the fault period of a
-//! second run, `chaos_failovers_then_check`; without it that test only prints how to enable
-//! it). The same five node processes, faults, churn and checker, on a Sentinel group instead
+//! **Failover mode** (`chaos_failovers_then_check`: a second run whose fault period is
+//! `SFU_CHAOS_FAILOVERS=<seconds>`, 60 by default, the shortest to which every check applies;
+//! `0` skips it). The same five node processes, faults, churn and checker, on a Sentinel group instead
 //! of one redis-server: a master, one replica and three sentinels (`down-after-milliseconds`
 //! 500, `SentinelGroup`), every node started with a `redis+sentinel://` URL (so every new
 //! connection asks the sentinels and checks `ROLE`). Instead of the Redis restart, failovers at
@@ -149,6 +149,9 @@ const SLOTS: usize = 5;
 const MAX_DISRUPTED: usize = 2;
 /// Default fault period, seconds: the whole test takes well under 3 minutes.
 const DEFAULT_SECS: u64 = 90;
+/// The failover run's default fault period (`SFU_CHAOS_FAILOVERS`): the shortest to which every
+/// check applies (`check_workload`: takeovers and guests re-homed elsewhere need 60 s).
+const DEFAULT_FAILOVER_SECS: u64 = 60;
 /// Fault durations, ms: short ones must leave a node untouched; medium ones straddle the
 /// two-phase window; long ones outlast a full reap window (zombies).
 const SHORT: (u64, u64) = (50, 800);
@@ -2774,22 +2777,21 @@ fn chaos_kill_pause_partition_restart_then_check() {
     );
 }
 
-/// Failover mode (module docs): opt-in with `SFU_CHAOS_FAILOVERS=<seconds of faults>`.
+/// Failover mode (module docs): `SFU_CHAOS_FAILOVERS=<seconds of faults>`, 60 by default (the
+/// shortest period every check of the run applies to: takeovers need 60 s), `0` skips it.
 #[test]
 fn chaos_failovers_then_check() {
     let secs = match std::env::var("SFU_CHAOS_FAILOVERS") {
-        Err(_) => None,
-        Ok(v) if v.trim().is_empty() || v.trim() == "0" => None,
-        Ok(v) => Some(v.trim().parse::<u64>().unwrap_or_else(|_| {
+        Err(_) => DEFAULT_FAILOVER_SECS,
+        Ok(v) if v.trim().is_empty() => DEFAULT_FAILOVER_SECS,
+        Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
             panic!("SFU_CHAOS_FAILOVERS={v:?}: expected a number of seconds (the fault period)")
-        })),
+        }),
     };
-    let Some(secs) = secs else {
-        eprintln!(
-            "chaos failovers: skipped; SFU_CHAOS_FAILOVERS=<seconds> (e.g. 45) runs the chaos over a Sentinel group with failovers"
-        );
+    if secs == 0 {
+        eprintln!("chaos failovers: skipped (SFU_CHAOS_FAILOVERS=0)");
         return;
-    };
+    }
     let seed = env_u64("SFU_CHAOS_SEED").unwrap_or_else(|| fastrand::u64(..));
     eprintln!(
         "chaos: failover mode, seed={seed} secs={secs} (SFU_CHAOS_SEED={seed} SFU_CHAOS_FAILOVERS={secs} reproduces the schedule)"

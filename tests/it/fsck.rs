@@ -698,6 +698,43 @@ fn unregistered_instance_is_handed_to_the_reaper() {
     assert_clean(&run(&s, STAGE, false));
 }
 
+// Protects invariant 1 in the audit: an instance with a heartbeat key is never handed over to
+// the reaper (the scans leave it out; audit_enqueue.lua checks again when it runs, for a key
+// that appears after the second scan). An instance whose sorted-set entry is missing but whose
+// heartbeat key is live and whose room index names a room: `--repair` reports it and leaves it
+// alone: no entry with score 0 (which would tell the running instance it was reaped), its index
+// and room as they were.
+#[test]
+fn an_unregistered_instance_with_a_live_key_is_not_handed_over() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "keyed",
+        now - 60_000,
+        Some(60_000),
+        &[("keyed-room", &[("kp", None)])],
+    );
+    raw(&s, &["ZREM", &ks.heartbeats(), "keyed"]);
+    raw(
+        &s,
+        &["SET", &ks.heartbeat("keyed"), "boot-token", "PX", "60000"],
+    );
+    let before = s.dump(&ks.scan_pattern());
+
+    let rep = run(&s, STAGE, true);
+    assert!(
+        rep.problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::UnregisteredInstance && !p.repaired),
+        "{:#?}",
+        rep.problems
+    );
+    assert_eq!(zscore(&s, &ks.heartbeats(), "keyed"), None);
+    assert_eq!(s.dump(&ks.scan_pattern()), before);
+}
+
 // Keys of the wrong type (a pin that is a hash, a room peers set that is a string in an
 // otherwise orphaned room, an instance index that is a list, a peer record that is a string)
 // are reported as wrong_type and never repaired: after --repair each still holds the same

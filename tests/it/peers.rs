@@ -330,3 +330,128 @@ fn indexes_match_records_after_a_long_sequence() {
     }
     assert_consistent(&s);
 }
+
+// Protects remove_peer.lua's instance check (only the instance that hosts a peer removes it;
+// issue 32: with that check removed, every test of `peers::` and `regress_races::` passed). The
+// room's owner A hosts a peer; B, another live instance of the fleet, removes it with the right
+// generation: `Error::NotPeerOwner` naming A (kind `NotOwner`, the C API's
+// `SFU_ERR_NOT_OWNER`), and A's record, the room's peer set, the guest pointer and state and A's
+// peer index are exactly as before. A's own remove then works: the guard refused B only.
+#[test]
+fn remove_of_another_instances_peer_is_refused_and_touches_nothing() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "host-a");
+    let b = s.node(STAGE, "host-b");
+    a.pin_room("shared").unwrap();
+    let generation = a
+        .upsert_peer("shared", "pa", Some("ga"), &[("k", "v")])
+        .unwrap();
+    let rk = ks.room("shared");
+    let _: () = redis::cmd("HSET")
+        .arg(&rk.guest_state)
+        .arg("ga")
+        .arg("speaking")
+        .query(&mut s.con())
+        .unwrap();
+    let before = room_view(&s, STAGE, &["shared"], &["host-a", "host-b"]);
+    assert!(
+        before.contains_key(&ks.peer("shared", "pa")),
+        "fabricated: {before:#?}"
+    );
+
+    let err = b
+        .remove_peer("shared", "pa", generation)
+        .expect_err("another instance's peer");
+    assert_eq!(err.kind(), ErrorKind::NotOwner, "{err}");
+    assert!(
+        matches!(&err, sfu_redis::Error::NotPeerOwner { owner, .. } if owner == "host-a"),
+        "{err:?}"
+    );
+    assert_eq!(
+        room_view(&s, STAGE, &["shared"], &["host-a", "host-b"]),
+        before
+    );
+    assert_consistent(&s);
+
+    assert!(a.remove_peer("shared", "pa", generation).unwrap());
+    assert!(hgetall(&s, &ks.peer("shared", "pa")).is_empty());
+    assert!(smembers(&s, &ks.instance_peers("host-a")).is_empty());
+    assert_consistent(&s);
+}
+
+// Protects remove_peer.lua's guest-pointer guard (a remove drops the guest pointer only while it
+// still names the removed peer; issue 32: removing the guard survived the suite). Two records
+// name one guest while the pointer names the second (no sequence of library calls leaves this;
+// bad data or a hand edit can, and it is written here directly). Removing the older record
+// keeps the pointer and the guest's state, which belong to the newer connection.
+#[test]
+fn remove_keeps_a_guest_pointer_that_names_another_peer() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let rk = ks.room("room");
+    let old = a
+        .upsert_peer("room", "old-conn", Some("dave"), &[])
+        .unwrap();
+    a.upsert_peer("room", "new-conn", Some("erin"), &[])
+        .unwrap();
+    // new-conn becomes dave's current connection; old-conn's record still names dave.
+    let _: () = redis::pipe()
+        .atomic()
+        .hset(ks.peer("room", "new-conn"), "guest", "dave")
+        .ignore()
+        .hdel(&rk.guests, "erin")
+        .ignore()
+        .hset(&rk.guests, "dave", "new-conn")
+        .ignore()
+        .hset(&rk.guest_state, "dave", "publishing")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(hgetall(&s, &ks.peer("room", "old-conn"))["guest"], "dave");
+
+    assert!(a.remove_peer("room", "old-conn", old).unwrap());
+    assert!(hgetall(&s, &ks.peer("room", "old-conn")).is_empty());
+    assert_eq!(hgetall(&s, &rk.guests), map(&[("dave", "new-conn")]));
+    assert_eq!(hgetall(&s, &rk.guest_state), map(&[("dave", "publishing")]));
+    assert_eq!(smembers(&s, &rk.peers), set(&["new-conn"]));
+    assert_consistent(&s);
+}
+
+// Protects upsert_peer.lua's guard on the old guest's pointer (step 1 drops it only while it
+// still names this peer; issue 32: dropping the condition survived the suite). A record names
+// guest "bob" while bob's pointer names another connection (no sequence of library calls leaves
+// this; bad data or a hand edit can, written here directly); the record changes guest: bob's
+// pointer and state, which belong to the other connection, stay.
+#[test]
+fn a_guest_change_keeps_the_old_guests_pointer_to_another_peer() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    a.pin_room("room").unwrap();
+    let rk = ks.room("room");
+    a.upsert_peer("room", "first", Some("bob"), &[]).unwrap();
+    a.upsert_peer("room", "second", Some("zed"), &[]).unwrap();
+    let _: () = redis::pipe()
+        .atomic()
+        .hset(ks.peer("room", "second"), "guest", "bob")
+        .ignore()
+        .hdel(&rk.guests, "zed")
+        .ignore()
+        .hset(&rk.guests, "bob", "second")
+        .ignore()
+        .hset(&rk.guest_state, "bob", "publishing")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(hgetall(&s, &ks.peer("room", "first"))["guest"], "bob");
+
+    a.upsert_peer("room", "first", Some("carol"), &[]).unwrap();
+    assert_eq!(
+        hgetall(&s, &rk.guests),
+        map(&[("bob", "second"), ("carol", "first")])
+    );
+    assert_eq!(hgetall(&s, &rk.guest_state), map(&[("bob", "publishing")]));
+}

@@ -679,3 +679,364 @@ fn a_mixed_timings_fleet_is_reaped_by_each_instances_own_threshold() {
     assert!(!exists(&s, &ks.room("long-room").meta));
     assert!(leader.is_leader());
 }
+
+// Protects each of reap_begin.lua's two re-checks on its own (issue 32: with only the key check
+// removed, every other reaper test passed, since they restore the key and the score together).
+// An instance whose sorted-set score is ten minutes stale but whose heartbeat key is live (a
+// running process whose score is behind: a restore, a lost write) and which has no instance
+// record to judge it by is not reaped: the re-check answers "alive" and nothing of it changes,
+// not even its score. Then the key goes but the score is fresh: alive again. Then both say
+// dead and the same instance is reaped: the scenario can fail.
+#[test]
+fn a_live_heartbeat_key_or_a_fresh_score_alone_spares_an_instance() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (leader, _log) = s.leader(STAGE, "keyed-leader", Timings::fast());
+    let now = s.server_ms();
+    let stale = now - 600_000;
+    s.fabricate_dead(
+        &ks,
+        "keyed",
+        stale,
+        Some(60_000),
+        &[("keyed-room", &[("keyed-peer", Some("keyed-guest"))])],
+    );
+    let w = wire(IdKind::Instance, "keyed");
+    let _: () = redis::cmd("SET")
+        .arg(ks.heartbeat(&w))
+        .arg("boot-token-of-a-running-process")
+        .arg("PX")
+        .arg(120_000)
+        .query(&mut s.con())
+        .unwrap();
+    assert!(!exists(&s, &ks.instance_info(&w)), "no instance record");
+    let before = view(&s, &["keyed-room"], &["keyed"]);
+    assert!(before.len() >= 4, "fabricated: {before:#?}");
+
+    assert_eq!(leader.reap_now("keyed").expect("reap_now"), None);
+    assert_eq!(view(&s, &["keyed-room"], &["keyed"]), before);
+    assert_eq!(zscore(&s, "keyed"), Some(stale), "score untouched");
+
+    // The score alone: no key, but a score within the stale threshold (the key expired by its
+    // TTL while the instance was judged, a heartbeat landed between the phases): alive too.
+    let _: () = redis::pipe()
+        .atomic()
+        .del(ks.heartbeat(&w))
+        .ignore()
+        .cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg("XX")
+        .arg(s.server_ms())
+        .arg(&w)
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let fresh = zscore(&s, "keyed");
+    assert_eq!(leader.reap_now("keyed").expect("reap_now"), None);
+    assert_eq!(view(&s, &["keyed-room"], &["keyed"]), before);
+    assert_eq!(zscore(&s, "keyed"), fresh, "score untouched");
+
+    // Control: without the key, the same instance is dead (reap_now or the reaper thread).
+    s.make_stale(&ks, "keyed", stale);
+    let out = leader.reap_now("keyed").expect("reap_now");
+    if let Some(c) = out {
+        assert_eq!((c.rooms, c.peers), (1, 1), "reap_now gave {c:?}");
+    }
+    wait_for(LONG, "keyed reaped", || {
+        (view(&s, &["keyed-room"], &["keyed"]).is_empty() && zscore(&s, "keyed").is_none())
+            .then_some(())
+    });
+}
+
+// Protects reap_begin.lua's fencing (invariant 3: the lease in Redis, not the caller's belief,
+// decides): a node that still believes it leads (its local deadline has not passed) while the
+// lease in Redis names another holder (Redis lost the lease and another node took it) starts
+// no reap: `Error::NotLeader`, and the dead instance keeps its score and its indexes where they
+// are (the re-check's first step would set the score to 0 and move the indexes aside). Issue
+// 32: the per-batch leadership check caught the reap later, so no test saw the fence go.
+#[test]
+fn a_leader_whose_lease_another_holds_starts_no_reap() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let ms = Duration::from_millis;
+    // The lease is refreshed every 1.5 s: the test acts right after a refresh, well before the
+    // next one would show the node the foreign holder.
+    let mut t = Timings::fast();
+    t.lease_ttl = ms(4000);
+    t.lease_refresh = ms(1500);
+    t.validate().unwrap();
+    let (leader, _log) = s.leader(STAGE, "fenced-leader", t);
+    for attempt in 0..5 {
+        wait_for(LONG, "a lease refresh", || {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(ks.leader())
+                .query(&mut s.con())
+                .unwrap();
+            (pttl > 3700).then_some(())
+        });
+        let _: () = redis::cmd("SET")
+            .arg(ks.leader())
+            .arg(wire(IdKind::Instance, "usurper"))
+            .arg("KEEPTTL")
+            .query(&mut s.con())
+            .unwrap();
+        // Written after the lease changed hands: the reaper thread cannot have started on it.
+        let dead = format!("fenced-dead-{attempt}");
+        let room = format!("fenced-room-{attempt}");
+        let stale = s.server_ms() - 600_000;
+        s.fabricate_dead(
+            &ks,
+            &dead,
+            stale,
+            None,
+            &[(&room, &[("fenced-peer", None)])],
+        );
+        let before = view(&s, &[&room], &[&dead]);
+        if !leader.is_leader() {
+            continue; // demoted already (a slow moment): again in its next term
+        }
+        match leader.reap_now(&dead) {
+            Err(sfu_redis::Error::NotLeader) => {}
+            other => panic!("reap_now with another's lease gave {other:?}"),
+        }
+        assert_eq!(view(&s, &[&room], &[&dead]), before);
+        assert_eq!(zscore(&s, &dead), Some(stale), "score untouched");
+        let w = wire(IdKind::Instance, &dead);
+        assert!(
+            !exists(&s, &ks.instance_reaping_rooms(&w)),
+            "nothing moved aside"
+        );
+        return;
+    }
+    panic!("the node never still believed it led when asked (machine too slow?)");
+}
+
+// Protects heartbeat.lua's zombie rule for a reap under way (score 0, set by reap_begin.lua):
+// an instance that resumes while it is being reaped learns it was reaped (`reaped_self` with its
+// rooms) instead of writing a fresh score over the 0 and going on as if alive. Here the reap
+// died right after its first step (score 0, indexes moved aside): no leader runs, so the
+// instance's own heartbeat is all that can notice. Issue 32: with the score-0 check removed,
+// the zombie tests still passed through the other path (the entry gone after a completed reap).
+#[test]
+fn an_instance_resuming_mid_reap_learns_it_was_reaped() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let z = s.node_with(STAGE, "mid-reap", Timings::fast());
+    let mut zlog = EventLog::new(&z);
+    for room in ["mr-room-1", "mr-room-2"] {
+        assert_eq!(z.pin_room(room).unwrap(), PinOutcome::Pinned);
+        z.upsert_peer(room, &format!("{room}-peer"), None, &[])
+            .unwrap();
+    }
+    let w = wire(IdKind::Instance, "mid-reap");
+    let _: () = redis::cmd("DEL")
+        .arg(ks.heartbeat(&w))
+        .query(&mut s.con())
+        .unwrap();
+    s.interrupt_reap(&ks, &w);
+    let e = zlog.wait(LONG, "reaped_self", |e| {
+        matches!(e, Event::ReapedSelf { .. })
+    });
+    let Event::ReapedSelf { rooms, .. } = e else {
+        unreachable!()
+    };
+    assert_eq!(rooms, 2, "{e:?}");
+}
+
+// Protects the reap's owner CAS and reap_peer.lua's re-homed-peer check, with reap_now (no
+// timing): a dead instance's room taken over by a live instance B, which then hosts a peer under
+// the same peer id as the dead one's; and a second taken-over room that had left the dead
+// one's room index while it lived, whose `<room>/<peer>` entry is still in its peer index (B's
+// clean-up of it lost). The reap skips the first room (its pin and metadata name B); its
+// peer-index pass finds the second room's entry with the record naming B (`moved`): B's rooms,
+// records and indexes stay exactly as they were, and everything else of the dead instance goes.
+// Issue 32: the owner CAS had one killing test; reap_peer's check none.
+#[test]
+fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (leader, _log) = s.leader(STAGE, "rehome-leader", Timings::fast());
+    let b = s.node_with(STAGE, "rehome-b", Timings::fast());
+    // Stale by minutes but written now: the reaper thread may list it too, and must agree.
+    let stale = s.server_ms() - 600_000;
+    s.fabricate_dead(
+        &ks,
+        "rehome-dead",
+        stale,
+        None,
+        &[
+            (
+                "rehome-taken",
+                &[("shared-peer", Some("g1")), ("old-peer", None)],
+            ),
+            ("rehome-lost", &[("lost-peer", None)]),
+            ("rehome-gone", &[("gone-peer", None)]),
+        ],
+    );
+    // rehome-lost left the dead instance's room index while it lived (it saw the room lost and
+    // dropped the entry): only the peer-index pass meets its peer.
+    let dead = wire(IdKind::Instance, "rehome-dead");
+    let _: () = redis::cmd("SREM")
+        .arg(ks.instance_rooms(&dead))
+        .arg("rehome-lost")
+        .query(&mut s.con())
+        .unwrap();
+    let mut records = BTreeMap::new();
+    for (room, peer) in [
+        ("rehome-taken", "shared-peer"),
+        ("rehome-lost", "lost-peer"),
+    ] {
+        match b.pin_room(room).unwrap() {
+            PinOutcome::TookOver { previous } => assert_eq!(previous, "rehome-dead"),
+            other => panic!("B's pin of {room} gave {other:?}"),
+        }
+        b.upsert_peer(room, peer, Some("g1"), &[("k", "b")])
+            .unwrap();
+        let key = ks.peer(room, peer);
+        assert_eq!(hget(&s, &key, "instance").as_deref(), Some("rehome-b"));
+        records.insert(key.clone(), s.dump(&key));
+    }
+    // B's upsert took `<room>/<peer>` out of the dead instance's peer index (index after
+    // record); as if that last step was lost (B crashed or its reply was lost), put it back.
+    let _: () = redis::cmd("SADD")
+        .arg(ks.instance_peers(&dead))
+        .arg("rehome-lost/lost-peer")
+        .query(&mut s.con())
+        .unwrap();
+    if let Some(c) = leader.reap_now("rehome-dead").expect("reap_now") {
+        assert_eq!((c.rooms, c.skipped_rooms), (1, 1), "{c:?}");
+    } // None: the reaper thread reaped it first; the state below says the same
+    wait_for(LONG, "rehome-dead reaped", || {
+        zscore(&s, "rehome-dead").is_none().then_some(())
+    });
+    for (key, before) in &records {
+        assert_eq!(&s.dump(key), before, "B's record {key} untouched");
+    }
+    for (room, peer) in [
+        ("rehome-taken", "shared-peer"),
+        ("rehome-lost", "lost-peer"),
+    ] {
+        let rk = ks.room(room);
+        assert_eq!(
+            redis::cmd("GET")
+                .arg(&rk.owner)
+                .query::<Option<String>>(&mut s.con())
+                .unwrap()
+                .as_deref(),
+            Some("rehome-b")
+        );
+        let peers: BTreeSet<String> = redis::cmd("SMEMBERS")
+            .arg(&rk.peers)
+            .query(&mut s.con())
+            .unwrap();
+        assert_eq!(peers, BTreeSet::from([peer.to_string()]), "{room}");
+    }
+    assert!(
+        !exists(&s, &ks.room("rehome-gone").meta),
+        "the dead one's own room reaped"
+    );
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}
+
+fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+// Protects the reap's new-life checks (issue 32: each survived the suite, whose new lives
+// register first, which merges the moved indexes back and ends the reap before it meets their
+// writes): reap_room.lua's status (`new_life`: a room pinned again after the reap began is
+// kept), its per-peer check (a record written after t0 is kept) and reap_peer.lua's (`new_life`
+// in the peer-index pass). A slow reap (batches of 2 rooms, pace 10) of a dead instance's 400
+// rooms runs in `reap_now`; once it has moved the indexes aside, the same instance id writes
+// again without registering (a zombie, or a new life between its first write and its
+// registration), through the data itself: ten rooms still present are pinned again with the
+// server's time and one peer record of each is rewritten. The reap reports them `kept` and
+// leaves exactly them, each with its rewritten peer; the rest of the instance is gone.
+#[test]
+fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let mut t = Timings::fast();
+    // The reaper thread waits a minute before its re-check: only reap_now reaps here.
+    t.two_phase_delay = Duration::from_secs(60);
+    t.validate().unwrap();
+    let config = s
+        .config_with(STAGE, "slow-leader", t)
+        .to_builder()
+        .reap_batch(2)
+        .reap_pace(10.0)
+        .build()
+        .unwrap();
+    let leader = sfu_redis::Node::start(config).unwrap();
+    wait_for(LONG, "slow-leader leads", || {
+        leader.is_leader().then_some(())
+    });
+    let names: Vec<String> = (0..400).map(|k| format!("later{k}")).collect();
+    let peers: &[(&str, Option<&str>)] = &[("p1", None), ("p2", None)];
+    let fake: Vec<FakeRoom<'_>> = names.iter().map(|r| (r.as_str(), peers)).collect();
+    s.fabricate_dead(&ks, "later", s.server_ms() - 600_000, None, &fake);
+    let dead = wire(IdKind::Instance, "later");
+    // The writes of the same id after t0: pin (server time) and one peer record (server time).
+    let rewrite = redis::Script::new(
+        "local t = redis.call('TIME')
+         local us = t[1] .. string.format('%06d', tonumber(t[2]))
+         local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+         if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+         redis.call('SET', KEYS[1], ARGV[1], 'PX', 600000)
+         redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'pinned_ms', ms, 'pinned_us', us)
+         redis.call('HSET', KEYS[3], 'updated_ms', ms, 'updated_us', us)
+         return 1",
+    );
+    let rewritten = std::thread::scope(|scope| {
+        let reap = scope.spawn(|| leader.reap_now("later"));
+        wait_for(LONG, "the indexes moved aside", || {
+            exists(&s, &ks.instance_reaping_rooms(&dead)).then_some(())
+        });
+        let mut rewritten = Vec::new();
+        for room in names.iter().rev() {
+            let rk = ks.room(room);
+            let done: i64 = rewrite
+                .key(&rk.owner)
+                .key(&rk.meta)
+                .key(ks.peer(room, "p1"))
+                .arg(&dead)
+                .invoke(&mut s.con())
+                .unwrap();
+            if done == 1 {
+                rewritten.push(room.clone());
+            }
+            if rewritten.len() == 10 {
+                break;
+            }
+        }
+        let counts = reap.join().expect("reap_now thread").expect("reap_now");
+        let counts = counts.expect("the dead instance was reaped");
+        assert!(
+            counts.kept >= 1,
+            "no member kept: every rewrite came after its room was reaped? {counts:?}"
+        );
+        rewritten
+    });
+    assert!(
+        !rewritten.is_empty(),
+        "no room left to rewrite: the reap was too fast"
+    );
+    for room in &names {
+        let meta = exists(&s, &ks.room(room).meta);
+        if rewritten.contains(room) {
+            assert!(meta, "{room}, pinned again after t0, was reaped");
+            let p1 = ks.peer(room, "p1");
+            assert!(exists(&s, &p1), "{room}'s rewritten peer p1 was reaped");
+        } else {
+            assert!(!meta, "{room} of the dead life stays");
+        }
+    }
+}

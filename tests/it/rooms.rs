@@ -300,3 +300,56 @@ fn refused_pin_refresh_is_reported_not_taken_for_a_refresh() {
         (a.stats().bad_data >= before + 2).then_some(())
     });
 }
+
+// Protects pin_refresh.lua's owner CAS during a restore (issue 32: both of its checks survived
+// the suite, since a room taken over normally has its pin and its metadata naming the new owner,
+// and either check alone refuses it). Redis loses its data and, in the same transaction, two of
+// the owner's rooms are found claimed by someone else in one key only: room 1's pin names
+// another instance (its metadata gone), room 2's metadata does (its pin gone). The owner's
+// restore writes every pin back with pin_refresh.lua; it must report both rooms lost to that
+// instance and write neither back, while its third room is restored.
+#[test]
+fn a_restore_never_overwrites_a_room_another_instance_claimed() {
+    let s = Server::start_with(&[]); // one server: FLUSHALL and the claims in one MULTI
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "restorer");
+    let mut log = EventLog::new(&a);
+    for room in ["claimed-pin", "claimed-meta", "kept"] {
+        assert_eq!(a.pin_room(room).unwrap(), PinOutcome::Pinned);
+    }
+    let other = wire(sfu_redis::keys::IdKind::Instance, "claimer");
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .ignore()
+        .set(ks.room("claimed-pin").owner, &other)
+        .ignore()
+        .pexpire(ks.room("claimed-pin").owner, 600_000)
+        .ignore()
+        .hset(ks.room("claimed-meta").meta, "owner", &other)
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let mut lost = BTreeSet::new();
+    while lost.len() < 2 {
+        let e = log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
+        let Event::RoomLost { room, new_owner } = e else {
+            unreachable!()
+        };
+        assert_eq!(new_owner.as_deref(), Some("claimer"), "{room}");
+        assert!(lost.insert(room));
+    }
+    assert_eq!(
+        lost,
+        BTreeSet::from(["claimed-meta".to_string(), "claimed-pin".to_string()])
+    );
+    wait_for(LONG, "the third room restored", || {
+        (get(&s, &ks.room("kept").owner).as_deref() == Some("restorer")).then_some(())
+    });
+    assert_eq!(
+        get(&s, &ks.room("claimed-pin").owner).as_deref(),
+        Some("claimer")
+    );
+    assert_eq!(get(&s, &ks.room("claimed-meta").owner), None);
+    assert_eq!(a.stats().rooms, 1);
+}
