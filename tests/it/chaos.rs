@@ -1387,6 +1387,10 @@ impl Chaos {
                 ));
             }
             "candidates" => {}
+            // A start-up that failed (its master killed in a failover, say) ends with a clean
+            // stop, then exit 1: check_processes notes the exit as a spawn failure. A node that
+            // was ready never stops on its own (the run ends with kill -9).
+            "stopped" if self.lives[li].phase == Phase::Spawning => {}
             "churn_summary" => {
                 if e.v["done"] == true {
                     self.say(&format!(
