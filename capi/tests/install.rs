@@ -19,13 +19,13 @@ mod ffi_support;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use sfu_redis::keys::KeySpace;
 
 use ffi_host::Host;
-use ffi_support::{is_release, need, profile_dir, root, soname};
+use ffi_support::{install_command, need, ok, output_text, root, soname};
 use support::{Server, LONG};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -39,40 +39,6 @@ fn work_dir() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("create the work directory");
         dir
     })
-}
-
-fn output_text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Runs `cmd`, asserts it succeeded, returns its stdout.
-fn ok(cmd: &mut Command, what: &str) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
-    assert!(out.status.success(), "{what} failed\n{}", output_text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The install command of the README, with this binary's profile and target directory.
-fn install_command(prefix: &Path) -> Command {
-    let mut cmd = Command::new("bash");
-    cmd.arg(root().join("install.sh"))
-        .arg("--prefix")
-        .arg(prefix)
-        .arg("--profile")
-        .arg(if is_release() { "release" } else { "debug" })
-        .env("CARGO", ffi_support::cargo())
-        .env(
-            "CARGO_TARGET_DIR",
-            profile_dir().parent().expect("<target>"),
-        );
-    cmd
 }
 
 /// The prefix, installed once per test process.

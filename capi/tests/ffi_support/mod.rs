@@ -276,3 +276,39 @@ pub fn assert_memcheck_clean(name: &str, r: &Run) {
         r.describe()
     );
 }
+
+/// A finished command's status, stdout and stderr, for a failure message.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `cmd`, asserts it succeeded, returns its stdout.
+pub fn ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{what} failed\n{}", output_text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The install command of the README's "C and C++" section (`bash capi/install.sh --prefix
+/// DIR`), with this test binary's profile and target directory.
+pub fn install_command(prefix: &Path) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root().join("install.sh"))
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--profile")
+        .arg(if is_release() { "release" } else { "debug" })
+        .env("CARGO", cargo())
+        .env(
+            "CARGO_TARGET_DIR",
+            profile_dir().parent().expect("<target>"),
+        );
+    cmd
+}
