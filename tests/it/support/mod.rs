@@ -510,3 +510,7 @@ pub const LONG: Duration = Duration::from_secs(30);
 pub fn quiet() -> Timings {
     Timings::from_heartbeat(Duration::from_secs(60), Duration::from_secs(180))
 }
+
+/// What a thread of this process or of a node may lose to scheduling on a loaded 2-core
+/// machine (load 4, both cores busy), added to bounds that measure a client's own timing.
+pub const SCHED_SLACK: Duration = Duration::from_millis(700);
