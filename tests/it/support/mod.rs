@@ -345,6 +345,28 @@ pub fn wire(kind: IdKind, id: &str) -> String {
     encode_id(kind, id).expect("valid id")
 }
 
+/// Waits, on the master's side (`WAIT`), until `replicas` replicas have acknowledged every
+/// write the master behind `con` took so far, or `timeout` passed; returns how many did.
+/// `WAIT` counts from the caller's own last write, so a write of its own comes first (a probe
+/// key set and deleted): the replication offset is the master's, so that covers every other
+/// client's earlier writes too.
+pub fn wait_replicated(con: &mut redis::Connection, replicas: usize, timeout: Duration) -> i64 {
+    let (acked,): (i64,) = redis::pipe()
+        .cmd("SET")
+        .arg("sfu-test:wait-probe")
+        .arg(1)
+        .ignore()
+        .cmd("DEL")
+        .arg("sfu-test:wait-probe")
+        .ignore()
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout.as_millis() as u64)
+        .query(con)
+        .expect("WAIT on the master");
+    acked
+}
+
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
