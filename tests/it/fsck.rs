@@ -383,13 +383,6 @@ fn orphaned_rooms_are_found_and_deleted() {
     assert_clean(&run(&s, STAGE, false));
 }
 
-/// Timings under which a node does not tick during a test (first tick after a minute): its own
-/// walk over its indexes (heartbeat.rs, `reassert_held`) would otherwise repair what these
-/// tests plant for the audit to find.
-fn quiet() -> Timings {
-    Timings::from_heartbeat(Duration::from_secs(60), Duration::from_secs(180))
-}
-
 // Index entries pointing at nothing, next to a live node's real entries: a peer-index member
 // without record, one whose record names another instance, room-index members whose room is
 // pinned by another instance or does not exist, a room `peers` member without record, a guest

@@ -203,6 +203,15 @@ fn slow_node(s: &Server, id: &str) -> sfu_redis::Node {
     sfu_redis::Node::start(c).unwrap()
 }
 
+/// Waits until `lead`'s reap of the one dead instance has ended, whichever way (done, or
+/// 'alive' when the instance registered again: both counted in `instances_reaped`). Paced
+/// reaps pause 100 times a batch's duration: seconds under load.
+fn reap_ended(lead: &sfu_redis::Node) {
+    wait_for(Duration::from_secs(120), "the leader's reap ended", || {
+        (lead.stats().instances_reaped >= 1).then_some(())
+    });
+}
+
 fn aside_keys(ks: &KeySpace, i: &str) -> [String; 3] {
     [
         ks.instance_reaping_rooms(i),
@@ -250,14 +259,15 @@ fn a_new_life_started_mid_reap_keeps_its_rooms_and_the_old_ones_go() {
             (!left).then_some(())
         },
     );
-    // Let the leader's reap end ('alive') and settle.
     wait_for(LONG, "nothing moved aside", || {
         aside_keys(&ks, "nl")
             .iter()
             .all(|k| !exists(&s, k))
             .then_some(())
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // The leader's reap ends ('alive', counted in its stats): its last steps put kept members
+    // back into the live index, so only then is the index final.
+    reap_ended(&lead);
     let mut live: Vec<String> = redis::cmd("SMEMBERS")
         .arg(ks.instance_rooms("nl"))
         .query(&mut s.con())
@@ -375,7 +385,7 @@ fn a_zombie_resumed_mid_reap_leaves_indexes_exact() {
         },
     );
     // Settle: the leader's reap ends, the zombie's re-pins are done.
-    std::thread::sleep(Duration::from_secs(5));
+    reap_ended(&lead);
     wait_for(LONG, "audit clean", || {
         let p = s.index_problems(&ks);
         p.is_empty().then_some(())
@@ -559,8 +569,8 @@ fn a_zombie_repin_then_a_new_life_mid_reap_leaves_the_live_index_exact() {
             || aside_keys(&ks, "kp").iter().any(|k| exists(&s, k));
         (!left).then_some(())
     });
-    // The leader's reap ends within a pause or two.
-    std::thread::sleep(Duration::from_secs(10));
+    // The leader's reap ends within a pause or two: only then has it put back what it kept.
+    reap_ended(&lead);
     let live: Vec<String> = redis::cmd("SMEMBERS")
         .arg(ks.instance_rooms("kp"))
         .query(&mut s.con())

@@ -154,7 +154,14 @@ fn after_a_failover_behind_one_address_the_node_heartbeats_on_the_new_master() {
 // switched; a node B that connects afterwards leads on the new master.
 // Protection: the READONLY reconnect, so A's heartbeats reach the new master within a tick.
 // Without it, A's heartbeats all fail with READONLY, A looks dead on the new master, and B
-// reaps A's rooms and peers while A still serves them (`reaped_a` is Some, the room is gone).
+// reaps A's rooms and peers while A still serves them.
+// The scenario is checked before the outcome: A never leads (its lease timings keep it from
+// trying during the test: a leader never reaps itself, so A leading would prove nothing), B
+// leads on the new master as the lease there says, and B's reaper judged the fleet after A's
+// heartbeats had had time to go stale: a dead instance planted once twice A's stale threshold
+// had passed on the new master is listed and reaped by B, in a round that would have listed
+// A too. Only then: A was never a candidate, not reaped, its room is there, and it heartbeats
+// on the new master.
 #[test]
 fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
     let old = Server::start_with(&[]); // one server: the fault freezes it or fails it over
@@ -165,7 +172,12 @@ fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
         .query(&mut new.raw_con())
         .unwrap();
     let vip = Vip::start(addr(&old));
-    let a = Node::start(config_for(&vip.url(), FO, "inst-a", Timings::fast())).unwrap();
+    // A heartbeats as fast() says; its first acquire finds the dataset younger than its lease
+    // TTL and the next comes a minute later at the earliest.
+    let mut ta = Timings::fast();
+    ta.lease_ttl = Duration::from_secs(300);
+    ta.lease_refresh = Duration::from_secs(120);
+    let a = Node::start(config_for(&vip.url(), FO, "inst-a", ta)).unwrap();
     a.pin_room("a-room").unwrap();
     a.upsert_peer("a-room", "a-peer", None, &[]).unwrap();
     let ks = ks(FO);
@@ -189,18 +201,52 @@ fn after_a_failover_a_live_node_is_not_reaped_by_the_new_masters_leader() {
         .query(&mut old.raw_con())
         .unwrap();
     vip.switch(addr(&new));
+    let switched_ms = new.server_ms();
     // A new instance joins after the failover (fresh connections: the new master).
     let b = Node::start(config_for(&vip.url(), FO, "inst-b", Timings::fast())).unwrap();
     let mut lb = EventLog::new(&b);
-    let reaped_a = lb.try_wait(Duration::from_secs(8), |e| reaped(e, "inst-a"));
+    wait_for(LONG, "b leads on the new master", || {
+        let holder: Option<String> = redis::cmd("GET")
+            .arg(ks.leader())
+            .query(&mut new.raw_con())
+            .unwrap();
+        (b.is_leader() && holder.as_deref() == Some("inst-b")).then_some(())
+    });
+    let stale = Timings::fast().stale_threshold.as_millis() as i64;
+    wait_for(LONG, "twice a's stale threshold on the new master", || {
+        (new.server_ms() > switched_ms + 2 * stale).then_some(())
+    });
+    new.fabricate_dead(&ks, "ghost", new.server_ms() - 60_000, None, &[]);
+    let listed = lb.wait(LONG, "b lists the planted dead instance", |e| {
+        candidates_with(e, "ghost")
+    });
+    lb.wait(LONG, "b reaps the planted dead instance", |e| {
+        reaped(e, "ghost")
+    });
+    let seen = lb.drain().to_vec();
+    assert!(
+        !a.is_leader() && a.stats().leadership_terms == 0,
+        "a led: the reaper that judged it was its own ({:?})",
+        a.terms()
+    );
+    let judged_a: Vec<&Event> = seen
+        .iter()
+        .filter(|e| candidates_with(e, "inst-a") || reaped(e, "inst-a"))
+        .collect();
     let a_room_left: bool = redis::cmd("EXISTS")
         .arg(ks.room("a-room").meta)
         .query(&mut new.raw_con())
         .unwrap();
+    let a_score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(ks.heartbeats())
+        .arg("inst-a")
+        .query(&mut new.raw_con())
+        .unwrap();
     assert!(
-        reaped_a.is_none() && a_room_left,
-        "live node inst-a was reaped on the new master ({reaped_a:?}); its room exists: {a_room_left}; \
-         inst-a's last error: {:?}",
+        judged_a.is_empty() && a_room_left && a_score.is_some_and(|s| s as i64 > switched_ms),
+        "live node inst-a was judged dead on the new master: {judged_a:?} (b's round listed \
+         {listed:?}); its room exists: {a_room_left}; its score {a_score:?} (switched at \
+         {switched_ms}); inst-a's last error: {:?}",
         a.stats().last_error
     );
 }
@@ -804,7 +850,21 @@ fn removed_peer_stays_removed_after_a_later_data_loss() {
     let generation = a.upsert_peer("r", "gone-peer", None, &[]).unwrap();
     a.upsert_peer("r", "kept-peer", None, &[]).unwrap();
     let a2 = Arc::clone(&a);
-    let _ = run_and_lose_the_reply(&proxy, move || a2.remove_peer("r", "gone-peer", generation));
+    let out = run_and_lose_the_reply(&proxy, move || a2.remove_peer("r", "gone-peer", generation));
+    // The fault happened: the host was told the remove failed with an unknown outcome, the
+    // node forgot the peer, and the remove ran (or the heartbeat's re-send did).
+    assert!(
+        matches!(&out, Err(e) if e.is_connection_error() || e.is_timeout()),
+        "the remove's reply was not lost: {out:?}"
+    );
+    assert_eq!(a.stats().peers, 1, "the node forgot the removed peer");
+    wait_for(LONG, "the removed peer's record gone", || {
+        (!redis::cmd("EXISTS")
+            .arg(ks.peer("r", "gone-peer"))
+            .query::<bool>(&mut s.con())
+            .unwrap())
+        .then_some(())
+    });
     s.redis_mut().restart().unwrap();
     let peer_key = ks.peer("r", "kept-peer");
     wait_for(LONG, "restore after data loss", || {
@@ -813,6 +873,12 @@ fn removed_peer_stays_removed_after_a_later_data_loss() {
             .query::<bool>(&mut s.con())
             .ok()
             .filter(|e| *e)
+    });
+    // The restore is one tick's work: a tick that starts after the one that wrote kept-peer
+    // back has nothing of it left to write.
+    let beats = a.stats().heartbeats;
+    wait_for(LONG, "two heartbeat ticks after the restore", || {
+        (a.stats().heartbeats >= beats + 2).then_some(())
     });
     let resurrected: bool = redis::cmd("EXISTS")
         .arg(ks.peer("r", "gone-peer"))

@@ -221,6 +221,9 @@ fn no_secret_in_redaction_or_config_errors() {
         }
     }
     let mut leaks = Vec::new();
+    // Configs that built, and those whose connector could not be made (its Debug, describe
+    // and safe_url then went unchecked).
+    let (mut built, mut no_connector) = (0, Vec::new());
     for url in &urls {
         let r = redact_url(url);
         if r.contains(secret) {
@@ -234,17 +237,26 @@ fn no_secret_in_redaction_or_config_errors() {
         }
         match b.build() {
             Ok(c) => {
+                built += 1;
                 if format!("{c:?}").contains(secret) {
                     leaks.push(format!("Debug(Config) for {url:?}"));
                 }
-                if let Ok(redis) = sfu_redis::conn::Redis::from_config(&c) {
-                    // (A user info without `:` is covered by the finding test below.)
-                    let user_only = user_only_urls.contains(url);
-                    if format!("{redis:?}").contains(secret) && !user_only {
-                        leaks.push(format!("Debug(Redis) for {url:?}: {redis:?}"));
+                match sfu_redis::conn::Redis::from_config(&c) {
+                    Ok(redis) => {
+                        // (A user info without `:` is covered by the finding test below.)
+                        let user_only = user_only_urls.contains(url);
+                        if format!("{redis:?}").contains(secret) && !user_only {
+                            leaks.push(format!("Debug(Redis) for {url:?}: {redis:?}"));
+                        }
+                        if redis.describe().contains(secret) || redis.safe_url().contains(secret) {
+                            leaks.push(format!("describe/safe_url for {url:?}"));
+                        }
                     }
-                    if redis.describe().contains(secret) || redis.safe_url().contains(secret) {
-                        leaks.push(format!("describe/safe_url for {url:?}"));
+                    Err(e) => {
+                        if e.to_string().contains(secret) || format!("{e:?}").contains(secret) {
+                            leaks.push(format!("connector error for {url:?}: {e}"));
+                        }
+                        no_connector.push(redact_url(url));
                     }
                 }
             }
@@ -260,6 +272,18 @@ fn no_secret_in_redaction_or_config_errors() {
         "{} leaks:\n{}",
         leaks.len(),
         leaks.join("\n")
+    );
+    // The connector's checks ran: every URL that built a config gave a connector (none did
+    // not, so none was skipped), and there were some.
+    assert!(
+        built > 0,
+        "no URL built a config: the connector was never checked"
+    );
+    assert!(
+        no_connector.is_empty(),
+        "{} configs built but gave no connector, so their Debug, describe and safe_url went \
+         unchecked: {no_connector:#?}",
+        no_connector.len()
     );
 }
 

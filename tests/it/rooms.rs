@@ -56,12 +56,20 @@ fn pin_outcomes_and_owner() {
 // batches: 600 peers > one batch of 256), every `<room>/<peer>` index entry and the room-index
 // entry. A second close is NotOwner with no owner. Without the CAS the non-owner would delete
 // a live room; without the batched loop peers beyond the first batch would be orphans.
+//
+// Both nodes run with `quiet()` timings (no tick during the test), so the before/after dump
+// and the index checks see what the calls did and nothing else. With ticking nodes it failed
+// once on a cluster under load (reproduced by widening the window): a's tick read the room's
+// 600 peers to re-assert them in its index just before the close took the room lock, and its
+// `SADD` landed while the close was under way, putting back entries the close had removed
+// (the next tick's settlement removes them). `fast()` timings also let a tick delayed past
+// the 1.8 s pin TTL, or any of the 600 calls over the 400 ms timeout, fail it.
 #[test]
 fn close_room_is_owner_only_and_removes_everything() {
     let s = Server::start();
     let ks = ks(STAGE);
-    let a = s.node(STAGE, "inst-a");
-    let b = s.node(STAGE, "inst-b");
+    let a = s.node_with(STAGE, "inst-a", quiet());
+    let b = s.node_with(STAGE, "inst-b", quiet());
     a.pin_room("big").unwrap();
     a.pin_room("other").unwrap();
     a.upsert_peer("other", "keep", None, &[]).unwrap();

@@ -25,7 +25,7 @@ use sfu_redis::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, ErrorKind, Event, Node, TermRecord, Timings};
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 
-use crate::support::{ks, wait_for, Direction, EventLog, FaultProxy};
+use crate::support::{ks, wait_for, wait_replicated, Direction, EventLog, FaultProxy};
 
 const STAGE: &str = "sentinel";
 
@@ -448,14 +448,27 @@ fn a_failover_to_a_replica_that_missed_the_last_writes() {
         info.contains("master_link_status:up").then_some(())
     });
     fleet.write("replicated");
-    // Let the replica catch up with every write so far.
-    std::thread::sleep(ms(500));
+    // The replica has every write so far: the master says so (WAIT), not a sleep.
+    let mut master = redis::Client::open(format!("redis://127.0.0.1:{old}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert_eq!(
+        wait_replicated(&mut master, 1, SETTLE),
+        1,
+        "the replica never acknowledged the writes before the fault"
+    );
     let before = fleet.max_epoch();
     proxy.blackhole(Direction::Both);
     fleet.write("unreplicated");
     // The replica really lacks the last writes (else this test proves nothing); only the
-    // nodes can bring them back once it is promoted.
-    std::thread::sleep(ms(300));
+    // nodes can bring them back once it is promoted. The master says no replica acknowledged
+    // them (WAIT timing out with 0), and the replica has no trace of them.
+    assert_eq!(
+        wait_replicated(&mut master, 1, ms(300)),
+        0,
+        "the replica acknowledged the writes made after the replication broke"
+    );
     let owner_key = ks(STAGE).room("sa-unreplicated").owner;
     let on_replica = fleet
         .group

@@ -311,11 +311,15 @@ fn states_of_hand_written_entries() {
 // The states of a real node: alive while it runs and holds the lease (leader_alive), then,
 // after a crash (no cleanup, lease kept), late once its heartbeat key expired and stale once
 // its score is older than the threshold, while the lease it still holds is flagged.
+// Late lasts from the key's expiry (heartbeat TTL, 600 ms) to the stale threshold on the
+// server's clock: 3 s here, so status calls polled on a loaded machine see it (with fast()'s
+// 900 ms the window was 300 ms, about one status call under load).
 #[test]
 fn states_of_a_crashed_node() {
     let s = Server::start();
     let stage = "crash";
-    let t = Timings::fast();
+    let mut t = Timings::fast();
+    t.stale_threshold = Duration::from_secs(3);
     let (node, _log) = s.leader(stage, "solo", t);
     let config = s.config_with(stage, "reader", t);
     let st = wait_for(LONG, "solo alive and leading", || {

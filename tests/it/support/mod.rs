@@ -345,6 +345,28 @@ pub fn wire(kind: IdKind, id: &str) -> String {
     encode_id(kind, id).expect("valid id")
 }
 
+/// Waits, on the master's side (`WAIT`), until `replicas` replicas have acknowledged every
+/// write the master behind `con` took so far, or `timeout` passed; returns how many did.
+/// `WAIT` counts from the caller's own last write, so a write of its own comes first (a probe
+/// key set and deleted): the replication offset is the master's, so that covers every other
+/// client's earlier writes too.
+pub fn wait_replicated(con: &mut redis::Connection, replicas: usize, timeout: Duration) -> i64 {
+    let (acked,): (i64,) = redis::pipe()
+        .cmd("SET")
+        .arg("sfu-test:wait-probe")
+        .arg(1)
+        .ignore()
+        .cmd("DEL")
+        .arg("sfu-test:wait-probe")
+        .ignore()
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout.as_millis() as u64)
+        .query(con)
+        .expect("WAIT on the master");
+    acked
+}
+
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -500,3 +522,17 @@ pub fn room_view(
 
 /// Generous bound for anything that takes a few reap cycles with `Timings::fast()`.
 pub const LONG: Duration = Duration::from_secs(30);
+
+/// Timings under which a node does not tick during a test (first tick after a minute; 2 s
+/// command timeout). A ticking node puts back the index entries of what it holds and settles
+/// what a call left uncertain (heartbeat.rs, `Reassert`): a check made right after a host call
+/// can see that work half done (a re-assertion read before a close and sent during it puts
+/// back entries the close removed, settled a tick later). With these timings what a test sees
+/// in Redis is its own calls' doing.
+pub fn quiet() -> Timings {
+    Timings::from_heartbeat(Duration::from_secs(60), Duration::from_secs(180))
+}
+
+/// What a thread of this process or of a node may lose to scheduling on a loaded 2-core
+/// machine (load 4, both cores busy), added to bounds that measure a client's own timing.
+pub const SCHED_SLACK: Duration = Duration::from_millis(700);
