@@ -717,8 +717,18 @@ fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
     let hb = ks.heartbeat(&lazarus_w);
     proxy.hold_request_of(format!("{hb}\r\n${}\r\n{index}", index.len()).as_bytes());
     let t = Timings::fast();
+    // The held call must not time out while the new life writes its 600 calls (about 1 s on a
+    // loaded 2-core machine): the leader waits 2.8 s for a reply (fast()'s 400 ms timed out,
+    // and the reap then never ended as this test needs).
+    let mut lt = Timings::from_heartbeat(Duration::from_secs(2), Duration::from_secs(6));
+    lt.lease_ttl = Duration::from_secs(6);
+    lt.lease_refresh = Duration::from_millis(2900);
+    lt.command_timeout = Duration::from_millis(2800);
+    lt.two_phase_delay = Duration::from_millis(1200);
+    lt.reap_interval = Duration::from_millis(300);
+    lt.validate().unwrap();
     let leader = Node::start(
-        config_for(&proxy.url(), LIFE, "leader", t)
+        config_for(&proxy.url(), LIFE, "leader", lt)
             .to_builder()
             .reap_batch(10)
             .build()
@@ -737,8 +747,9 @@ fn the_reapers_deferred_clean_up_never_strips_a_new_lifes_entries() {
     }
     proxy.heal();
     // The held round trip runs and the reap ends ('alive': lazarus registered again, counted
-    // in the leader's stats; the hold lasts some 50 ms, well within the 400 ms timeout); only
-    // then is nothing left that could strip the new life's entries.
+    // in the leader's stats; the hold lasts as long as the new life's writes, well within the
+    // leader's 2.8 s timeout); only then is nothing left that could strip the new life's
+    // entries.
     wait_for(LONG, "the leader's reap of lazarus ended", || {
         (leader.stats().instances_reaped >= 1).then_some(())
     });
