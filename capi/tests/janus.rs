@@ -23,6 +23,8 @@
 //! the handler's queue (`janus_runs_through_redis_outages_and_the_queue_catches_up`); refused
 //! configurations (`a_bad_configuration_disables_the_handler_and_janus_runs_on`); the event
 //! mapping on malformed events (`the_event_mapping_takes_janus_shapes_and_reports_bad_ones`).
+//! One benchmark, `#[ignore]`d (`janus_load_*`: 1,000 participants through the HTTP API, see
+//! its comment).
 //! Needs cmake, make, pkg-config, g++, `janus` and `janus-dev` (Debian packages): without them
 //! the test fails and says what to install. Janus's modules are looked up in
 //! `JANUS_LIB_DIR` (default `/usr/lib/x86_64-linux-gnu/janus`).
@@ -37,7 +39,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -1420,4 +1422,310 @@ fn the_event_mapping_takes_janus_shapes_and_reports_bad_ones() {
     assert!(run.stdout().contains(", 0 failed"), "{}", run.describe());
     ffi_support::assert_memcheck_clean("sfuredis_events_test", &run);
     print!("{}", run.stdout());
+}
+
+/// Load through Janus (issue 28 item 4): a benchmark, not a test of timings (`#[ignore]`d; run
+/// it with `cargo test -p sfu-redis-capi --test janus -- --ignored --nocapture janus_load`).
+/// Two Janus processes and one private `redis-server`, as above; `JANUS_LOAD_ROOMS` rooms
+/// (default 50, half on each Janus); `JANUS_LOAD_PARTICIPANTS` participants (default 1,000,
+/// spread over the rooms) join through the HTTP API from `JANUS_LOAD_THREADS` client threads
+/// (default 16, each driving one participant at a time: session, attach, join), then leave
+/// (half with VideoRoom's `leave`, half by detaching the handle; then the session is
+/// destroyed). Prints, for each Janus, the events its handler handled per second (its `stats`),
+/// the queue's maximum depth, the worker's busy and CPU time; the time from a leave in Janus
+/// (the HTTP reply to the leave or to the detach) to the peer record's `del` (keyspace
+/// notifications of the private redis-server): p50, p99, max, overall, by way of leaving and by
+/// Janus; the CPU time of each process. Asserts only that every join and leave reached Redis,
+/// nothing dropped or failed. The figures: integrations/janus/README.md, "Load benchmark".
+#[test]
+#[ignore = "a benchmark: cargo test -p sfu-redis-capi --test janus -- --ignored --nocapture janus_load"]
+fn janus_load_joins_and_leaves_participants_across_rooms_on_both_instances() {
+    let setting = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .map(|v| v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}")))
+            .unwrap_or(default)
+    };
+    let (n, rooms_n, threads) = (
+        setting("JANUS_LOAD_PARTICIPANTS", 1000),
+        setting("JANUS_LOAD_ROOMS", 50),
+        setting("JANUS_LOAD_THREADS", 16),
+    );
+    let handler = handler();
+    let work = test_dir("load");
+    let server = redis_with_user();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kg")
+        .query(&mut server.raw_con())
+        .expect("CONFIG SET notify-keyspace-events");
+    let url = format!(
+        "redis://{REDIS_USER}:{REDIS_PASSWORD}@127.0.0.1:{}",
+        server.redis().port()
+    );
+    let ks = KeySpace::new("sfu", STAGE, "main").unwrap();
+    let mut ports = Vec::new();
+    let mut a = Janus::configure(A, &work, handler, &url, false, "", &mut ports);
+    let mut b = Janus::configure(B, &work, handler, &url, true, "", &mut ports);
+    a.start();
+    b.start();
+    let (la, lb) = (Client::open(&a, None), Client::open(&b, None));
+    // Room k on A (numeric ids) when k is even, on B (string ids) when odd.
+    let rooms: Vec<(&Janus, Value)> = (0..rooms_n)
+        .map(|k| match k % 2 {
+            0 => (&a, json!(5000 + k)),
+            _ => (&b, json!(format!("load-{k}"))),
+        })
+        .collect();
+    for (j, room) in &rooms {
+        let lister = if j.name == A { &la } else { &lb };
+        let d = lister
+            .request(json!({"request": "create", "room": room, "publishers": n / rooms_n + 1}));
+        assert_eq!(d["videoroom"], "created", "{d}");
+    }
+    wait_for(LONG, "every room pinned", || {
+        (server.keys(&format!("{}:room:*:owner", ks.prefix())).len() == rooms_n).then_some(())
+    });
+
+    // The peer records' deletions, stamped as they arrive.
+    let (gone_tx, gone_rx) = std::sync::mpsc::channel::<(String, Instant)>();
+    let mut sub = server.raw_con();
+    let pattern = format!("__keyspace@0__:{}:room:*:peer:*", ks.prefix());
+    std::thread::spawn(move || {
+        let mut ps = sub.as_pubsub();
+        ps.psubscribe(&pattern).expect("PSUBSCRIBE");
+        let _ = gone_tx.send((String::new(), Instant::now()));
+        // Ends when the server stops or the test is done with the channel.
+        while let Ok(m) = ps.get_message() {
+            let at = Instant::now();
+            if m.get_payload::<String>().is_ok_and(|p| p == "del") {
+                let key = m.get_channel_name().trim_start_matches("__keyspace@0__:");
+                if gone_tx.send((key.to_owned(), at)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    gone_rx.recv_timeout(LONG).expect("keyspace subscription");
+
+    // The time, both handlers' stats, the CPU time of both Janus, redis-server, this client and
+    // the handlers' workers.
+    let snapshot = || -> (Instant, [Value; 2], [Duration; 6]) {
+        let at = Instant::now();
+        let stats = [&a, &b].map(|j| j.admin(json!({"request": "stats"})));
+        let janus = [&a, &b].map(|j| j.child.as_ref().unwrap().id());
+        let pids = [
+            janus[0],
+            janus[1],
+            server.redis().pid().expect("redis-server's pid"),
+            std::process::id(),
+        ];
+        let [c0, c1, c2, c3] = pids.map(|p| cpu_time(&format!("/proc/{p}")));
+        let [w0, w1] = janus.map(|p| worker_cpu(p, "sfuredis-worker"));
+        (at, stats, [c0, c1, c2, c3, w0, w1])
+    };
+    // Waits until both handlers' queues are empty and `done` holds; the time it first held.
+    let drained = |done: &dyn Fn() -> bool| -> Instant {
+        wait_for(LONG, "the handlers drained", || {
+            let at = Instant::now();
+            let s = [&a, &b].map(|j| j.admin(json!({"request": "stats"})));
+            (s.iter().all(|s| s["queue"]["depth"] == 0) && done()).then_some(at)
+        })
+    };
+
+    println!(
+        "janus load: {n} participants in {rooms_n} rooms ({} on {A}, {} on {B}), {threads} client threads",
+        rooms_n.div_ceil(2),
+        rooms_n / 2
+    );
+    let start = snapshot();
+    let joined = fan_out(n, threads, |i| {
+        let (j, room) = &rooms[i % rooms_n];
+        let c = Client::open(j, Some(&format!("load-guest-{i}")));
+        let pid = id_str(&c.join(room, &format!("Load {i}")));
+        (c, id_str(room), pid)
+    });
+    let joins_sent = start.0.elapsed();
+    let peers = || server.keys(&format!("{}:room:*:peer:*", ks.prefix())).len();
+    let joins_done = drained(&|| peers() == n);
+    let mid = snapshot();
+
+    // Participants 0 and 1 leave (one on each Janus when the rooms alternate), 2 and 3 detach.
+    let leaves = |i: usize| i % 4 < 2;
+    let left = fan_out(n, threads, |i| {
+        let (c, room, pid) = &joined[i];
+        // The HTTP reply: to a leave, Janus's ack (VideoRoom's `leaving` event follows).
+        let at = if leaves(i) {
+            let r = c.message(json!({"request": "leave"}));
+            assert_eq!(r["janus"], "ack", "{r}");
+            let at = Instant::now();
+            c.event("leave", |d| d["leaving"] == "ok");
+            at
+        } else {
+            c.detach();
+            Instant::now()
+        };
+        c.destroy();
+        ((room.clone(), pid.clone()), at)
+    });
+    let leaves_sent = mid.0.elapsed();
+    let mut gone: BTreeMap<(String, String), Instant> = BTreeMap::new();
+    let deadline = Instant::now() + LONG;
+    while gone.len() < n {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let (key, at) = gone_rx.recv_timeout(wait).unwrap_or_else(|_| {
+            panic!("{} of {n} peer records deleted after {LONG:?}", gone.len())
+        });
+        if let Some(ParsedKey::Peer(r, p)) = ks.parse(&key) {
+            gone.insert((dec(&r), dec(&p)), at);
+        }
+    }
+    let leaves_done = drained(&|| true);
+    let end = snapshot();
+    assert_eq!(peers(), 0);
+
+    // Leave -> record gone, in ms (negative: gone before the client had Janus's reply).
+    let lat: Vec<f64> = left
+        .iter()
+        .map(|(key, at)| {
+            let g = gone[key];
+            1e3 * if g >= *at {
+                (g - *at).as_secs_f64()
+            } else {
+                -(*at - g).as_secs_f64()
+            }
+        })
+        .collect();
+    let rate = |count: usize, d: Duration| count as f64 / d.as_secs_f64();
+    println!(
+        "joins: {n} in {:.1} s through the HTTP API ({:.0}/s); Redis had them all {} ms after the last reply",
+        joins_sent.as_secs_f64(),
+        rate(n, joins_sent),
+        joins_done.duration_since(start.0 + joins_sent).as_millis()
+    );
+    println!(
+        "leaves: {n} in {:.1} s ({:.0}/s); the last record gone {} ms after the last reply",
+        leaves_sent.as_secs_f64(),
+        rate(n, leaves_sent),
+        gone.values()
+            .max()
+            .unwrap()
+            .saturating_duration_since(mid.0 + leaves_sent)
+            .as_millis()
+    );
+    let wall = leaves_done - start.0;
+    for (k, name) in [A, B].into_iter().enumerate() {
+        let (s0, s1, s2) = (&start.1[k], &mid.1[k], &end.1[k]);
+        let delta = |s: &Value, t: &Value, c: &str| counter(t, c) - counter(s, c);
+        let handled = delta(s0, s2, "handled");
+        let busy = Duration::from_micros(delta(s0, s2, "busy_us"));
+        println!(
+            "handler {name}: {handled} events handled in {:.1} s: {:.0}/s ({:.0}/s while joining, \
+             {:.0}/s while leaving); worker busy {:.2} s ({:.0} events/s of its time; its CPU \
+             {:.2} s), mean wait in the queue {:.2} ms, queue max depth {}; dropped {}, failed {}",
+            wall.as_secs_f64(),
+            rate(handled as usize, wall),
+            rate(delta(s0, s1, "handled") as usize, joins_done - start.0),
+            rate(delta(s1, s2, "handled") as usize, leaves_done - mid.0),
+            busy.as_secs_f64(),
+            rate(handled as usize, busy),
+            (end.2[4 + k] - start.2[4 + k]).as_secs_f64(),
+            delta(s0, s2, "queue_wait_us") as f64 / 1e3 / handled.max(1) as f64,
+            s2["queue"]["max_depth"],
+            counter(s2, "dropped"),
+            counter(s2, "failed"),
+        );
+        for c in ["dropped", "failed", "bad_events"] {
+            assert_eq!(counter(s2, c), 0, "{name} {c}: {s2}");
+        }
+    }
+    let on_a = |i: usize| rooms[i % rooms_n].0.name == A;
+    let groups: [(String, &dyn Fn(usize) -> bool); 5] = [
+        ("all".into(), &|_| true),
+        ("leave request".into(), &leaves),
+        ("detach".into(), &|i| !leaves(i)),
+        (format!("on {A}"), &on_a),
+        (format!("on {B}"), &|i| !on_a(i)),
+    ];
+    for (what, pick) in groups {
+        let v: Vec<f64> = (0..n).filter(|&i| pick(i)).map(|i| lat[i]).collect();
+        let (p50, p99, max) = (quantile(&v, 0.5), quantile(&v, 0.99), quantile(&v, 1.0));
+        println!(
+            "leave in Janus -> peer record gone in Redis ({what}, {} samples): p50 {p50:.1} ms, \
+             p99 {p99:.1} ms, max {max:.1} ms",
+            v.len()
+        );
+    }
+    let cpu: Vec<String> = ["janus-a", "janus-b", "redis-server", "the client"]
+        .iter()
+        .enumerate()
+        .map(|(k, who)| format!("{who} {:.1} s", (end.2[k] - start.2[k]).as_secs_f64()))
+        .collect();
+    println!(
+        "CPU over the {:.1} s of load: {} (2 cores: {:.1} s available)",
+        wall.as_secs_f64(),
+        cpu.join(", "),
+        2.0 * wall.as_secs_f64()
+    );
+}
+
+/// Runs `f(0)` .. `f(n - 1)` on `threads` threads, each taking the next item; the results in
+/// item order.
+fn fan_out<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<(usize, T)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return mine;
+                        }
+                        mine.push((i, f(i)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a client thread panicked"))
+            .collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, t)| t).collect()
+}
+
+/// The `q` quantile of `v` (nearest rank).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The CPU time (user + system) of `/proc/<pid>` or `/proc/<pid>/task/<tid>` (in USER_HZ = 100
+/// ticks a second).
+fn cpu_time(proc_dir: &str) -> Duration {
+    let stat = fs::read_to_string(format!("{proc_dir}/stat")).expect("/proc/.../stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("(comm)")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The CPU time of process `pid`'s threads named `name`.
+fn worker_cpu(pid: u32, name: &str) -> Duration {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("/proc/<pid>/task")
+        .filter_map(|t| {
+            let dir = t.ok()?.path().display().to_string();
+            let comm = fs::read_to_string(format!("{dir}/comm")).ok()?;
+            (comm.trim() == name).then(|| cpu_time(&dir))
+        })
+        .sum()
 }

@@ -38,6 +38,11 @@ json_t *error_reply(int code, const std::string &message) {
 
 json_t *u64(std::uint64_t v) { return json_integer(static_cast<json_int_t>(v)); }
 
+std::uint64_t micros(Clock::duration d) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(
+        0, std::chrono::duration_cast<std::chrono::microseconds>(d).count()));
+}
+
 } // namespace
 
 struct Shared {
@@ -66,6 +71,10 @@ struct Shared {
     std::atomic<std::uint64_t> replaced{0};
     std::atomic<std::uint64_t> start_failures{0};
     std::atomic<std::uint64_t> discarded_at_stop{0};
+    /// Microseconds the worker spent applying jobs (Redis calls, and backoff waits on Redis
+    /// errors), and that jobs spent queued before it took them.
+    std::atomic<std::uint64_t> busy_us{0};
+    std::atomic<std::uint64_t> queue_wait_us{0};
 
     void note_error(const std::string &e) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -261,6 +270,8 @@ bool Bridge::start_node() {
 }
 
 void Bridge::run() noexcept {
+    // Named for top -H and /proc/<pid>/task/*/comm (15 characters at most).
+    pthread_setname_np(pthread_self(), "sfuredis-worker");
     unsigned start_attempt = 0;
     for (;;) {
         {
@@ -288,12 +299,15 @@ void Bridge::run() noexcept {
             shared_->queue.pop_front();
             shared_->in_flight = true;
         }
+        auto taken = Clock::now();
+        shared_->queue_wait_us.fetch_add(micros(taken - job.queued), std::memory_order_relaxed);
         try {
             execute(job);
         } catch (...) {
             bump(shared_->failed);
             log(LOG_ERR, "unexpected failure on " + job.describe());
         }
+        shared_->busy_us.fetch_add(micros(Clock::now() - taken), std::memory_order_relaxed);
         {
             std::lock_guard<std::mutex> lock(shared_->mutex);
             shared_->in_flight = false;
@@ -521,6 +535,8 @@ json_t *Bridge::stats() {
     json_object_set_new(counters, "joins_not_recorded", u64(get(shared_->joins_not_recorded)));
     json_object_set_new(counters, "replaced", u64(get(shared_->replaced)));
     json_object_set_new(counters, "start_failures", u64(get(shared_->start_failures)));
+    json_object_set_new(counters, "busy_us", u64(get(shared_->busy_us)));
+    json_object_set_new(counters, "queue_wait_us", u64(get(shared_->queue_wait_us)));
     json_object_set_new(out, "counters", counters);
     auto n = node();
     if (!n) {
