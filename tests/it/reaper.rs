@@ -719,18 +719,7 @@ fn a_live_heartbeat_key_or_a_fresh_score_alone_spares_an_instance() {
 
     // The score alone: no key, but a score within the stale threshold (the key expired by its
     // TTL while the instance was judged, a heartbeat landed between the phases): alive too.
-    let _: () = redis::pipe()
-        .atomic()
-        .del(ks.heartbeat(&w))
-        .ignore()
-        .cmd("ZADD")
-        .arg(ks.heartbeats())
-        .arg("XX")
-        .arg(s.server_ms())
-        .arg(&w)
-        .ignore()
-        .query(&mut s.con())
-        .unwrap();
+    s.make_stale(&ks, "keyed", s.server_ms());
     let fresh = zscore(&s, "keyed");
     assert_eq!(leader.reap_now("keyed").expect("reap_now"), None);
     assert_eq!(view(&s, &["keyed-room"], &["keyed"]), before);
