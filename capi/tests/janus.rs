@@ -1330,6 +1330,40 @@ fn janus_runs_through_redis_outages_and_the_queue_catches_up() {
 
     assert_eq!(c.terminate(), Some(0), "{}", c.log_tail());
     assert_eq!(redis_view(&server, &ks), View::default());
+
+    // Killed, then started again at once with the same id: registration waits for the dead
+    // life's heartbeat (4 s TTL here) to expire, and the log says so while it waits.
+    let conf = c.dir.join("conf").join(format!("{HANDLER}.jcfg"));
+    let text = fs::read_to_string(&conf).unwrap();
+    assert!(text.contains("timings = \"fast\""), "{text}");
+    c.set_handler_config(&text.replace(
+        "timings = \"fast\"",
+        "timings = \"from_heartbeat:500,4000\"",
+    ));
+    c.launch();
+    c.wait_registered();
+    let hb = ks.heartbeat("janus-c");
+    assert_eq!(
+        server.keys(&hb),
+        vec![hb.clone()],
+        "the first life heartbeats"
+    );
+    c.kill9();
+    let killed = Instant::now();
+    let before = c.log_text().matches("still registering").count();
+    c.launch();
+    c.wait_registered();
+    let took = killed.elapsed();
+    let log = c.log_text();
+    assert!(
+        log.matches("still registering with Redis after 1 s: most likely a process with the same instance_id")
+            .count()
+            > before,
+        "no line while registration waited {took:?}: {}",
+        c.log_tail()
+    );
+    assert_eq!(c.terminate(), Some(0), "{}", c.log_tail());
+    assert_eq!(redis_view(&server, &ks), View::default());
     assert!(
         !c.log_text().contains(REDIS_PASSWORD),
         "the log shows the Redis password"

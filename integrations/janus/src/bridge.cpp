@@ -236,9 +236,63 @@ bool Bridge::backoff(unsigned attempt) {
     return !shared_->wake.wait_for(lock, wait, [&] { return shared_->stopping; });
 }
 
+namespace {
+
+/// Says in the log that a registration is taking long, while it does. sfu_node_start waits
+/// when a process that ran with the same instance_id ended without stopping (killed, crashed)
+/// less than a heartbeat TTL ago: its heartbeat must expire first (at most the heartbeat TTL
+/// plus one interval, 40 s at the default timings). Without this the handler would be silent
+/// for that long. The first line comes after REGISTRATION_QUIET, then one every
+/// REGISTRATION_LOG_EVERY until the registration returns.
+class RegistrationWatch {
+  public:
+    static constexpr auto REGISTRATION_QUIET = std::chrono::seconds(1);
+    static constexpr auto REGISTRATION_LOG_EVERY = std::chrono::seconds(10);
+
+    RegistrationWatch() : thread_([this] { watch(); }) {}
+    ~RegistrationWatch() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            done_ = true;
+        }
+        cv_.notify_one();
+        thread_.join();
+    }
+    RegistrationWatch(const RegistrationWatch &) = delete;
+    RegistrationWatch &operator=(const RegistrationWatch &) = delete;
+
+  private:
+    void watch() {
+        pthread_setname_np(pthread_self(), "sfuredis-regwait");
+        auto started = Clock::now();
+        auto next = started + REGISTRATION_QUIET;
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (!cv_.wait_until(lock, next, [this] { return done_; })) {
+            auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started).count();
+            log(LOG_WARN, "still registering with Redis after " + std::to_string(waited) +
+                              " s: most likely a process with the same instance_id ended without "
+                              "stopping (killed or crashed) and its heartbeat has not expired yet; "
+                              "registration waits for it (at most the heartbeat TTL plus one "
+                              "interval, 40 s at the default timings); events are queued meanwhile");
+            next += REGISTRATION_LOG_EVERY;
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_; // last: starts once the members above exist
+};
+
+} // namespace
+
 bool Bridge::start_node() {
     try {
-        auto node = std::make_shared<sfu::Node>(settings_.config);
+        std::shared_ptr<sfu::Node> node;
+        {
+            RegistrationWatch watch;
+            node = std::make_shared<sfu::Node>(settings_.config);
+        }
         std::shared_ptr<Shared> shared = shared_;
         node->on_event([shared](const sfu::Event &e) { on_library_event(shared, e); });
         std::string id = node->instance_id();
