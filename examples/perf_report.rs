@@ -22,6 +22,12 @@
 //! one `Node::metrics()` render takes (`metrics_render_us`). `--metrics` runs only this part
 //! (one JSON object, its goals).
 //!
+//! Churn (`examples/perf/churn.rs`): `--pairs` (default 5,000) peer joins and leaves from one
+//! thread against the same writes as one script call per operation (script floor) and as one
+//! pipelined round trip of plain commands per operation (raw floor), wall time and Redis CPU
+//! per pair (`churn_*` fields), then the library's pairs per second from 8 threads.
+//! `--churn` runs only this part (one JSON object, its goals).
+//!
 //! `--reap-batch N` sets the leader's reap batch size (default 500); `--pace P` the pace of
 //! the paced big reap (default `sfu_redis::REAP_PACE`).
 //! `--pace-sweep 0,0.5,1,2` instead reaps `--latency-rooms` rooms `--runs` times at each pace,
@@ -60,6 +66,8 @@
 //! what `WAIT` returns and how long it blocks while the replica is SIGSTOPped
 //! (`--stopped-samples`, default 3).
 
+#[path = "perf/churn.rs"]
+mod churn;
 #[path = "perf/cluster.rs"]
 mod cluster;
 #[path = "../benches/common/mod.rs"]
@@ -278,6 +286,8 @@ struct Args {
     samples: usize,
     stopped_samples: usize,
     command_timeout_ms: Option<u64>,
+    /// Join + leave pairs per churn run.
+    pairs: usize,
 }
 
 impl Args {
@@ -297,6 +307,7 @@ impl Args {
             samples: num("--samples", 2000).max(1),
             stopped_samples: num("--stopped-samples", 3).max(1),
             command_timeout_ms: arg("--command-timeout-ms").and_then(|v| v.parse().ok()),
+            pairs: num("--pairs", 5_000).max(8),
         }
     }
 }
@@ -578,6 +589,23 @@ fn main() {
         wait::report(&a);
         return;
     }
+    if flag("--churn") {
+        let b = Bench::start(a.rtt_ms);
+        let c = churn::measure(&b.url, &b.direct, a.pairs, a.runs);
+        let mut v = churn::fields(&c);
+        v["rtt_ms"] = json!(a.rtt_ms);
+        v["loadavg"] = json!(load_average());
+        println!("{v}");
+        let goals = churn::goals(&c);
+        for (goal, met) in goals {
+            eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
+        }
+        std::process::exit(if goals.iter().all(|(_, met)| *met) {
+            0
+        } else {
+            1
+        });
+    }
     if flag("--metrics") {
         let b = Bench::start(a.rtt_ms);
         let m = measure_metrics_cost(&b, a.rooms, a.runs);
@@ -593,6 +621,7 @@ fn main() {
     let reaps = measure_reaps(&mut b, &leader, a.rooms, a.runs);
     let ticks = measure_ticks(&mut b, a.rooms, a.runs);
     let metrics = measure_metrics_cost(&b, a.rooms, a.runs);
+    let churn = churn::measure(&b.url, &b.direct, a.pairs, a.runs);
     let direct = b.direct.clone();
     // The machine's own PING tail with no reap running, to judge the two below against.
     let alone = ping_alone(&direct, 5.0);
@@ -603,7 +632,9 @@ fn main() {
     let paced_leader = fast_leader_paced(&Target::plain(&b.url), a.batch, a.pace);
     let paced = reap_with_pings(&paced_leader, &mut b.fab, &direct, a.latency_rooms);
     paced_leader.leave().ok();
-    report(&a, &reaps, &ticks, &metrics, &alone, &unpaced, &paced);
+    report(
+        &a, &reaps, &ticks, &metrics, &churn, &alone, &unpaced, &paced,
+    );
 }
 
 /// The metrics-cost fields of the report.
@@ -647,11 +678,13 @@ fn metrics_report(a: &Args, m: &MetricsCost) -> bool {
 
 /// Prints the JSON report, then each goal and whether it is met. `unpaced` and `paced`: the
 /// big reap's duration and the sorted PING round trips during it, at pace 0 and at `a.pace`.
+#[allow(clippy::too_many_arguments)] // one per part of the report
 fn report(
     a: &Args,
     r: &Reaps,
     t: &Ticks,
     m: &MetricsCost,
+    c: &churn::Churn,
     alone: &[Duration],
     unpaced: &(Duration, Vec<Duration>),
     paced: &(Duration, Vec<Duration>),
@@ -703,10 +736,10 @@ fn report(
         "ping_max_ms": ms(ping_max),
     });
     let mut report = report;
-    if let (Some(all), serde_json::Value::Object(more)) =
-        (report.as_object_mut(), metrics_fields(m))
-    {
-        all.extend(more);
+    for more in [metrics_fields(m), churn::fields(c)] {
+        if let (Some(all), serde_json::Value::Object(more)) = (report.as_object_mut(), more) {
+            all.extend(more);
+        }
     }
     println!("{report}");
     let loopback = a.rtt_ms == 0.0;
@@ -732,7 +765,11 @@ fn report(
             ping_max < Duration::from_millis(5),
         ),
     ];
-    for (goal, met) in goals.into_iter().chain(metrics_goals(m)) {
+    for (goal, met) in goals
+        .into_iter()
+        .chain(metrics_goals(m))
+        .chain(churn::goals(c))
+    {
         eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
     }
 }

@@ -8,26 +8,35 @@
 -- ARGV[1] peer id (wire form)
 -- ARGV[2] generation returned by upsert_peer.lua
 -- ARGV[3] the calling instance (wire form)
+-- KEYS[5] (one server only) P:{ctl}:instance:<I>:peers, the caller's peer index
+-- ARGV[4] (with KEYS[5]) the index member '<room>/<peer>'
 --
--- Reply: {1, ''} removed (the caller then removes '<room>/<peer>' from its peer index);
+-- Reply: {1, ''} removed (with KEYS[5], standalone or a Sentinel master, this call also
+-- removed ARGV[4] from the caller's peer index, record and index entry in one atomic step;
+-- without it, Redis Cluster, the caller removes '<room>/<peer>' from its index next: record
+-- first, index second);
 -- {0, ''} when the record is gone or has another generation (a delayed remove of an older
 -- connection is a no-op); {0, owner} when the record belongs to another instance (nothing
 -- touched: only the instance that hosts a peer removes it).
 --
 -- Protects: invariant 4.
-local gen = redis.call('HGET', KEYS[1], 'generation')
+local rec = redis.call('HMGET', KEYS[1], 'generation', 'instance', 'guest')
+local gen = rec[1]
 if gen == false or gen ~= ARGV[2] then
   return {0, ''}
 end
-local inst = redis.call('HGET', KEYS[1], 'instance') or ''
+local inst = rec[2] or ''
 if inst ~= ARGV[3] then
   return {0, inst}
 end
-local g = redis.call('HGET', KEYS[1], 'guest')
+local g = rec[3]
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 if g and g ~= '' and redis.call('HGET', KEYS[3], g) == ARGV[1] then
   redis.call('HDEL', KEYS[3], g)
   redis.call('HDEL', KEYS[4], g)
+end
+if KEYS[5] then
+  redis.call('SREM', KEYS[5], ARGV[4])
 end
 return {1, ''}

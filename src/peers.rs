@@ -1,9 +1,12 @@
 //! Peers on Redis: upsert (stale index entries removed first) and remove (no-op for an older
 //! generation).
 //!
-//! Cross-slot order: `<room>/<peer>` goes into the instance's peer index (`{ctl}`) before the
-//! record is written (`{R}`), and leaves other instances' indexes only after their record was
-//! deleted.
+//! On one server (standalone, a Sentinel master) a join or a leave is one script call: the
+//! script also keeps the instance peer indexes (`{ctl}`), so record and index entry change in
+//! one atomic step and one round trip. On Redis Cluster the indexes live in another slot, often
+//! on another master: cross-slot order there, `<room>/<peer>` goes into the instance's peer
+//! index before the record is written (`{R}`), and leaves indexes only after its record was
+//! deleted (docs/DESIGN.md "Cross-slot order").
 
 use redis::{ScriptInvocation, Value};
 
@@ -37,6 +40,8 @@ pub struct Upserted {
 }
 
 /// Upserts peer `peer` of `room` (wire forms) for this instance; returns its generation.
+/// One round trip on one server; two or three on a cluster (index, script, the other indexes'
+/// clean-up).
 pub(crate) fn upsert(
     ctx: &Ctx,
     con: &mut Conn,
@@ -50,36 +55,46 @@ pub(crate) fn upsert(
     let index = ctx.keys.instance_peers(&ctx.me);
     let member = peer_member(room, peer);
     let keys = UpsertKeys::new(&ctx.keys, room, peer);
-    let inv = keys.invocation(&ctx.me, peer, guest, None, fields);
-    // Index first, in its own round trip: the record is written only if the index took it.
-    redis::cmd("SADD")
-        .arg(&index)
-        .arg(&member)
-        .query::<()>(con)
-        .map_err(|e| Error::redis(op, e))?;
-    let reply: Vec<Value> = match conn::call(con, op, &inv) {
-        Ok(r) => r,
-        Err(e) => {
-            if e.outcome_known() {
-                // Refused (OOM, WRONGTYPE, ...): the script did not run, and on a cluster
-                // the index took the entry on another master. The entry is right only if
-                // the record already names this instance (an earlier upsert): derived from
-                // the record, not from a reply (invariant 4). If this fails too, the caller
-                // settles it on a later heartbeat.
-                let ours: Option<String> = redis::cmd("HGET")
-                    .arg(&keys.record)
-                    .arg("instance")
-                    .query(con)
-                    .map_err(|e| Error::redis(op, e))?;
-                if ours.as_deref() != Some(ctx.me.as_str()) {
-                    redis::cmd("SREM")
-                        .arg(&index)
-                        .arg(&member)
-                        .query::<()>(con)
+    let one_server = !con.is_cluster();
+    let inv = keys.invocation(
+        &ctx.me,
+        peer,
+        guest,
+        None,
+        &member,
+        one_server.then_some(index.as_str()),
+        fields,
+    );
+    let reply: Vec<Value> = if one_server {
+        // The script writes the index entry with the record, atomically: an error leaves
+        // both or neither (an unknown outcome is settled by the heartbeat, as on a cluster).
+        conn::call(con, op, &inv)?
+    } else {
+        // Index first, in its own round trip: the record is written only if the index took it.
+        redis::cmd("SADD")
+            .arg(&index)
+            .arg(&member)
+            .query::<()>(con)
+            .map_err(|e| Error::redis(op, e))?;
+        match conn::call(con, op, &inv) {
+            Ok(r) => r,
+            Err(e) => {
+                if e.outcome_known() {
+                    let ours: Option<String> = redis::cmd("HGET")
+                        .arg(&keys.record)
+                        .arg("instance")
+                        .query(con)
                         .map_err(|e| Error::redis(op, e))?;
+                    if ours.as_deref() != Some(ctx.me.as_str()) {
+                        redis::cmd("SREM")
+                            .arg(&index)
+                            .arg(&member)
+                            .query::<()>(con)
+                            .map_err(|e| Error::redis(op, e))?;
+                    }
                 }
+                return Err(e);
             }
-            return Err(e);
         }
     };
     let text = |i: usize| -> Result<String> {
@@ -90,8 +105,8 @@ pub(crate) fn upsert(
         }
     };
     if text(0)? == "not_owner" {
-        // The index entry written above is only right if an earlier upsert made the record ours.
-        if text(2)? != ctx.me {
+        // On one server the script already took the entry out of this instance's index.
+        if !one_server && text(2)? != ctx.me {
             let _: () = redis::cmd("SREM")
                 .arg(&index)
                 .arg(&member)
@@ -108,19 +123,21 @@ pub(crate) fn upsert(
         .parse()
         .map_err(|_| Error::bad_data(op, "generation is not a number"))?;
     let (old_inst, sup, sup_inst) = (text(1)?, text(2)?, text(3)?);
-    let mut cleanup = redis::pipe();
-    if !old_inst.is_empty() && old_inst != ctx.me {
-        cleanup
-            .srem(ctx.keys.instance_peers(&old_inst), &member)
-            .ignore();
-    }
-    if !sup.is_empty() && !sup_inst.is_empty() {
-        cleanup
-            .srem(ctx.keys.instance_peers(&sup_inst), peer_member(room, &sup))
-            .ignore();
-    }
-    if !cleanup.is_empty() {
-        cleanup.query::<()>(con).map_err(|e| Error::redis(op, e))?;
+    if !one_server {
+        let mut cleanup = redis::pipe();
+        if !old_inst.is_empty() && old_inst != ctx.me {
+            cleanup
+                .srem(ctx.keys.instance_peers(&old_inst), &member)
+                .ignore();
+        }
+        if !sup.is_empty() && !sup_inst.is_empty() {
+            cleanup
+                .srem(ctx.keys.instance_peers(&sup_inst), peer_member(room, &sup))
+                .ignore();
+        }
+        if !cleanup.is_empty() {
+            cleanup.query::<()>(con).map_err(|e| Error::redis(op, e))?;
+        }
     }
     Ok(Upserted {
         generation,
@@ -132,7 +149,6 @@ pub(crate) fn upsert(
     })
 }
 
-/// The keys of `upsert_peer.lua` for one peer.
 struct UpsertKeys {
     record: String,
     room: RoomKeys,
@@ -146,12 +162,17 @@ impl UpsertKeys {
         }
     }
 
+    /// `upsert_peer.lua`'s call; with `index` (this instance's peer index, one server only)
+    /// the script keeps the instance peer indexes itself.
+    #[allow(clippy::too_many_arguments)] // the script's arguments, one each
     fn invocation<'a>(
         &'a self,
         me: &str,
         peer: &str,
         guest: Option<&str>,
         generation: Option<u64>,
+        member: &str,
+        index: Option<&str>,
         fields: &[(&str, &str)],
     ) -> ScriptInvocation<'a> {
         let mut inv = SCRIPTS.upsert_peer.prepare_invoke();
@@ -160,11 +181,15 @@ impl UpsertKeys {
             .key(&self.room.guests)
             .key(&self.room.guest_state)
             .key(&self.room.owner)
-            .key(&self.room.meta)
-            .arg(me)
+            .key(&self.room.meta);
+        if let Some(index) = index {
+            inv.key(index);
+        }
+        inv.arg(me)
             .arg(peer)
             .arg(guest.unwrap_or(""))
-            .arg(generation.map(|g| g.to_string()).unwrap_or_default());
+            .arg(generation.map(|g| g.to_string()).unwrap_or_default())
+            .arg(member);
         for (k, v) in fields {
             inv.arg(*k).arg(*v);
         }
@@ -210,8 +235,17 @@ pub(crate) fn restore(
         .iter()
         .zip(&keys)
         .zip(&fields)
-        .map(|(((_, peer, guest, l), k), f)| {
-            k.invocation(&ctx.me, peer, guest.as_deref(), Some(l.generation), f)
+        .map(|(((room, peer, guest, l), k), f)| {
+            let member = peer_member(room, peer);
+            k.invocation(
+                &ctx.me,
+                peer,
+                guest.as_deref(),
+                Some(l.generation),
+                &member,
+                None,
+                f,
+            )
         })
         .collect();
     let index = ctx.keys.instance_peers(&ctx.me);
@@ -264,6 +298,9 @@ pub(crate) fn remove(
 ) -> Result<bool> {
     let op = "remove peer";
     let rk = ctx.keys.room(room);
+    let index = ctx.keys.instance_peers(&ctx.me);
+    let member = peer_member(room, peer);
+    let one_server = !con.is_cluster();
     let mut inv = SCRIPTS.remove_peer.prepare_invoke();
     inv.key(ctx.keys.peer(room, peer))
         .key(&rk.peers)
@@ -272,13 +309,19 @@ pub(crate) fn remove(
         .arg(peer)
         .arg(generation)
         .arg(&ctx.me);
+    if one_server {
+        // The script removes the index entry with the record: one atomic step.
+        inv.key(&index).arg(&member);
+    }
     let (removed, owner): (i64, String) = conn::call(con, op, &inv)?;
     if removed == 1 {
-        let _: () = redis::cmd("SREM")
-            .arg(ctx.keys.instance_peers(&ctx.me))
-            .arg(peer_member(room, peer))
-            .query(con)
-            .map_err(|e| Error::redis(op, e))?;
+        if !one_server {
+            let _: () = redis::cmd("SREM")
+                .arg(&index)
+                .arg(&member)
+                .query(con)
+                .map_err(|e| Error::redis(op, e))?;
+        }
     } else if !owner.is_empty() {
         return Err(Error::NotPeerOwner {
             room: room_id.to_owned(),

@@ -1029,3 +1029,78 @@ fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
         }
     }
 }
+
+// Protects reap_room.lua's guest-pointer guard (issue 32): in a room another instance took
+// over, a dead instance's peer record goes, but the guest pointer it names goes with it only if
+// the pointer still names that peer. Here the guest reconnected to the live owner (its pointer
+// names the live peer) and the dead instance's record of the guest's old peer is still there (a
+// write of the dead instance that landed late, written back by hand). The reap removes the dead
+// record and keeps the live peer's pointer and record.
+#[test]
+fn a_reap_keeps_a_guest_pointer_that_names_a_live_peer() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let (leader, _log) = s.leader(STAGE, "guestptr-leader", Timings::fast());
+    let b = s.node_with(STAGE, "guestptr-b", Timings::fast());
+    let stale = s.server_ms() - 600_000;
+    let (room, old_peer, new_peer) = ("guestptr-room", "old-peer", "new-peer");
+    s.fabricate_dead(
+        &ks,
+        "guestptr-dead",
+        stale,
+        None,
+        &[(room, &[(old_peer, Some("g1"))])],
+    );
+    let dead = wire(IdKind::Instance, "guestptr-dead");
+    let old_key = ks.peer(room, old_peer);
+    let old_record: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&old_key)
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(hget(&s, &old_key, "guest").as_deref(), Some("g1"));
+    match b.pin_room(room).unwrap() {
+        PinOutcome::TookOver { previous } => assert_eq!(previous, "guestptr-dead"),
+        other => panic!("B's pin gave {other:?}"),
+    }
+    // The guest reconnects to B: its pointer names the new peer, the old record is superseded.
+    let up = b
+        .upsert_peer_detailed(room, new_peer, Some("g1"), &[("k", "b")])
+        .unwrap();
+    assert_eq!(up.replaced.as_deref(), Some(old_peer));
+    // The dead instance's record of the old peer, back as it was (with its index entries).
+    let _: () = redis::pipe()
+        .hset_multiple(&old_key, &old_record)
+        .ignore()
+        .sadd(&ks.room(room).peers, old_peer)
+        .ignore()
+        .sadd(ks.instance_peers(&dead), format!("{room}/{old_peer}"))
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let guests = ks.room(room).guests;
+    assert_eq!(hget(&s, &guests, "g1").as_deref(), Some(new_peer));
+    let new_key = ks.peer(room, new_peer);
+    let new_record = s.dump(&new_key);
+    if let Some(c) = leader.reap_now("guestptr-dead").expect("reap_now") {
+        assert_eq!((c.rooms, c.skipped_rooms), (0, 1), "{c:?}");
+    } // None: the reaper thread reaped it first; the state below says the same
+    wait_for(LONG, "guestptr-dead reaped", || {
+        zscore(&s, "guestptr-dead").is_none().then_some(())
+    });
+    assert!(!exists(&s, &old_key), "the dead instance's record goes");
+    assert_eq!(
+        hget(&s, &guests, "g1").as_deref(),
+        Some(new_peer),
+        "the guest's pointer to the live peer stays"
+    );
+    assert_eq!(
+        s.dump(&new_key),
+        new_record,
+        "the live peer's record untouched"
+    );
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}

@@ -770,12 +770,13 @@ fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
 
 // Protects: invariant 4 and the README's "a request whose reply never came is not re-sent; the
 // node then converges by itself", for upsert_peer.
-// Fault: upsert_peer's first request (the index entry, written before the record) runs on the
-// server, then its reply is held by the proxy and the connection reset: the call fails after
-// the index entry landed.
+// Fault: upsert_peer's first request runs on the server, then its reply is held by the proxy
+// and the connection reset: the call fails after it landed. On one server that request is the
+// whole upsert (record and index entry, one script); on a cluster it is the index entry alone
+// (written before the record).
 // Protection: the upsert is marked uncertain; the next tick, finding the peer not held by the
-// node, deletes a record naming this instance (none here) and then the index entry. Without it
-// the entry `r/p` stays in this instance's peer index with no record, until a reap or fsck.
+// node, deletes a record naming this instance and then the index entry. Without it the record
+// `p` (or on a cluster the entry `r/p` with no record) stays, until a reap or fsck.
 #[test]
 fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
@@ -787,9 +788,13 @@ fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
     let a2 = Arc::clone(&a);
     let out = run_and_lose_the_reply(&proxy, move || a2.upsert_peer("r", "p", None, &[]));
     assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
+    // The host's view matches Redis: the failed upsert leaves no record, the other peer stays.
+    let pattern = format!("{}:room:{{r}}:peer:*", ks.prefix());
+    wait_for(LONG, "the uncertain upsert settled", || {
+        (s.keys(&pattern) == vec![ks.peer("r", "kept")]).then_some(())
+    });
     wait_for_exact_indexes(&s, &ks);
-    // The host's view matches Redis: the failed upsert left no record, the other peer stays.
-    let records = s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()));
+    let records = s.keys(&pattern);
     assert_eq!(records, vec![ks.peer("r", "kept")]);
     assert_eq!(a.stats().peers, records.len());
     let index: Vec<String> = redis::cmd("SMEMBERS")
