@@ -66,8 +66,10 @@ pub(crate) fn upsert(
         fields,
     );
     let reply: Vec<Value> = if one_server {
-        // The script writes the index entry with the record, atomically: an error leaves
-        // both or neither (an unknown outcome is settled by the heartbeat, as on a cluster).
+        // The script writes the index entry (first) and the record in one call. A refusal
+        // before it ran leaves neither; a command failing inside it (a key of the wrong type)
+        // may leave the entry without the record, which is harmless; an unknown outcome is
+        // settled by the heartbeat, as on a cluster.
         conn::call(con, op, &inv)?
     } else {
         // Index first, in its own round trip: the record is written only if the index took it.
@@ -80,6 +82,11 @@ pub(crate) fn upsert(
             Ok(r) => r,
             Err(e) => {
                 if e.outcome_known() {
+                    // Refused (OOM, WRONGTYPE, ...): the script did not run, and on a cluster
+                    // the index took the entry on another master. The entry is right only if
+                    // the record already names this instance (an earlier upsert): derived from
+                    // the record, not from a reply (invariant 4). If this fails too, the caller
+                    // settles it on a later heartbeat.
                     let ours: Option<String> = redis::cmd("HGET")
                         .arg(&keys.record)
                         .arg("instance")
@@ -105,7 +112,8 @@ pub(crate) fn upsert(
         }
     };
     if text(0)? == "not_owner" {
-        // On one server the script already took the entry out of this instance's index.
+        // The index entry written above is only right if an earlier upsert made the record
+        // ours. On one server the script has already taken it out.
         if !one_server && text(2)? != ctx.me {
             let _: () = redis::cmd("SREM")
                 .arg(&index)
@@ -149,6 +157,7 @@ pub(crate) fn upsert(
     })
 }
 
+/// The keys of `upsert_peer.lua` for one peer.
 struct UpsertKeys {
     record: String,
     room: RoomKeys,
