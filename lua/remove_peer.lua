@@ -8,7 +8,7 @@
 -- ARGV[1] peer id (wire form)
 -- ARGV[2] generation returned by upsert_peer.lua
 -- ARGV[3] the calling instance (wire form)
--- KEYS[5] (one server only) P:{ctl}:instance:<I>:peers, the caller's peer index
+-- KEYS[5] P:{ctl}:instance:<I>:peers  SET, the caller's peer index (one server only)
 -- ARGV[4] (with KEYS[5]) the index member '<room>/<peer>'
 --
 -- Reply: {1, ''} removed (with KEYS[5], standalone or a Sentinel master, this call also

@@ -7,7 +7,7 @@
 -- KEYS[4] P:room:{R}:guest-state
 -- KEYS[5] P:room:{R}:owner
 -- KEYS[6] P:room:{R}:meta       (peer_seq: the room's generation counter)
--- KEYS[7] (one server only) P:{ctl}:instance:<I>:peers, the caller's peer index
+-- KEYS[7] P:{ctl}:instance:<I>:peers  SET, the caller's peer index (one server only)
 -- Other peer records are derived from KEYS[2] (same prefix and hash tag); other instances'
 -- peer indexes from KEYS[7] (its instance segment replaced).
 -- ARGV[1] instance id (wire form)
@@ -32,10 +32,10 @@
 -- slots), this one call also keeps the instance peer indexes: it adds ARGV[5] to the caller's
 -- index, removes it from the previous instance's and the superseded peer from its instance's;
 -- on a refusal it removes ARGV[5] from the caller's index unless the record is the caller's.
--- One atomic call: no crash or lost reply can split the record from its index entry. Without
--- KEYS[7] (Redis Cluster: the indexes live in the {ctl} slot) the caller added ARGV[5] to its
--- index before this call (its own round trip, index before record) and does the rest after
--- it, from this reply.
+-- One atomic call: no crash or lost reply can split the record from its index entry. On Redis
+-- Cluster (the indexes live in the {ctl} slot) KEYS[7] is not passed: the caller added ARGV[5]
+-- to its index before this call (its own round trip, index before record) and does the rest
+-- after it, from this reply.
 --
 -- Protects: invariant 4 / pitfall "upsert without removing old index entries leaves stale
 -- mappings forever".
