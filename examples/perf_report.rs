@@ -122,6 +122,39 @@ fn server_cpu_us(con: &mut impl redis::ConnectionLike) -> u64 {
         .sum()
 }
 
+/// With `SFU_PERF_CALLGRIND` set (the private `redis-server` then runs under
+/// `valgrind --tool=callgrind --collect-atstart=no`, see README "Performance"): instruction
+/// collection on (`on`) or off with a dump named `phase` (the dump's totals are the phase's
+/// instructions). A no-op otherwise.
+fn callgrind(con: &mut impl redis::ConnectionLike, on: bool, phase: &str) {
+    if std::env::var_os("SFU_PERF_CALLGRIND").is_none() {
+        return;
+    }
+    let info: String = redis::cmd("INFO").arg("server").query(con).expect("INFO");
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .expect("process_id")
+        .trim()
+        .to_owned();
+    let run = |args: &[&str]| {
+        let ok = std::process::Command::new("callgrind_control")
+            .args(args)
+            .arg(&pid)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "callgrind_control {args:?} {pid} failed");
+    };
+    if on {
+        run(&["--zero"]);
+        run(&["--instr=on"]);
+    } else {
+        run(&[&format!("--dump={phase}")]);
+        run(&["--instr=off"]);
+    }
+}
+
 /// Median of `n` runs of `f` (each returns its own measured duration).
 fn median(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
     let mut v: Vec<Duration> = (0..n).map(|_| f()).collect();
@@ -358,6 +391,7 @@ struct Reaps {
     script_floor: Duration,
     library_cpu_us: u64,
     floor_cpu_us: u64,
+    script_floor_cpu_us: u64,
 }
 
 fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Reaps {
@@ -372,9 +406,11 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
                 .unwrap();
         }
         let cpu = server_cpu_us(&mut b.fab);
+        callgrind(&mut b.fab, true, "");
         let t = Instant::now();
         let c = leader.reap_now("dead").expect("reap").expect("dead");
         let d = t.elapsed();
+        callgrind(&mut b.fab, false, "library reap");
         library_cpu.push(server_cpu_us(&mut b.fab) - cpu);
         // SFU_PERF_STATS=1: the server's per-command costs of the library's reap.
         if stats {
@@ -404,11 +440,17 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
         floor_cpu.push(server_cpu_us(&mut b.fab) - cpu);
         d
     });
+    let mut script_floor_cpu = Vec::new();
     let script_floor = median(runs, || {
         let keys = fabricate(&mut b.fab, &b.ks, "dead", rooms);
+        let cpu = server_cpu_us(&mut b.fab);
+        callgrind(&mut b.fab, true, "");
         let t = Instant::now();
         script_floor_reap(&mut b.via, &keys);
-        t.elapsed()
+        let d = t.elapsed();
+        callgrind(&mut b.fab, false, "script floor");
+        script_floor_cpu.push(server_cpu_us(&mut b.fab) - cpu);
+        d
     });
     let _: () = redis::cmd("ZREM")
         .arg(b.ks.heartbeats())
@@ -422,6 +464,7 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
         script_floor,
         library_cpu_us: middle(library_cpu),
         floor_cpu_us: middle(floor_cpu),
+        script_floor_cpu_us: middle(script_floor_cpu),
     }
 }
 
@@ -606,6 +649,23 @@ fn main() {
             1
         });
     }
+    if flag("--reap") {
+        let mut b = Bench::start(a.rtt_ms);
+        let leader = fast_leader_with_batch(&b.url, a.batch);
+        let r = measure_reaps(&mut b, &leader, a.rooms, a.runs);
+        let mut v = reap_fields(&a, &r);
+        v["loadavg"] = json!(load_average());
+        println!("{v}");
+        let goals = reap_goals(&a, &r);
+        for (goal, met) in goals {
+            eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
+        }
+        std::process::exit(if goals.iter().all(|(_, met)| *met) {
+            0
+        } else {
+            1
+        });
+    }
     if flag("--metrics") {
         let b = Bench::start(a.rtt_ms);
         let m = measure_metrics_cost(&b, a.rooms, a.runs);
@@ -635,6 +695,56 @@ fn main() {
     report(
         &a, &reaps, &ticks, &metrics, &churn, &alone, &unpaced, &paced,
     );
+}
+
+/// The reap comparison's fields of the report.
+fn reap_fields(a: &Args, r: &Reaps) -> serde_json::Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let rate = |d: Duration| (a.rooms as f64 / secs(d)).round();
+    let ratio = |x: Duration, y: Duration| (secs(x) / secs(y) * 100.0).round() / 100.0;
+    json!({
+        "rooms": a.rooms,
+        "peers_per_room": PEERS_PER_ROOM,
+        "rtt_ms": a.rtt_ms,
+        "reap_batch": a.batch,
+        "library_rooms_per_s": rate(r.library),
+        "seed_style_rooms_per_s": rate(r.seed),
+        "floor_rooms_per_s": rate(r.floor),
+        "library_vs_seed_style": ratio(r.seed, r.library),
+        "library_vs_floor": ratio(r.floor, r.library),
+        "script_floor_ms": ms(r.script_floor),
+        "library_vs_script_floor": ratio(r.script_floor, r.library),
+        "library_ms": ms(r.library),
+        "library_server_cpu_ms": r.library_cpu_us as f64 / 1000.0,
+        "library_server_cpu_us_per_room": (r.library_cpu_us as f64 / a.rooms as f64 * 100.0).round() / 100.0,
+        "floor_server_cpu_ms": r.floor_cpu_us as f64 / 1000.0,
+        "script_floor_server_cpu_ms": r.script_floor_cpu_us as f64 / 1000.0,
+        "library_vs_script_floor_cpu": (r.script_floor_cpu_us as f64 / r.library_cpu_us.max(1) as f64 * 100.0).round() / 100.0,
+        "seed_style_ms": ms(r.seed),
+        "floor_ms": ms(r.floor),
+    })
+}
+
+/// The reap comparison's goals: against the seed-style reaper (5x at loopback, 50x at 1 ms
+/// RTT), the plain `UNLINK` floor and the script floor (issue 27: within 1.4x of it).
+fn reap_goals(a: &Args, r: &Reaps) -> [(&'static str, bool); 3] {
+    let loopback = a.rtt_ms == 0.0;
+    let seed_goal = if loopback { 5.0 } else { 50.0 };
+    [
+        (
+            if loopback {
+                "reap >= 5x seed-style (loopback)"
+            } else {
+                "reap >= 50x seed-style (1 ms RTT)"
+            },
+            secs(r.seed) / secs(r.library) >= seed_goal,
+        ),
+        ("reap >= 0.5x floor", secs(r.floor) / secs(r.library) >= 0.5),
+        (
+            "reap >= 0.7x script floor",
+            secs(r.script_floor) / secs(r.library) >= 0.7,
+        ),
+    ]
 }
 
 /// The metrics-cost fields of the report.
@@ -693,27 +803,10 @@ fn report(
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
     let unpaced_pct = |p: f64| unpaced.1[((unpaced.1.len() - 1) as f64 * p) as usize];
     let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
-    let rate = |d: Duration| (a.rooms as f64 / secs(d)).round();
     let ratio = |x: Duration, y: Duration| (secs(x) / secs(y) * 100.0).round() / 100.0;
     let ping_max = *samples.last().expect("samples");
     let report = json!({
-        "rooms": a.rooms,
-        "peers_per_room": PEERS_PER_ROOM,
-        "rtt_ms": a.rtt_ms,
-        "reap_batch": a.batch,
-        "library_rooms_per_s": rate(r.library),
-        "seed_style_rooms_per_s": rate(r.seed),
-        "floor_rooms_per_s": rate(r.floor),
-        "library_vs_seed_style": ratio(r.seed, r.library),
-        "library_vs_floor": ratio(r.floor, r.library),
-        "script_floor_ms": ms(r.script_floor),
-        "library_vs_script_floor": ratio(r.script_floor, r.library),
-        "library_ms": ms(r.library),
-        "library_server_cpu_ms": r.library_cpu_us as f64 / 1000.0,
-        "floor_server_cpu_ms": r.floor_cpu_us as f64 / 1000.0,
         "tick_server_cpu_ms": t.cpu_us as f64 / 1000.0,
-        "seed_style_ms": ms(r.seed),
-        "floor_ms": ms(r.floor),
         "tick_ms": ms(t.tick),
         "tick_floor_ms": ms(t.floor),
         "tick_round_trips": t.round_trips,
@@ -736,24 +829,13 @@ fn report(
         "ping_max_ms": ms(ping_max),
     });
     let mut report = report;
-    for more in [metrics_fields(m), churn::fields(c)] {
+    for more in [reap_fields(a, r), metrics_fields(m), churn::fields(c)] {
         if let (Some(all), serde_json::Value::Object(more)) = (report.as_object_mut(), more) {
             all.extend(more);
         }
     }
     println!("{report}");
-    let loopback = a.rtt_ms == 0.0;
-    let seed_goal = if loopback { 5.0 } else { 50.0 };
     let goals = [
-        (
-            if loopback {
-                "reap >= 5x seed-style (loopback)"
-            } else {
-                "reap >= 50x seed-style (1 ms RTT)"
-            },
-            secs(r.seed) / secs(r.library) >= seed_goal,
-        ),
-        ("reap >= 0.5x floor", secs(r.floor) / secs(r.library) >= 0.5),
         ("tick <= 2 round trips", t.round_trips <= 2),
         ("tick <= 2x floor", secs(t.tick) <= 2.0 * secs(t.floor)),
         (
@@ -765,8 +847,9 @@ fn report(
             ping_max < Duration::from_millis(5),
         ),
     ];
-    for (goal, met) in goals
+    for (goal, met) in reap_goals(a, r)
         .into_iter()
+        .chain(goals)
         .chain(metrics_goals(m))
         .chain(churn::goals(c))
     {

@@ -1,17 +1,28 @@
 #!lua
--- reap_room.lua: remove what a dead instance left in one room, in bounded batches.
+-- reap_room.lua: remove what a dead instance left in a batch of rooms, in bounded steps.
 --
--- KEYS[1] P:room:{R}:owner
--- KEYS[2] P:room:{R}:meta
--- KEYS[3] P:room:{R}:peers
--- KEYS[4] P:room:{R}:guests
--- KEYS[5] P:room:{R}:guest-state
--- Peer records P:room:{R}:peer:<p> are derived from KEYS[1] (same prefix and hash tag).
+-- Per room i (i = 1..n, n = #KEYS / 5), five keys:
+-- KEYS[5i-4] P:room:{R}:owner
+-- KEYS[5i-3] P:room:{R}:meta
+-- KEYS[5i-2] P:room:{R}:peers
+-- KEYS[5i-1] P:room:{R}:guests
+-- KEYS[5i]   P:room:{R}:guest-state
+-- KEYS[5n+1] P:{ctl}:instance:<D>:reaping-peers  SET, optional (one server only): the dead
+--         instance's moved peer index; its entries for the records this call deletes leave
+--         it in the same call
+-- Peer records P:room:{R}:peer:<p> are derived from the room's owner key (same prefix and hash
+-- tag; the prefix holds no '{'), their index members '<R>/<p>' from it too.
 -- ARGV[1] dead instance id (wire form)
 -- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
 --         (reap_begin.lua)
--- ARGV[3] SSCAN cursor over the room's peers ('0' on the first call)
--- ARGV[4] SSCAN COUNT (batch size)
+-- ARGV[3] SSCAN COUNT (batch size), also the call's work bound: once the rooms done in this
+--         call have seen that many peers, no further room is started
+-- ARGV[4] n, the number of rooms
+-- ARGV[4+i] room i's SSCAN cursor over its peers ('0' on its first call)
+--
+-- Several rooms per call only where every key lives on one server (standalone, a Sentinel
+-- master); on Redis Cluster the caller sends one room per call (its five keys share a slot)
+-- and no moved peer index (it lives in the {ctl} slot).
 --
 -- The room is the dead instance's leftover when its pin names the dead instance, or the pin
 -- has expired and the metadata still names it (or names nobody), and it was pinned strictly
@@ -21,94 +32,153 @@
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: {status, cursor, removed}; cursor ~= '0' means "call again with this cursor"
--- ('again': start over from '0', peers were added behind the scan);
--- status is
+-- Reply: one {status, cursor, removed, deleted} per room, in order, for the rooms this call reached (a
+-- shorter reply: the rooms after the last one were not started; send them again with their
+-- cursors). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
+-- peers were added behind the scan); status is
 --   'reaped'    the room was the dead instance's and is (being) deleted;
 --   'gone'      nothing of the room was left;
 --   'skipped'   another instance owns the room: only the dead instance's peers were removed;
 --   'new_life'  the same instance pinned the room again after t0 (it came back): kept, keep
---               the index entry.
--- removed = {peer1, instance1, ...}: peer records deleted in this call. For a room deleted
--- whole whose metadata field solo names the dead instance (pin_room.lua: its peers set was
--- empty when it was pinned, and upsert_peer.lua writes only records naming the owner),
--- instance is the dead instance without reading each record; otherwise it is read from the
--- record, so that other instances' index entries for records left in the room are removed too.
+--               the index entry;
+--   'error'     a command failed on this room's data (a key of the wrong type): cursor is the
+--               error; what ran before it in this room stays done, the other rooms go on.
+-- deleted = the number of peer records deleted in this call; removed = {peer1, instance1, ...}:
+-- those of them whose index entries the caller still has to remove (every one when the moved
+-- peer index is not passed; with it, only those naming another instance). For a room deleted
+-- whole whose metadata field solo names the dead instance (pin_room.lua: its peers set was empty
+-- when it was pinned, and upsert_peer.lua writes only records naming the owner), every record is
+-- the dead instance's without reading it; otherwise the instance is read from the record, so
+-- that other instances' index entries for records left in the room are removed too.
 --
 -- Protects: owner CAS (pitfall "without the owner check the reaper deletes rooms another
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
--- "never loop unboundedly in Lua" (SSCAN batches).
-local dead, t0 = ARGV[1], tonumber(ARGV[2])
-local owner = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms', 'solo', 'pinned_us')
-local meta_owner = meta[1]
+-- "never loop unboundedly in Lua" (SSCAN batches, a work bound per call).
+local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local moved = KEYS[5 * n + 1]
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
 local function micros(us, ms)
   return tonumber(us) or ((tonumber(ms) or 0) * 1000 + 999)
 end
-local pinned = micros(meta[4], meta[2])
-local base = string.sub(KEYS[1], 1, -6)
-local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
-local status
-if dead_owns and pinned < t0 then
-  if owner == false and meta_owner == false then status = 'gone' else status = 'reaped' end
-elseif dead_owns then
-  status = 'new_life'
-else
-  status = 'skipped'
+-- Keys of rooms deleted whole by the fast path, and moved-index members of the records
+-- deleted: sent in one DEL and one SREM per call (record first, index entry second).
+local dels, unindex = {}, {}
+local function flush()
+  if #dels > 0 then
+    redis.call('DEL', unpack(dels))
+    dels = {}
+  end
+  if #unindex > 0 then
+    redis.call('SREM', moved, unpack(unindex))
+    unindex = {}
+  end
 end
-local whole = status == 'reaped' or status == 'gone'
-local solo = whole and meta[3] == dead
-local scan = redis.call('SSCAN', KEYS[3], ARGV[3], 'COUNT', ARGV[4])
-local removed, records, members = {}, {}, {}
-for _, p in ipairs(scan[2]) do
-  local rec = base .. 'peer:' .. p
-  local inst
-  if solo then inst = dead else inst = redis.call('HGET', rec, 'instance') end
-  local drop = whole
-  if not drop and inst == dead then
-    local upd = redis.call('HMGET', rec, 'updated_us', 'updated_ms')
-    drop = micros(upd[1], upd[2]) < t0
+
+-- One room: its keys (owner, meta, peers, guests, guest-state) and its peer cursor. Returns
+-- its reply and the number of peers its scan saw.
+local function reap(owner_key, meta_key, peers_key, guests_key, state_key, cursor)
+  local owner = redis.call('GET', owner_key)
+  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'solo', 'pinned_us')
+  local meta_owner = meta[1]
+  local pinned = micros(meta[4], meta[2])
+  local base = string.sub(owner_key, 1, -6)
+  local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
+  local status
+  if dead_owns and pinned < t0 then
+    if owner == false and meta_owner == false then status = 'gone' else status = 'reaped' end
+  elseif dead_owns then
+    status = 'new_life'
+  else
+    status = 'skipped'
+  end
+  local whole = status == 'reaped' or status == 'gone'
+  local solo = whole and meta[3] == dead
+  local member = moved and string.sub(base, string.find(base, '{', 1, true) + 1, -3) .. '/'
+  local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
+  local peers = scan[2]
+  local removed, records, members = {}, {}, {}
+  for _, p in ipairs(peers) do
+    local rec = base .. 'peer:' .. p
+    local inst
+    if solo then inst = dead else inst = redis.call('HGET', rec, 'instance') end
+    local drop = whole
+    if not drop and inst == dead then
+      local upd = redis.call('HMGET', rec, 'updated_us', 'updated_ms')
+      drop = micros(upd[1], upd[2]) < t0
+      if drop then
+        local g = redis.call('HGET', rec, 'guest')
+        if g and g ~= '' and redis.call('HGET', guests_key, g) == p then
+          redis.call('HDEL', guests_key, g)
+          redis.call('HDEL', state_key, g)
+        end
+      end
+    end
     if drop then
-      local g = redis.call('HGET', rec, 'guest')
-      if g and g ~= '' and redis.call('HGET', KEYS[4], g) == p then
-        redis.call('HDEL', KEYS[4], g)
-        redis.call('HDEL', KEYS[5], g)
+      records[#records + 1] = rec
+      members[#members + 1] = p
+      if moved and inst == dead then
+        unindex[#unindex + 1] = member .. p
+      else
+        removed[#removed + 1] = p
+        removed[#removed + 1] = inst or ''
       end
     end
   end
-  if drop then
-    removed[#removed + 1] = p
-    removed[#removed + 1] = inst or ''
-    records[#records + 1] = rec
-    members[#members + 1] = p
+  if whole and cursor == '0' and scan[1] == '0' then
+    -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
+    -- every peer, and nothing can be added while it runs, so the records and the room's keys go
+    -- with the call's one DEL (no SREM, no SCARD).
+    for _, k in ipairs(records) do
+      dels[#dels + 1] = k
+    end
+    dels[#dels + 1] = owner_key
+    dels[#dels + 1] = meta_key
+    dels[#dels + 1] = peers_key
+    dels[#dels + 1] = guests_key
+    dels[#dels + 1] = state_key
+    return {status, '0', removed, #records}, #peers
+  end
+  -- One variadic DEL and SREM per batch (a batch is at most ARGV[3]-ish members).
+  if #records > 0 then
+    redis.call('DEL', unpack(records))
+    redis.call('SREM', peers_key, unpack(members))
+  end
+  if scan[1] ~= '0' then
+    return {status, scan[1], removed, #records}, #peers
+  end
+  if whole then
+    -- Peers added behind the scan: scan again rather than drop their records with the set.
+    if redis.call('SCARD', peers_key) > 0 then
+      return {status, 'again', removed, #records}, #peers
+    end
+    redis.call('DEL', owner_key, meta_key, peers_key, guests_key, state_key)
+  end
+  return {status, '0', removed, #records}, #peers
+end
+
+local replies, seen, budget = {}, 0, tonumber(count)
+for i = 1, n do
+  if i > 1 and seen >= budget then
+    break
+  end
+  local k = 5 * (i - 1)
+  local before = #unindex
+  local ok, reply, scanned = pcall(reap, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    KEYS[k + 5], ARGV[4 + i])
+  if ok then
+    replies[i] = reply
+    seen = seen + scanned
+  else
+    -- A failed command (the error is a string, or a table with err on some versions): what
+    -- this room queued is dropped (it stays for the audit, as a room a failed call leaves).
+    for j = #unindex, before + 1, -1 do
+      unindex[j] = nil
+    end
+    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), {}, 0}
+  end
+  if #dels + #unindex > 1000 then
+    flush()
   end
 end
-if whole and ARGV[3] == '0' and scan[1] == '0' then
-  -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
-  -- every peer, and nothing can be added while it runs, so the records and the room's keys go
-  -- in one DEL (no SREM, no SCARD).
-  records[#records + 1] = KEYS[1]
-  records[#records + 1] = KEYS[2]
-  records[#records + 1] = KEYS[3]
-  records[#records + 1] = KEYS[4]
-  records[#records + 1] = KEYS[5]
-  redis.call('DEL', unpack(records))
-  return {status, '0', removed}
-end
--- One variadic DEL and SREM per batch (a batch is at most ARGV[4]-ish members).
-if #records > 0 then
-  redis.call('DEL', unpack(records))
-  redis.call('SREM', KEYS[3], unpack(members))
-end
-if scan[1] ~= '0' then
-  return {status, scan[1], removed}
-end
-if whole then
-  -- Peers added behind the scan: scan again rather than drop their records with the set.
-  if redis.call('SCARD', KEYS[3]) > 0 then
-    return {status, 'again', removed}
-  end
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-end
-return {status, '0', removed}
+flush()
+return replies

@@ -2902,9 +2902,23 @@ fn run(mut c: Chaos, began: Instant) {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "{summary}");
     }
+    // The violations themselves in the panic message too: a CI log that keeps only the tail
+    // of the output still shows what broke (the sentinels' logs above can push them out).
+    let listed: Vec<String> = c
+        .violations
+        .iter()
+        .map(|(life, msg)| match life {
+            Some(li) => format!(
+                "- {} (life {}): {msg}",
+                c.lives[*li].id, c.lives[*li].incarnation
+            ),
+            None => format!("- {msg}"),
+        })
+        .collect();
     assert!(
         c.violations.is_empty(),
-        "{} violations (seed {seed}); see above",
-        c.violations.len()
+        "{} violations (seed {seed}); node logs and the timeline above:\n{}",
+        c.violations.len(),
+        listed.join("\n")
     );
 }

@@ -373,8 +373,38 @@ fn eval<T: redis::FromRedisValue>(s: &Server, src: &str, keys: &[&str], args: &[
     cmd.query(&mut s.con()).unwrap()
 }
 
-const REAP_ROOM: &str = include_str!("../../lua/reap_room.lua");
-const REAP_PEER: &str = include_str!("../../lua/reap_peer.lua");
+/// The text of `lua/<name>.lua` the library runs: the copy in `SFU_TEST_LUA_DIR` when the
+/// mutation check (`.ci/mutants.py`) set it, so these direct calls see its mutation too.
+fn lua(name: &str, compiled: &str) -> String {
+    match std::env::var_os("SFU_TEST_LUA_DIR") {
+        Some(dir) => {
+            std::fs::read_to_string(std::path::Path::new(&dir).join(format!("{name}.lua")))
+                .expect("SFU_TEST_LUA_DIR holds the scripts")
+        }
+        None => compiled.to_owned(),
+    }
+}
+
+fn reap_room_lua() -> String {
+    lua("reap_room", include_str!("../../lua/reap_room.lua"))
+}
+
+fn reap_peer_lua() -> String {
+    lua("reap_peer", include_str!("../../lua/reap_peer.lua"))
+}
+
+/// One room's part of a `reap_room.lua` reply: status, cursor, removed, records deleted.
+type RoomReply = (String, String, Vec<String>, u64);
+
+/// `reap_room.lua` on one room (its five keys), from cursor 0, `SSCAN COUNT` 100: its one
+/// `(status, cursor, removed)`.
+fn reap_one(s: &Server, room_keys: &[&str], dead: &str, t0: &str) -> (String, String, Vec<String>) {
+    let mut out: Vec<RoomReply> =
+        eval(s, &reap_room_lua(), room_keys, &[dead, t0, "100", "1", "0"]);
+    assert_eq!(out.len(), 1, "one room, one reply");
+    let (status, cursor, removed, _) = out.remove(0);
+    (status, cursor, removed)
+}
 
 // Protects: invariant 2's "new life" rule (issue 11, item 3: time resolution). The reap's start
 // t0 and a new life's pin or upsert used to be compared in whole milliseconds (`<= t0` meant
@@ -443,15 +473,14 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
             &rk.guest_state,
         ];
         let tie = t_tie.to_string();
-        let (status, _, removed): (String, String, Vec<String>) =
-            eval(&s, REAP_ROOM, &room_keys, &[&dead, &tie, "0", "100"]);
+        let (status, _, removed) = reap_one(&s, &room_keys, &dead, &tie);
         assert_eq!(
             (status.as_str(), removed.len()),
             ("new_life", 0),
             "{case}: a room pinned in the same instant as the reap's start was taken for the old life's"
         );
         let peer_keys = [&peer[..], &rk.peers, &rk.guests, &rk.guest_state];
-        let status: String = eval(&s, REAP_PEER, &peer_keys, &[&dead, &tie, "p1"]);
+        let status: String = eval(&s, &reap_peer_lua(), &peer_keys, &[&dead, &tie, "p1"]);
         assert_eq!(
             status, "new_life",
             "{case}: a peer record written in the same instant as the reap's start was reaped"
@@ -466,14 +495,13 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
             (x / 1000 + 1) * 1000
         };
         let later = later.to_string();
-        let status: String = eval(&s, REAP_PEER, &peer_keys, &[&dead, &later, "p1"]);
+        let status: String = eval(&s, &reap_peer_lua(), &peer_keys, &[&dead, &later, "p1"]);
         assert_eq!(
             status, "reaped",
             "{case}: the record written before t0 was kept"
         );
         write();
-        let (status, _, removed): (String, String, Vec<String>) =
-            eval(&s, REAP_ROOM, &room_keys, &[&dead, &later, "0", "100"]);
+        let (status, _, removed) = reap_one(&s, &room_keys, &dead, &later);
         assert_eq!((status.as_str(), removed.len()), ("reaped", 2), "{case}");
         let left: i64 = redis::cmd("EXISTS")
             .arg(&rk.meta)
@@ -483,4 +511,190 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
             .unwrap();
         assert_eq!(left, 0, "{case}: the room was not deleted whole");
     }
+}
+
+// Protects: the owner CAS per room inside one batched `reap_room.lua` call (issue 27 item 2: on
+// one server a call reaps up to 32 rooms), its bad-data isolation (a key of the wrong type in
+// one room fails that room alone, as when each room had its own call) and its work bound (no
+// room is started once the rooms done have seen `COUNT` peers: pitfall "never loop unboundedly
+// in Lua").
+// Fault: one call over four rooms: the dead instance's own room (3 peers), a room a live
+// instance took over holding one old record of the dead instance beside a live one, a room
+// whose metadata key is a string, and another room of the dead instance. Then, with COUNT 2,
+// two rooms of 3 peers each: the call must stop after the first. One server only: on a cluster
+// the library sends one room per call (a multi-room call would be CROSSSLOT), which the other
+// reaper tests cover.
+#[test]
+fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
+    if cluster_topology() {
+        return;
+    }
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let mut con = s.con();
+    let dead = wire(IdKind::Instance, "gone");
+    let live = wire(IdKind::Instance, "alive");
+    let before = (s.server_ms() - 60_000) * 1000;
+    let t0 = (s.server_ms() * 1000).to_string();
+    let room = |name: &str, owner: &str, peers: &[(&str, &str)]| {
+        let rk = ks.room(name);
+        let mut pipe = redis::pipe();
+        pipe.set(&rk.owner, owner).ignore();
+        pipe.hset_multiple(
+            &rk.meta,
+            &[
+                ("owner", owner.to_owned()),
+                ("pinned_us", before.to_string()),
+            ],
+        )
+        .ignore();
+        for (peer, inst) in peers {
+            pipe.hset_multiple(
+                ks.peer(name, peer),
+                &[
+                    ("instance", inst.to_string()),
+                    ("generation", "1".to_owned()),
+                    ("updated_us", before.to_string()),
+                ],
+            )
+            .ignore();
+            pipe.sadd(&rk.peers, *peer).ignore();
+        }
+        pipe.query::<()>(&mut s.con()).unwrap();
+        rk
+    };
+    let keys_of = |rks: &[&sfu_redis::keys::RoomKeys]| -> Vec<String> {
+        rks.iter()
+            .flat_map(|rk| {
+                [
+                    rk.owner.clone(),
+                    rk.meta.clone(),
+                    rk.peers.clone(),
+                    rk.guests.clone(),
+                    rk.guest_state.clone(),
+                ]
+            })
+            .collect()
+    };
+    let a = room("a", &dead, &[("a1", &dead), ("a2", &dead), ("a3", &dead)]);
+    let b = room("b", &live, &[("old", &dead), ("new", &live)]);
+    let c = room("c", &dead, &[("c1", &dead)]);
+    let _: () = redis::cmd("DEL").arg(&c.meta).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&c.meta)
+        .arg("not a hash")
+        .query(&mut con)
+        .unwrap();
+    let d = room("d", &dead, &[("d1", &dead)]);
+    // A room taken over, holding two old records of the dead instance: "1" (no guest) is
+    // queued for the moved index before "2" fails on the room's guests key, which holds a
+    // string (peers "1" and "2" form an intset: the scan returns them in that order).
+    let g = room("g", &live, &[("1", &dead), ("2", &dead)]);
+    let _: () = redis::cmd("HSET")
+        .arg(ks.peer("g", "2"))
+        .arg("guest")
+        .arg("gg")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&g.guests)
+        .arg("not a hash")
+        .query(&mut con)
+        .unwrap();
+    // With the dead instance's moved peer index as the last key (one server): the entries of
+    // the records deleted leave it in the same call, the others stay.
+    let moved = ks.instance_reaping_peers(&dead);
+    let entries = [
+        "a/a1",
+        "a/a2",
+        "a/a3",
+        "b/old",
+        "c/c1",
+        "d/d1",
+        "g/1",
+        "g/2",
+        "x/elsewhere",
+    ];
+    let _: () = redis::cmd("SADD")
+        .arg(&moved)
+        .arg(&entries[..])
+        .query(&mut con)
+        .unwrap();
+    let mut keys = keys_of(&[&a, &b, &c, &d, &g]);
+    keys.push(moved.clone());
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let out: Vec<RoomReply> = eval(
+        &s,
+        &reap_room_lua(),
+        &keys,
+        &[&dead, &t0, "100", "5", "0", "0", "0", "0", "0"],
+    );
+    let mut left: Vec<String> = redis::cmd("SMEMBERS").arg(&moved).query(&mut con).unwrap();
+    left.sort();
+    assert_eq!(
+        left,
+        ["c/c1", "g/1", "g/2", "x/elsewhere"],
+        "the moved peer index after the call: a failed room's entries stay"
+    );
+    let statuses: Vec<&str> = out.iter().map(|(st, ..)| st.as_str()).collect();
+    assert_eq!(
+        statuses,
+        ["reaped", "skipped", "error", "reaped", "error"],
+        "{out:?}"
+    );
+    assert!(out[2].1.starts_with("WRONGTYPE"), "{out:?}");
+    assert_eq!(
+        (out[0].2.len(), out[0].3),
+        (0, 3),
+        "room a: three peers removed, their entries left the moved index: {out:?}"
+    );
+    assert_eq!(
+        (out[1].2.len(), out[1].3),
+        (0, 1),
+        "room b: only the dead instance's record: {out:?}"
+    );
+    let exists = |k: &str| -> bool { redis::cmd("EXISTS").arg(k).query(&mut s.con()).unwrap() };
+    assert!(!exists(&a.owner) && !exists(&a.peers) && !exists(&ks.peer("a", "a1")));
+    assert!(exists(&b.owner) && exists(&ks.peer("b", "new")) && !exists(&ks.peer("b", "old")));
+    assert!(
+        exists(&c.meta) && exists(&ks.peer("c", "c1")),
+        "the bad room is left for the audit"
+    );
+    assert!(
+        !exists(&d.owner) && !exists(&ks.peer("d", "d1")),
+        "the room after the bad one is reaped"
+    );
+    assert!(
+        exists(&ks.peer("g", "1")) && exists(&ks.peer("g", "2")),
+        "a failed room keeps its records"
+    );
+
+    let e = room("e", &dead, &[("e1", &dead), ("e2", &dead), ("e3", &dead)]);
+    let f = room("f", &dead, &[("f1", &dead), ("f2", &dead), ("f3", &dead)]);
+    let keys = keys_of(&[&e, &f]);
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let out: Vec<RoomReply> = eval(
+        &s,
+        &reap_room_lua(),
+        &keys,
+        &[&dead, &t0, "2", "2", "0", "0"],
+    );
+    assert_eq!(
+        out.len(),
+        1,
+        "the second room was started past the work bound: {out:?}"
+    );
+    assert_eq!(out[0].0, "reaped");
+    assert!(
+        exists(&f.owner) && exists(&ks.peer("f", "f1")),
+        "room f untouched"
+    );
+    let out: Vec<RoomReply> = eval(
+        &s,
+        &reap_room_lua(),
+        &keys[5..],
+        &[&dead, &t0, "100", "1", "0"],
+    );
+    assert_eq!((out.len(), out[0].0.as_str()), (1, "reaped"), "{out:?}");
+    assert!(!exists(&f.owner) && !exists(&ks.peer("f", "f1")), "{out:?}");
 }
