@@ -28,6 +28,7 @@
 //! traffic is not queued behind a big reap. The pause ends at once on shutdown, and the
 //! leadership check that precedes every batch follows it.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{after, select, Receiver};
@@ -459,6 +460,10 @@ fn reap_room_batches(
         .into_iter()
         .map(|room| (room, "0".to_owned()))
         .collect();
+    // The first `alone` pending rooms go one per call: rooms that need another call (a big
+    // room, or one a call's work bound left out), so that big rooms never hold up the rest.
+    let mut alone = 0;
+    let one_server = !con.is_cluster();
     // How long the previous batch took: the pause before the next one is in proportion.
     let mut last: Option<Duration> = None;
     loop {
@@ -475,8 +480,8 @@ fn reap_room_batches(
         let owed = std::mem::take(cleanup);
         let sent_cleanup = owed.len;
         let mut pipe = owed.pipe.clone();
-        let per_call = rooms_per_call(con);
-        add_room_scripts(r, &mut pipe, &pending, per_call);
+        let sizes = call_sizes(pending.len(), alone, rooms_per_call(con));
+        add_room_scripts(r, &mut pipe, &pending, &sizes, one_server);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
         let scan = !cursor.done() && pending.len() < 2 * batch;
@@ -504,7 +509,7 @@ fn reap_room_batches(
         let again = room_replies(
             r,
             pending,
-            per_call,
+            &sizes,
             &mut replies,
             counts,
             cleanup,
@@ -521,6 +526,7 @@ fn reap_room_batches(
         if let Some(e) = failed {
             return Err(e);
         }
+        alone = again.len();
         pending = again;
         if scan {
             let Some(reply) = replies.next() else {
@@ -530,9 +536,13 @@ fn reap_room_batches(
             let raw = page
                 .and_then(scan::items_as)
                 .map_err(|e| Error::redis(op, e))?;
+            // A room `SSCAN` returns again while it is still pending stays with its cursor
+            // (two entries of one room in one call would count it twice).
+            let held: HashSet<String> = pending.iter().map(|(room, _)| room.clone()).collect();
             pending.extend(
                 utf8_members(con, op, &index, raw)?
                     .into_iter()
+                    .filter(|room| !held.contains(room))
                     .map(|room| (room, "0".to_owned())),
             );
         }
@@ -546,7 +556,9 @@ fn reap_room_batches(
 /// Rooms per `reap_room.lua` call where every key lives on one server (standalone, a Sentinel
 /// master): the call's fixed cost is paid once for them. The script also starts no further
 /// room once the rooms it did have seen [`PEER_BATCH`] peers, so one call stays short (about
-/// 0.5 ms at 4 peers per room). On a cluster a call holds one room (its keys share a slot).
+/// 0.5 ms at 4 peers per room); a room that needs another call (more peers than one call
+/// reads, or left out by that bound) gets a call of its own next time. On a cluster a call
+/// holds one room (its keys share a slot).
 const ROOMS_PER_CALL: usize = 32;
 
 /// One room's part of a `reap_room.lua` reply: status, peer cursor, the deleted records whose
@@ -562,15 +574,44 @@ fn rooms_per_call(con: &Conn) -> usize {
     }
 }
 
-/// The `reap_room.lua` calls for the pending rooms (`(room, peer cursor)`), `per_call` rooms
-/// each, added to `pipe`.
+/// The number of rooms in each `reap_room.lua` call for `len` pending rooms: the first `alone`
+/// one per call, the rest `per_call` per call.
+fn call_sizes(len: usize, alone: usize, per_call: usize) -> Vec<usize> {
+    let alone = alone.min(len);
+    let mut sizes = vec![1; alone];
+    let mut rest = len - alone;
+    while rest > 0 {
+        let n = rest.min(per_call.max(1));
+        sizes.push(n);
+        rest -= n;
+    }
+    sizes
+}
+
+/// `pending` cut into calls of `sizes` rooms.
+fn calls<'a>(
+    pending: &'a [(String, String)],
+    sizes: &'a [usize],
+) -> impl Iterator<Item = &'a [(String, String)]> + 'a {
+    let mut at = 0;
+    sizes.iter().map(move |&n| {
+        let call = &pending[at..at + n];
+        at += n;
+        call
+    })
+}
+
+/// The `reap_room.lua` calls for the pending rooms (`(room, peer cursor)`), `sizes` rooms
+/// each ([`call_sizes`]), added to `pipe`. `one_server`: every key lives on one server, so
+/// the dead instance's moved peer index can be cleaned in the same call.
 fn add_room_scripts(
     r: &Reap<'_>,
     pipe: &mut redis::Pipeline,
     pending: &[(String, String)],
-    per_call: usize,
+    sizes: &[usize],
+    one_server: bool,
 ) {
-    for chunk in pending.chunks(per_call) {
+    for chunk in calls(pending, sizes) {
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
         for (room, _) in chunk {
             let rk = r.ctx.keys.room(room);
@@ -580,7 +621,7 @@ fn add_room_scripts(
                 .key(rk.guests)
                 .key(rk.guest_state);
         }
-        if per_call > 1 && r.own.is_none() {
+        if one_server && r.own.is_none() {
             // One server: the dead instance's entries of the records deleted leave its moved
             // peer index in the same call (only reaps touch a moved index).
             inv.key(r.peer_index());
@@ -593,18 +634,27 @@ fn add_room_scripts(
     }
 }
 
-/// One room's result in a `reap_room.lua` reply, or the error the script met on this room's
-/// data (status `error`: a key of the wrong type).
+/// One room's result in a `reap_room.lua` reply, or the error a command of the script met on
+/// this room (status `error`, the error text in place of the cursor). A key of the wrong type
+/// is bad data (the room is skipped and kept for the audit); any other error (a key not on
+/// this node during a slot migration, OOM, an ACL change) is transient, as when a whole call
+/// fails: the reap stops and the next round redoes it.
 fn room_result(op: &'static str, reply: RoomReply) -> Result<RoomReply> {
     let (status, cursor, ..) = &reply;
     if status != "error" {
         return Ok(reply);
     }
-    let cursor = cursor.clone();
-    Err(if cursor.starts_with("WRONGTYPE") {
+    Err(if cursor.contains("WRONGTYPE") {
         Error::bad_data(op, format!("a key holds the wrong type of value: {cursor}"))
     } else {
-        Error::bad_data(op, format!("reap_room.lua failed on this room: {cursor}"))
+        Error::redis(
+            op,
+            redis::RedisError::from((
+                redis::ErrorKind::Extension,
+                "reap_room.lua failed on a room",
+                cursor.clone(),
+            )),
+        )
     })
 }
 
@@ -615,7 +665,7 @@ fn room_result(op: &'static str, reply: RoomReply) -> Result<RoomReply> {
 fn room_replies(
     r: &Reap<'_>,
     pending: Vec<(String, String)>,
-    per_call: usize,
+    sizes: &[usize],
     replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
     counts: &mut ReapCounts,
     cleanup: &mut Cleanup,
@@ -625,12 +675,12 @@ fn room_replies(
     let mut unindex = Unindex::default();
     let mut unindexed = Vec::new();
     let mut again = Vec::new();
-    // One reply per call of `per_call` rooms; `zip` takes a reply only for a call sent: the
+    // One reply per call of `sizes` rooms; `zip` takes a reply only for a call sent: the
     // SSCAN reply stays in `replies`. Each room gets its own result: rooms the call did not
     // reach (its work bound) go again with their cursor; a reply that cannot be read fails
     // every room of its call alike.
     let mut results = Vec::with_capacity(pending.len());
-    for (chunk, reply) in pending.chunks(per_call).zip(replies.by_ref()) {
+    for (chunk, reply) in calls(&pending, sizes).zip(replies.by_ref()) {
         match conn::decode::<Vec<RoomReply>>(op, reply) {
             Ok(rooms) => {
                 let mut rooms = rooms.into_iter();
@@ -1272,5 +1322,47 @@ mod tests {
             );
         }
         assert_eq!(deleted, counts.rooms);
+    }
+
+    // A room's error inside a batched `reap_room.lua` call is bad data only for a key of the
+    // wrong type; any other (a key not on this node during a slot migration, NOPERM, OOM) is
+    // transient, as when a whole call fails: skipping the room would leave it unreaped once
+    // the instance's reap ends "incomplete".
+    #[test]
+    fn a_rooms_error_is_bad_data_only_for_a_wrong_type() {
+        let err = |msg: &str| {
+            room_result("reap rooms", ("error".into(), msg.into(), Vec::new(), 0)).unwrap_err()
+        };
+        let wrong = err("WRONGTYPE Operation against a key holding the wrong kind of value");
+        assert_eq!(wrong.kind(), crate::ErrorKind::BadData);
+        for msg in [
+            "Script attempted to access a non local key in a cluster node script",
+            "NOPERM this user has no permissions to access one of the keys used as arguments",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ] {
+            let e = err(msg);
+            assert_eq!(e.kind(), crate::ErrorKind::Redis, "{msg}");
+            assert!(e.to_string().contains(msg), "{e}");
+        }
+        let ok = room_result("reap rooms", ("reaped".into(), "0".into(), Vec::new(), 4));
+        assert_eq!(ok.unwrap().3, 4);
+    }
+
+    // Rooms that need another call go one per call ahead of the new ones, which share calls:
+    // a page of big rooms, where each call reaches one room before its work bound, costs one
+    // more round trip, not one per `ROOMS_PER_CALL` rooms.
+    #[test]
+    fn rooms_that_need_another_call_go_alone() {
+        assert_eq!(call_sizes(0, 0, 32), Vec::<usize>::new());
+        assert_eq!(call_sizes(70, 0, 32), vec![32, 32, 6]);
+        assert_eq!(call_sizes(5, 2, 32), vec![1, 1, 3]);
+        assert_eq!(call_sizes(3, 7, 32), vec![1, 1, 1]);
+        assert_eq!(call_sizes(4, 0, 1), vec![1, 1, 1, 1]);
+        let pending: Vec<(String, String)> = (0..5).map(|i| (i.to_string(), "0".into())).collect();
+        let sizes = call_sizes(5, 2, 2);
+        let cut: Vec<Vec<&str>> = calls(&pending, &sizes)
+            .map(|c| c.iter().map(|(r, _)| r.as_str()).collect())
+            .collect();
+        assert_eq!(cut, vec![vec!["0"], vec!["1"], vec!["2", "3"], vec!["4"]]);
     }
 }

@@ -698,3 +698,51 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
     assert_eq!((out.len(), out[0].0.as_str()), (1, "reaped"), "{out:?}");
     assert!(!exists(&f.owner) && !exists(&ks.peer("f", "f1")), "{out:?}");
 }
+
+// Protects: the batched reap's per-call work bound never holds up a reap: a call over big
+// rooms reaches one room and leaves the rest, which then go one per call (issue 27 item 2),
+// and each room is counted once. Also the peer index: every deleted record's entry leaves it.
+// Fault: a dead instance whose room index mixes 3 rooms of 600 peers (more than one call
+// reads) with 40 rooms of 2 peers, so most calls stop at their work bound.
+#[test]
+fn a_reap_of_big_and_small_rooms_counts_each_room_once_and_leaves_nothing() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let leader =
+        sfu_redis::Node::start(config_for(&s.url(), STAGE, "leader", Timings::fast())).unwrap();
+    let mut log = EventLog::new(&leader);
+    let names: Vec<String> = (0..600).map(|i| format!("p{i}")).collect();
+    let big: Vec<(&str, Option<&str>)> = names.iter().map(|p| (p.as_str(), None)).collect();
+    let small: [(&str, Option<&str>); 2] = [("a", Some("guest-a")), ("b", None)];
+    let room_names: Vec<String> = (0..43).map(|i| format!("r{i:02}")).collect();
+    let rooms: Vec<FakeRoom<'_>> = room_names
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let peers: &[(&str, Option<&str>)] = if i % 15 == 7 { &big } else { &small };
+            (r.as_str(), peers)
+        })
+        .collect();
+    assert_eq!(rooms.iter().filter(|(_, p)| p.len() == 600).count(), 3);
+    s.fabricate_dead(&ks, "mixed", s.server_ms() - 50_000, None, &rooms);
+    let e = log.wait(LONG, "mixed reaped", |e| reaped(e, "mixed"));
+    let Event::InstanceReaped {
+        rooms: n_rooms,
+        peers,
+        skipped_rooms,
+        ..
+    } = e
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (n_rooms, peers, skipped_rooms),
+        (43, 3 * 600 + 40 * 2, 0),
+        "each room and record counted once"
+    );
+    let mut names = room_names.clone();
+    names.push("mixed".to_owned());
+    let left = references(&s.dump("*"), &names);
+    assert!(left.is_empty(), "left after the reap: {left:#?}");
+    drop(leader);
+}
