@@ -41,8 +41,9 @@
 --   'skipped'   another instance owns the room: only the dead instance's peers were removed;
 --   'new_life'  the same instance pinned the room again after t0 (it came back): kept, keep
 --               the index entry;
---   'error'     a command failed on this room's data (a key of the wrong type): cursor is the
---               error; what ran before it in this room stays done, the other rooms go on.
+--   'error'     a command failed on this room: cursor is the error text (the caller skips the
+--               room for WRONGTYPE, bad data, and treats any other error as transient); what
+--               ran before it in this room stays done, the other rooms go on.
 -- deleted = the number of peer records deleted in this call; removed = {peer1, instance1, ...}:
 -- those of them whose index entries the caller still has to remove (every one when the moved
 -- peer index is not passed; with it, only those naming another instance). For a room deleted
