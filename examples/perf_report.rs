@@ -49,12 +49,18 @@
 //! cargo run --release --example perf_report -- --tls    # plaintext vs TLS, one server
 //! cargo run --release --example perf_report -- --wait   # WAIT 1 on a replicated master
 //! cargo run --release --example perf_report -- --cluster  # 3-master cluster vs one server
+//! cargo run --release --example perf_report -- --cluster --churn  # its churn part alone
 //! ```
 //!
 //! `--cluster` (`examples/perf/cluster.rs`): the reap (`--rooms` rooms x 4 peers, median of
-//! `--runs`) and the tick (`--rooms` pinned rooms) on a private 3-master Redis Cluster and on
-//! one standalone server, alternating; each master's share of the reap's server CPU, the
-//! cluster reap's speed relative to the standalone one, the tick's round trips per master.
+//! `--runs`), the tick (`--rooms` pinned rooms) and churn (peer joins and leaves in 300 rooms
+//! spread evenly over the masters: 3,000 pairs per run from one thread, `--pairs` sets
+//! another count, then as many from 8 threads sharing one node) on a private 3-master Redis
+//! Cluster and on one standalone server, alternating; each master's share of the reap's
+//! server CPU, the cluster reap's speed relative to the standalone one, the tick's round
+//! trips per master, churn's server CPU per pair on each master against the standalone
+//! server's (`*_churn_*` fields) and the 8-thread pairs per second of each side (issue 31).
+//! With `--churn` it runs only the churn part.
 //!
 //! `--tls` (`examples/perf/tls.rs`): the reap (`--rooms` rooms x 4 peers, median of `--runs`)
 //! and the tick (`--rooms` pinned rooms, median of 3 x `--runs`) over the plaintext port and

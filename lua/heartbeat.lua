@@ -11,6 +11,7 @@
 -- KEYS[8] P:{ctl}:instance:<I>:reaping-rooms   ... as a reap of an earlier life moved them
 -- KEYS[9] P:{ctl}:instance:<I>:reaping-peers   aside (reap_begin.lua), and that reap's token
 -- KEYS[10] P:{ctl}:instance:<I>:reaping
+-- KEYS[11] P:{ctl}:schema      STRING, the key schema version the prefix is laid out in
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
@@ -24,7 +25,8 @@
 --         live instance knows of (a new lease is only granted a lease TTL after the dataset
 --         was re-created, by when every live instance has heartbeated)
 -- ARGV[8] server ms this life registered at ('0' if not known yet): the info's started_ms
--- ARGV[9..] the info's other fields, name and value pairs
+-- ARGV[9] the key schema version this release speaks (keys.rs SCHEMA_VERSION)
+-- ARGV[10..] the info's other fields, name and value pairs
 --
 -- The info hash is written (whole, replacing what was there) at 'register', after Redis lost
 -- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
@@ -40,8 +42,16 @@
 -- the moved indexes: otherwise the clean-up and every pin of the new life would fail on it
 -- (WRONGTYPE). Rooms such a key may have listed are left for the audit (unindexed rooms).
 --
--- Reply: {status, server_ms, token, epoch, server_us, replaced}; replaced is the number of
--- index keys of another type deleted at 'register' (0 otherwise); status is
+-- Schema version. KEYS[11] missing (a new prefix, one written before versions existed, whose
+-- layout is version 1, or a Redis that lost its data) is written as ARGV[9], on 'register' and
+-- 'tick' alike; a value of another type is bad data and replaced the same way. At 'register',
+-- a KEYS[11] naming another version refuses the registration: nothing is written. On 'tick' a
+-- mismatch (the prefix was migrated under a running node) does not stop the heartbeat, which
+-- keeps this node's rooms alive; the caller reports it (reply's schema field).
+--
+-- Reply: {status, server_ms, token, epoch, server_us, replaced, schema}; replaced is the
+-- number of index keys of another type deleted at 'register' (0 otherwise); schema is the
+-- version KEYS[11] holds after this call; status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
@@ -50,7 +60,9 @@
 --               lost and registers again as a fresh life;
 --   'duplicate' on 'register': another live process (another boot token) holds this
 --               instance id's heartbeat key. Nothing written; the caller must not start.
---               On 'tick' a foreign boot token is overwritten and reported the same way.
+--               On 'tick' a foreign boot token is overwritten and reported the same way;
+--   'schema'    on 'register': KEYS[11] names another version than ARGV[9]. Nothing
+--               written; the caller must not start.
 --
 -- Protects: invariant 1 (server time only, so clock skew cannot make a live instance look
 -- stale) and the zombie rule (a reaped instance never silently writes itself back).
@@ -68,20 +80,29 @@ local token = get(KEYS[3])
 local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
+local schema = get(KEYS[11])
+if ARGV[3] == 'register' and schema and schema ~= ARGV[9] then
+  return {'schema', now, token or '', epoch, now_us, 0, schema}
+end
 if ARGV[3] == 'register' and holder and holder ~= ARGV[6] and holder ~= 'released' then
-  return {'duplicate', now, token or '', epoch, now_us, 0}
+  return {'duplicate', now, token or '', epoch, now_us, 0, schema or ''}
 end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch, now_us, 0}
+      return {'reaped', now, token, epoch, now_us, 0, schema or ''}
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or '', epoch, now_us, 0}
+    return {'reaped', now, token or '', epoch, now_us, 0, schema or ''}
   end
+end
+if not schema then
+  redis.call('DEL', KEYS[11])
+  redis.call('SET', KEYS[11], ARGV[9])
+  schema = ARGV[9]
 end
 if not token then
   token = ARGV[5] .. ':' .. string.format('%d', now)
@@ -122,6 +143,6 @@ if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).
   local started = ARGV[8]
   if ARGV[3] == 'register' or started == '0' then started = string.format('%d', now) end
   redis.call('DEL', KEYS[5])
-  redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 9))
+  redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 10))
 end
-return {status, now, token, epoch, now_us, replaced}
+return {status, now, token, epoch, now_us, replaced, schema}

@@ -786,7 +786,10 @@ fn keep_connection(e: &Error) -> bool {
         Error::Redis { source, .. } => {
             source.code().is_some() && !source.is_timeout() && !is_not_master(source)
         }
-        Error::BadData { .. } | Error::NotOwner { .. } | Error::NotPeerOwner { .. } => true,
+        Error::BadData { .. }
+        | Error::NotOwner { .. }
+        | Error::NotPeerOwner { .. }
+        | Error::Schema { .. } => true,
         _ => false,
     }
 }

@@ -35,6 +35,10 @@ pub enum ErrorKind {
     NotLeader,
     /// A local resource (a child process, a temp dir, a port) could not be set up.
     Io,
+    /// The prefix is laid out in a key schema version this release does not speak
+    /// ([`crate::keys::SCHEMA_VERSION`]): run a release that speaks it, or migrate the prefix
+    /// (`sfu-redis migrate`).
+    Schema,
 }
 
 /// The crate's error. Its `Display` says what happened and, where it helps, what to do.
@@ -104,6 +108,15 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// See [`ErrorKind::Schema`]: the registration was refused and nothing was written.
+    Schema {
+        /// The prefix (`<namespace>:<stage>:<branch>`).
+        prefix: String,
+        /// What `P:{ctl}:schema` holds (a version number, or whatever else was found there).
+        found: String,
+        /// The version this release speaks ([`crate::keys::SCHEMA_VERSION`]).
+        speaks: u32,
+    },
 }
 
 impl Error {
@@ -119,6 +132,7 @@ impl Error {
             Error::Stopped => ErrorKind::Stopped,
             Error::NotLeader => ErrorKind::NotLeader,
             Error::Io { .. } => ErrorKind::Io,
+            Error::Schema { .. } => ErrorKind::Schema,
         }
     }
 
@@ -240,6 +254,22 @@ impl fmt::Display for Error {
             Error::Stopped => write!(f, "the node has been shut down"),
             Error::NotLeader => write!(f, "this node does not hold the reaper lease (any more)"),
             Error::Io { op, source } => write!(f, "{op}: {source}"),
+            Error::Schema {
+                prefix,
+                found,
+                speaks,
+            } => {
+                // Whatever an operator left in the key, a message stays one short line.
+                let found: String = if found.chars().count() > 64 {
+                    found.chars().take(64).chain("...".chars()).collect()
+                } else {
+                    found.clone()
+                };
+                write!(
+                f,
+                "prefix {prefix} is laid out in key schema version {found:?} ({prefix}:{{ctl}}:schema) but this release speaks version {speaks}: run a release that speaks version {found:?}, or move the prefix with `sfu-redis migrate` (README \"Key schema versions\")"
+                )
+            }
         }
     }
 }

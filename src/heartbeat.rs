@@ -24,7 +24,7 @@ use crossbeam_channel::Receiver;
 use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
-use crate::keys::{decode_id, encode_id, IdKind};
+use crate::keys::{decode_id, encode_id, IdKind, SCHEMA_VERSION};
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
@@ -80,6 +80,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
     for key in sh.ctx.keys.instance_index_keys(&sh.ctx.me) {
         inv.key(key);
     }
+    inv.key(sh.ctx.keys.schema());
     inv.arg(&sh.ctx.me)
         .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
@@ -93,18 +94,44 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         .arg(match mode {
             BeatMode::Register => 0,
             BeatMode::Tick => sh.started_ms.load(Ordering::Relaxed),
-        });
+        })
+        .arg(SCHEMA_VERSION);
     for (name, value) in &sh.info {
         inv.arg(*name).arg(value);
     }
-    let (status, server_ms, token, epoch, server_us, replaced): (
+    let (status, server_ms, token, epoch, server_us, replaced, schema): (
         String,
         i64,
         String,
         String,
         i64,
         i64,
+        String,
     ) = conn::call(con, op, &inv)?;
+    if status == "schema" {
+        // A registration on a prefix laid out in another key schema version: refused, nothing
+        // written (docs/DESIGN.md "Schema version").
+        return Err(Error::Schema {
+            prefix: sh.ctx.keys.prefix().to_owned(),
+            found: schema,
+            speaks: SCHEMA_VERSION,
+        });
+    }
+    let ours = SCHEMA_VERSION.to_string();
+    if !schema.is_empty() && schema != ours {
+        if !sh.saw_foreign_schema.swap(true, Ordering::Relaxed) {
+            log::error!(
+                "{}; this node was registered before the change and keeps heartbeating its rooms: stop it and start a release that speaks the prefix's version",
+                Error::Schema {
+                    prefix: sh.ctx.keys.prefix().to_owned(),
+                    found: schema,
+                    speaks: SCHEMA_VERSION,
+                }
+            );
+        }
+    } else {
+        sh.saw_foreign_schema.store(false, Ordering::Relaxed);
+    }
     if replaced > 0 {
         // Bad data on this instance's own index keys, deleted by the script (a clean-up and
         // every pin of this life would fail on them).

@@ -11,6 +11,7 @@
 //! | `P:{ctl}:leader` | STRING, PX lease_ttl | reaper lease holder (instance id) |
 //! | `P:{ctl}:epoch` | counter | fencing token, INCR on every acquire |
 //! | `P:{ctl}:dataset` | STRING | dataset token: tells "reaped" from "Redis lost its data" |
+//! | `P:{ctl}:schema` | STRING | the key schema version the prefix is laid out in ([`SCHEMA_VERSION`]) |
 //! | `P:shard:{<tag>}:dataset` | STRING | a Redis Cluster master's dataset token (`<tag>` hashes to a slot it serves): tells a master that lost its data |
 //! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
 //! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
@@ -35,6 +36,13 @@ use crate::error::{Error, Result};
 
 /// The longest id accepted, in bytes of UTF-8.
 pub const MAX_ID_BYTES: usize = 256;
+
+/// The version of the key schema this release reads and writes (the layout of this module's
+/// table). A prefix records the version it is laid out in under [`KeySpace::schema`]; a node
+/// refuses to register on a prefix stamped with another version ([`crate::Error::Schema`]),
+/// and `sfu-redis migrate` moves a prefix from one version to the next. Prefixes written
+/// before versions existed carry no stamp: their layout is version 1.
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// Bytes that are escaped: everything but `[A-Za-z0-9._-]`.
 const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -252,6 +260,15 @@ impl KeySpace {
         format!("{}:{{ctl}}:dataset", self.prefix)
     }
 
+    /// `P:{ctl}:schema`: the key schema version the prefix is laid out in, as a decimal
+    /// string ([`SCHEMA_VERSION`]). Written by the first heartbeat that finds it missing
+    /// (`heartbeat.lua`: a new prefix, one written before versions, or a Redis that lost its
+    /// data) and by `sfu-redis migrate --apply`; read at every registration, which it refuses
+    /// when it names another version (docs/DESIGN.md "Schema version").
+    pub fn schema(&self) -> String {
+        format!("{}:{{ctl}}:schema", self.prefix)
+    }
+
     /// `P:shard:{<tag>}:dataset`: on a Redis Cluster, the dataset token of the master that
     /// serves `tag`'s hash slot (`tag` is `<slot>.<n>`, chosen so that it hashes to that slot:
     /// src/shards.rs). A heartbeat that finds it gone or changed knows that master lost its
@@ -353,6 +370,7 @@ impl KeySpace {
                 "leader" => ParsedKey::Leader,
                 "epoch" => ParsedKey::Epoch,
                 "dataset" => ParsedKey::Dataset,
+                "schema" => ParsedKey::Schema,
                 _ => {
                     if let Some(i) = ctl.strip_prefix("hb:") {
                         ParsedKey::Heartbeat(i.to_owned())
@@ -422,6 +440,8 @@ pub enum ParsedKey {
     Leader,
     Epoch,
     Dataset,
+    /// The key schema version ([`KeySpace::schema`]).
+    Schema,
     /// A cluster master's dataset token ([`KeySpace::shard_dataset`]): its hash tag.
     ShardDataset(String),
     InstanceRooms(String),
@@ -581,6 +601,8 @@ mod tests {
         );
         assert_eq!(ks.parse("sfu:dev:mainx:{ctl}:leader"), None);
         assert_eq!(ks.parse(&ks.leader()), Some(ParsedKey::Leader));
+        assert_eq!(ks.schema(), "sfu:dev:main:{ctl}:schema");
+        assert_eq!(ks.parse(&ks.schema()), Some(ParsedKey::Schema));
         assert_eq!(
             ks.parse(&ks.shard_dataset("5461.12")),
             Some(ParsedKey::ShardDataset("5461.12".into()))

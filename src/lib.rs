@@ -48,6 +48,7 @@ pub mod reap;
 mod reaper;
 mod rooms;
 pub mod scan;
+pub mod schema;
 mod scripts;
 mod sentinel;
 mod shards;
@@ -67,6 +68,7 @@ pub use config::{
 pub use crossbeam_channel::Receiver;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{EmittedEvent, Event, LeaderLostReason, EMITTED_HISTORY};
+pub use keys::SCHEMA_VERSION;
 pub use leader::TermRecord;
 pub use metrics::{Health, MetricsFormat};
 pub use node::{Node, Stats, EVENT_CAPACITY};

@@ -261,6 +261,7 @@ impl Node {
             shards: Mutex::default(),
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),
+            saw_foreign_schema: AtomicBool::new(false),
             crashed: AtomicBool::new(false),
             stopping: Default::default(),
         });

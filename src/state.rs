@@ -208,6 +208,9 @@ pub(crate) struct Shared {
     /// A tick found another process's boot token under this id: its stop must not mark the
     /// heartbeat key released (the other process may be the live one).
     pub saw_duplicate: AtomicBool,
+    /// A tick found the prefix stamped with another key schema version than this release's
+    /// (`P:{ctl}:schema`, migrated under a running node): reported once, not every tick.
+    pub saw_foreign_schema: AtomicBool,
     /// The fields of this instance's info hash (`crate::info`), but `started_ms`.
     pub info: Vec<(&'static str, String)>,
     /// Server ms this life registered at (its info's `started_ms`); 0 before.

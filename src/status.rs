@@ -211,6 +211,11 @@ pub struct FleetStatus {
     /// Server ms at which the dataset token (`P:{ctl}:dataset`) was written: when this
     /// dataset was first heartbeated on. `None` when the token is absent or not readable.
     pub dataset_created_ms: Option<i64>,
+    /// What the prefix's key schema stamp (`P:{ctl}:schema`) holds: the version its layout
+    /// is in (`"1"`); `None` when it is missing (a prefix written before versions existed,
+    /// layout 1, until a node registers or `sfu-redis migrate --apply` stamps it) or not a
+    /// string (a problem then). A version other than [`crate::SCHEMA_VERSION`] is a problem too.
+    pub schema: Option<String>,
     /// The last epoch handed out (0 when [`epoch_known`](Self::epoch_known) is false).
     pub epoch: u64,
     /// False when the epoch key could not be read (wrong type, not a number); `epoch` is
@@ -270,6 +275,7 @@ impl FleetStatus {
             "leader_note": self.leader_note,
             "reaper_note": self.reaper_note,
             "dataset_created_ms": self.dataset_created_ms,
+            "schema": self.schema,
             "epoch": self.epoch_known.then_some(self.epoch),
             "redis": {
                 "url": self.route.url,
@@ -593,6 +599,7 @@ fn read(
         leader_note,
         reaper_note,
         dataset_created_ms: head.dataset_created_ms,
+        schema: head.schema,
         epoch: head.epoch,
         epoch_known: head.epoch_known,
         warnings: fleet_warnings(&instances),
@@ -747,6 +754,8 @@ struct Head {
     dataset_created_ms: Option<i64>,
     /// The dataset token exists (whatever its form).
     dataset_present: bool,
+    /// The key schema stamp, if it is a string.
+    schema: Option<String>,
 }
 
 fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
@@ -761,7 +770,9 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .arg(&epoch_key)
         .get(&epoch_key)
         .get(&dataset_key);
-    let head = exec(con, &mut pipe, 7)?;
+    let schema_key = ks.schema();
+    pipe.cmd("TYPE").arg(&schema_key).get(&schema_key);
+    let head = exec(con, &mut pipe, 9)?;
     let now = match &head[0] {
         Ok(v) => conn::time_reply_ms(v)?,
         Err(e) => return Err(Error::redis("read the server time", e.clone())),
@@ -776,7 +787,32 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .as_deref()
         .and_then(|d| d.rsplit_once(':'))
         .and_then(|(_, ms)| ms.parse::<i64>().ok());
+    let schema = match key_type(&head[7]) {
+        Ok(t) if t == "none" => None,
+        Ok(t) if t == "string" => match &head[8] {
+            Ok(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        },
+        Ok(t) => {
+            problems.push(format!(
+                "{schema_key} holds a {t}, not the key schema version (a string): the heartbeat replaces it with version {}",
+                crate::SCHEMA_VERSION
+            ));
+            None
+        }
+        Err(_) => None,
+    };
+    if let Some(v) = schema
+        .as_deref()
+        .filter(|v| *v != crate::SCHEMA_VERSION.to_string())
+    {
+        problems.push(format!(
+            "{schema_key} names key schema version {v:?}; this release speaks version {}: its nodes refuse to register here and this status may misread the keys (use a release that speaks {v:?}, or `sfu-redis migrate`)",
+            crate::SCHEMA_VERSION
+        ));
+    }
     Ok(Head {
+        schema,
         dataset_created_ms,
         dataset_present: dataset.is_some(),
         now,

@@ -117,6 +117,12 @@ enum SfuStatus
      * if it was a Redis write. The message holds the panic's text.
      */
     SFU_ERR_PANIC = 16,
+    /**
+     * `sfu_node_start`: the prefix is laid out in a key schema version this release does not
+     * speak (the message names both versions). Nothing was written; run a release that speaks
+     * it, or migrate the prefix (`sfu-redis migrate`).
+     */
+    SFU_ERR_SCHEMA = 17,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

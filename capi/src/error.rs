@@ -55,6 +55,10 @@ pub enum SfuStatus {
     /// The library panicked (a bug): the call did nothing observable, or its effect is unknown
     /// if it was a Redis write. The message holds the panic's text.
     SFU_ERR_PANIC = 16,
+    /// `sfu_node_start`: the prefix is laid out in a key schema version this release does not
+    /// speak (the message names both versions). Nothing was written; run a release that speaks
+    /// it, or migrate the prefix (`sfu-redis migrate`).
+    SFU_ERR_SCHEMA = 17,
 }
 
 impl SfuStatus {
@@ -78,10 +82,11 @@ impl SfuStatus {
             SfuStatus::SFU_ERR_CALLBACK_REGISTERED => c"SFU_ERR_CALLBACK_REGISTERED",
             SfuStatus::SFU_ERR_IN_CALLBACK => c"SFU_ERR_IN_CALLBACK",
             SfuStatus::SFU_ERR_PANIC => c"SFU_ERR_PANIC",
+            SfuStatus::SFU_ERR_SCHEMA => c"SFU_ERR_SCHEMA",
         }
     }
 
-    const ALL: [SfuStatus; 17] = [
+    const ALL: [SfuStatus; 18] = [
         SfuStatus::SFU_OK,
         SfuStatus::SFU_ERR_NULL,
         SfuStatus::SFU_ERR_UTF8,
@@ -99,6 +104,7 @@ impl SfuStatus {
         SfuStatus::SFU_ERR_CALLBACK_REGISTERED,
         SfuStatus::SFU_ERR_IN_CALLBACK,
         SfuStatus::SFU_ERR_PANIC,
+        SfuStatus::SFU_ERR_SCHEMA,
     ];
 
     fn from_u32(code: u32) -> Option<SfuStatus> {
@@ -118,6 +124,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> SfuStatus {
         ErrorKind::Stopped => SfuStatus::SFU_ERR_STOPPED,
         ErrorKind::NotLeader => SfuStatus::SFU_ERR_NOT_LEADER,
         ErrorKind::Io => SfuStatus::SFU_ERR_IO,
+        ErrorKind::Schema => SfuStatus::SFU_ERR_SCHEMA,
         // `ErrorKind` is non-exhaustive: a kind without its own code yet is a bug of this
         // layer (every kind gets a new, never reused number), reported as such.
         _ => SfuStatus::SFU_ERR_PANIC,

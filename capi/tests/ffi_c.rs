@@ -32,11 +32,25 @@ fn assert_passed(name: &str, r: &ffi_support::Run) {
     );
 }
 
+/// Stamps the prefix of stage `ffi-c-schema` with key schema version 2, which this release
+/// does not speak: the C test's `sfu_node_start` on it must fail with `SFU_ERR_SCHEMA`.
+fn stamp_another_schema(url: &str) {
+    let mut con = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to the test redis");
+    let _: () = redis::cmd("SET")
+        .arg("sfu:ffi-c-schema:main:{ctl}:schema")
+        .arg("2")
+        .query(&mut con)
+        .expect("SET the schema stamp");
+}
+
 #[test]
 fn c_test_of_every_function_under_valgrind() {
     let exe = c_test();
     let server = support::Server::start();
     let url = server.url();
+    stamp_another_schema(&url);
     let r = run(exe, &[&url], true, &[]);
     assert_passed("ffi_test (memory-only and Redis)", &r);
     println!("{}", r.stdout().trim());
@@ -50,6 +64,7 @@ fn c_test_runs_natively_too() {
     let exe = c_test();
     let server = support::Server::start();
     let url = server.url();
+    stamp_another_schema(&url);
     for _ in 0..3 {
         let r = run(exe, &[&url], false, &[]);
         assert_passed("ffi_test (native)", &r);

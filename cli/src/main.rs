@@ -19,6 +19,7 @@ mod doctor;
 mod fsck;
 mod http;
 mod metrics;
+mod migrate;
 mod node;
 mod progress;
 mod reap;
@@ -74,6 +75,11 @@ enum Command {
     /// (warnings included), 1 a check failed, 2 nothing could be checked (bad flags, Redis
     /// unreachable, authentication refused).
     Doctor(doctor::DoctorArgs),
+    /// Bring a prefix's keys to the key schema version this release speaks: --dry-run lists
+    /// the steps, --apply runs them (each safe while nodes run). Exit 0 at this release's
+    /// version (or the plan was listed), 1 refused (the prefix is in a version this release does
+    /// not know; nothing written), 2 bad flags or Redis unreachable.
+    Migrate(migrate::MigrateArgs),
     /// Run three in-process instances, crash two of them and watch the survivor clean up;
     /// checks the result and exits non-zero if a check fails. With --sentinel, through Redis
     /// Sentinel, failing the master over in between; with --cluster, on a Redis Cluster.
@@ -393,6 +399,7 @@ fn main() -> ExitCode {
         Command::Fsck(args) => fsck::run(args),
         Command::Reap(args) => reap::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Migrate(args) => migrate::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -118,14 +118,19 @@ fn now_strings() -> (String, String) {
     ((us / 1000).to_string(), us.to_string())
 }
 
-fn library_pairs(node: &Node, pairs: usize, offset: usize) {
+/// `pairs` joins and leaves through `node`, one pair after the other: pair `i` (counting from
+/// `offset`) is peer `peer-<i>` with guest `guest-<i>` and one field, in room
+/// `rooms[i % rooms.len()]`, which `node` must hold (pinned). Pairs that run at the same time
+/// (threads sharing a node) need offsets far enough apart for their peers to differ.
+pub fn library_pairs(node: &Node, rooms: &[String], pairs: usize, offset: usize) {
     for i in offset..offset + pairs {
-        let (room, peer, guest) = names(i);
+        let room = &rooms[i % rooms.len()];
+        let (peer, guest) = (format!("peer-{i}"), format!("guest-{i}"));
         let generation = node
-            .upsert_peer(&room, &peer, Some(&guest), &[("name", "x")])
+            .upsert_peer(room, &peer, Some(&guest), &[("name", "x")])
             .expect("upsert_peer");
         assert!(
-            node.remove_peer(&room, &peer, generation)
+            node.remove_peer(room, &peer, generation)
                 .expect("remove_peer"),
             "the pair's own remove"
         );
@@ -234,13 +239,15 @@ pub fn measure(url: &str, direct: &str, pairs: usize, runs: usize) -> Churn {
         .build()
         .expect("config");
     let node = Arc::new(Node::start(cfg).expect("start the churn host"));
-    for r in 0..ROOMS {
-        node.pin_room(&format!("room-{r}")).expect("pin");
+    // The rooms of the floors' pairs (`names`).
+    let rooms: Vec<String> = (0..ROOMS).map(|r| format!("room-{r}")).collect();
+    for r in &rooms {
+        node.pin_room(r).expect("pin");
     }
     let mut fab = connect(direct);
     let mut via = connect(url);
     // Warm up: scripts loaded, connections pooled, the rooms' counters created.
-    library_pairs(&node, 200, 0);
+    library_pairs(&node, &rooms, 200, 0);
     script_floor_pairs(&mut via, &ks, 200);
     raw_floor_pairs(&mut via, &ks, 200);
     // Interleaved in chunks of CHUNK pairs, the order rotating, so that a change of the
@@ -251,7 +258,7 @@ pub fn measure(url: &str, direct: &str, pairs: usize, runs: usize) -> Churn {
         for k in 0..3 {
             let kind = (c + k) % 3;
             let (d, cpu) = match kind {
-                0 => timed(&mut fab, || library_pairs(&node, CHUNK, 0)),
+                0 => timed(&mut fab, || library_pairs(&node, &rooms, CHUNK, 0)),
                 1 => timed(&mut fab, || script_floor_pairs(&mut via, &ks, CHUNK)),
                 _ => timed(&mut fab, || raw_floor_pairs(&mut via, &ks, CHUNK)),
             };
@@ -267,8 +274,8 @@ pub fn measure(url: &str, direct: &str, pairs: usize, runs: usize) -> Churn {
     let started = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
-            let node = Arc::clone(&node);
-            s.spawn(move || library_pairs(&node, pairs / threads, t * pairs));
+            let (node, rooms) = (Arc::clone(&node), &rooms);
+            s.spawn(move || library_pairs(&node, rooms, pairs / threads, t * pairs));
         }
     });
     let eight = (pairs / threads * threads) as f64 / started.elapsed().as_secs_f64();

@@ -1,6 +1,7 @@
-//! `perf_report --cluster`: the reap and the heartbeat tick on a Redis Cluster of 3 masters
-//! and on one standalone server, in one run, alternating (standalone then cluster, then
-//! cluster then standalone, ...) so a noisy neighbour hits both alike.
+//! `perf_report --cluster`: the reap, the heartbeat tick and churn on a Redis Cluster of 3
+//! masters and on one standalone server, in one run, alternating (standalone then cluster,
+//! then cluster then standalone, ...) so a noisy neighbour hits both alike.
+//! `perf_report --cluster --churn` runs the churn part alone (no reap, no tick).
 //!
 //! Each Redis has its own leader and ticker, live for the whole run. Fabrication goes over the
 //! library's connector (on the cluster: routed by slot, one pipeline split per master), outside
@@ -9,24 +10,56 @@
 //! master's share of it. The tick's round trips per master are counted by the library's
 //! cluster connections (`sfu_redis::conn::cluster_round_trips`, feature `testing`).
 //!
-//! `SFU_PERF_STATS=1` also prints each master's `INFO commandstats` of the first cluster reap
-//! (calls and µs per command, commands inside scripts included).
+//! Churn (issue 31), the SFU's steady load: a peer joins (`Node::upsert_peer` with a guest id
+//! and one field) and leaves (`Node::remove_peer` with the generation the join returned), in
+//! rooms the host node pinned first (`examples/perf/churn.rs`, `library_pairs`). One host node
+//! per side (default timings), 300 rooms, the same ids on both sides, chosen so that each
+//! master serves 100 of them (`cluster_churn_rooms_by_master`, also printed); each room's
+//! pairs go to its master, and on a cluster every join and leave also keeps the instance's
+//! peer index on the `{ctl}` master (its own round trip). From one thread: 3,000 pairs per side
+//! per run (`--pairs` sets another count) in chunks of 600 (two in every room), the sides
+//! alternating chunk by chunk, server CPU read before and after each chunk
+//! (`churn_pairs`: pairs per side, all runs):
 //!
-//! `cluster_master_ports` lists the masters in the order of the `*_cpu_share_pct` arrays and
-//! `cluster_ctl_master_port` names the one serving `{ctl}` (the control plane's slot).
+//! - `standalone_churn_wall_us_per_pair`, `cluster_churn_wall_us_per_pair`: wall time per pair;
+//! - `standalone_churn_cpu_us_per_pair`: the standalone server's CPU per pair;
+//! - `cluster_churn_cpu_us_per_pair_by_master` (in `cluster_master_ports` order),
+//!   `cluster_churn_cpu_us_per_pair_total`: each master's CPU per pair, and their sum;
+//! - `cluster_churn_cpu_share_pct`: each master's share of the cluster's churn CPU;
+//! - `cluster_churn_busiest_vs_standalone`: the busiest master's CPU per pair over the
+//!   standalone server's (what bounds the cluster's churn capacity against one server's).
+//!
+//! Then, per run, the same number of pairs from 8 threads sharing the host node, the sides
+//! alternating (`churn_8_threads_pairs`: pairs per side, all runs):
+//! `standalone_churn_8_threads_pairs_per_s`, `cluster_churn_8_threads_pairs_per_s`,
+//! `cluster_vs_standalone_8_threads` (cluster / standalone).
+//!
+//! `SFU_PERF_STATS=1` also prints each master's `INFO commandstats` of the first cluster reap
+//! and of the first cluster churn chunk (calls and µs per command, commands inside scripts
+//! included).
+//!
+//! `cluster_master_ports` lists the masters in the order of the `*_cpu_share_pct` and
+//! `*_by_master` arrays and `cluster_ctl_master_port` names the one serving `{ctl}` (the
+//! control plane's slot).
 //!
 //! Goals (issue 13): each master's share of the reap's CPU within 10 points of a third; the
 //! cluster reap at least 0.8x as fast as the standalone one (`cluster_reap_speed` =
-//! standalone ms / cluster ms); at most 2 tick round trips per master.
+//! standalone ms / cluster ms); at most 2 tick round trips per master. Goals (issue 31), for
+//! churn: the busiest master's CPU per pair at most 0.35x the standalone server's; no
+//! master's share of the churn CPU above 40 %; from 8 threads, at least 2x the standalone
+//! server's pairs per second on 3 masters.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sfu_redis::keys::{encode_id, IdKind};
 use sfu_redis::Node;
 use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::devserver::LocalRedis;
 
+use super::churn::library_pairs;
 use super::common::*;
 use super::{median_of, ms, server_cpu_us, Args};
 
@@ -65,23 +98,50 @@ fn commandstats(port: u16) -> BTreeMap<String, (u64, u64)> {
         .collect()
 }
 
-/// The port of the master serving the `{ctl}` slot (the one holding keys in it: the leaders
-/// heartbeat there), so that the report names which share is the control plane's.
-fn ctl_master(ports: &[u16]) -> Option<u16> {
-    ports.iter().copied().find(|port| {
-        let mut con = direct(*port);
-        let slot: i64 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg("{ctl}")
-            .query(&mut con)
-            .expect("CLUSTER KEYSLOT");
-        let keys: i64 = redis::cmd("CLUSTER")
-            .arg("COUNTKEYSINSLOT")
-            .arg(slot)
-            .query(&mut con)
-            .expect("CLUSTER COUNTKEYSINSLOT");
-        keys > 0
-    })
+/// Prints each master's `INFO commandstats` since `before` (one [`commandstats`] per port of
+/// `ports`): (command, calls, µs) by µs, most first.
+fn print_commandstats_since(ports: &[u16], before: &[BTreeMap<String, (u64, u64)>]) {
+    for (port, was) in ports.iter().zip(before) {
+        let now = commandstats(*port);
+        let mut diff: Vec<(String, u64, u64)> = now
+            .iter()
+            .map(|(k, (c, u))| {
+                let (c0, u0) = was.get(k).copied().unwrap_or((0, 0));
+                (k.clone(), c - c0, u - u0)
+            })
+            .filter(|(_, c, _)| *c > 0)
+            .collect();
+        diff.sort_by_key(|d| std::cmp::Reverse(d.2));
+        eprintln!("master {port}: {diff:?}");
+    }
+}
+
+/// The master serving each slot (indexed by slot), from `CLUSTER SLOTS` of the node on `port`.
+fn slot_masters(port: u16) -> Vec<u16> {
+    let mut con = direct(port);
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(&mut con)
+        .expect("CLUSTER SLOTS");
+    let num = |v: &redis::Value| redis::from_redis_value_ref::<u16>(v).expect("CLUSTER SLOTS");
+    let mut map = vec![0u16; 16384];
+    for range in &ranges {
+        let master: Vec<redis::Value> =
+            redis::from_redis_value_ref(&range[2]).expect("CLUSTER SLOTS");
+        let (first, last) = (usize::from(num(&range[0])), usize::from(num(&range[1])));
+        map[first..=last].fill(num(&master[1]));
+    }
+    assert!(!map.contains(&0), "CLUSTER SLOTS leaves slots unserved");
+    map
+}
+
+/// The slot of `key` (`CLUSTER KEYSLOT` on `con`).
+fn key_slot(con: &mut redis::Connection, key: &str) -> usize {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(con)
+        .expect("CLUSTER KEYSLOT")
 }
 
 /// One Redis: its URL, the ports whose CPU counts, the key space of its prefix.
@@ -145,10 +205,14 @@ fn order(i: usize) -> [usize; 2] {
     }
 }
 
+/// A goal line: what is asked, and whether it is met.
+type Goal = (&'static str, bool);
+
 pub fn report(a: &Args) {
     if a.rtt_ms > 0.0 {
         eprintln!("perf_report --cluster: --rtt-ms is ignored (loopback only)");
     }
+    let churn_only = std::env::args().any(|arg| arg == "--churn");
     let one = LocalRedis::start().expect("start redis-server");
     let cluster = LocalCluster::start(3, 0).expect("start a Redis Cluster of 3 masters");
     let sides = [
@@ -164,9 +228,55 @@ pub fn report(a: &Args) {
         },
     ];
     eprintln!(
-        "perf_report --cluster: {} rooms x {PEERS_PER_ROOM} peers, {} runs each, standalone {} and a 3-master cluster {}, alternating",
-        a.rooms, a.runs, sides[0].target.url, sides[1].target.url
+        "perf_report --cluster{}: {} runs each, standalone {} and a 3-master cluster {}, alternating",
+        if churn_only { " --churn" } else { "" },
+        a.runs,
+        sides[0].target.url,
+        sides[1].target.url
     );
+    let slots = slot_masters(sides[1].ports[0]);
+    let ctl_port = {
+        let mut con = direct(sides[1].ports[0]);
+        slots[key_slot(&mut con, &sides[1].target.keyspace().heartbeats())]
+    };
+    let mut report = json!({
+        "mode": "cluster",
+        "churn_only": churn_only,
+        "runs": a.runs,
+        "masters": sides[1].ports.len(),
+        "cluster_master_ports": sides[1].ports,
+        "cluster_ctl_master_port": ctl_port,
+    });
+    let mut goals: Vec<Goal> = Vec::new();
+    let mut parts = Vec::new();
+    if !churn_only {
+        let (fields, met) = reap_and_tick(a, &sides);
+        parts.push(fields);
+        goals.extend(met);
+    }
+    let pairs = super::arg("--pairs")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CHURN_PAIRS)
+        .max(CHURN_THREADS);
+    let churn = measure_churn(&sides, &slots, pairs, a.runs);
+    parts.push(churn_fields(&churn));
+    goals.extend(churn_goals(&churn));
+    for part in parts {
+        if let (Some(all), serde_json::Value::Object(more)) = (report.as_object_mut(), part) {
+            all.extend(more);
+        }
+    }
+    println!("{report}");
+    for (goal, met) in goals {
+        eprintln!("  {} {goal}", if met { "MET   " } else { "MISSED" });
+    }
+}
+
+/// The reap (`a.rooms` rooms of a fabricated dead instance, `a.runs` times) and the tick
+/// (`a.rooms` pinned rooms, 3 x `a.runs` times) on each side, alternating: their fields of
+/// the report and their goals.
+fn reap_and_tick(a: &Args, sides: &[Side; 2]) -> (serde_json::Value, Vec<Goal>) {
+    eprintln!("reap and tick: {} rooms x {PEERS_PER_ROOM} peers", a.rooms);
     let mut fabs: Vec<_> = sides.iter().map(|s| connect(&s.target.url)).collect();
     let leaders: Vec<Node> = std::thread::scope(|sc| {
         let started: Vec<_> = sides
@@ -178,7 +288,6 @@ pub fn report(a: &Args) {
             .map(|h| h.join().expect("leader"))
             .collect()
     });
-    let ctl_port = ctl_master(&sides[1].ports);
     let mut reaps = [Samples::default(), Samples::default()];
     for i in 0..a.runs {
         for s in order(i) {
@@ -206,19 +315,7 @@ pub fn report(a: &Args) {
             );
             if stats {
                 // Where each master's time went during the first cluster reap.
-                for (port, was) in sides[s].ports.iter().zip(&before) {
-                    let now = commandstats(*port);
-                    let mut diff: Vec<(String, u64, u64)> = now
-                        .iter()
-                        .map(|(k, (c, u))| {
-                            let (c0, u0) = was.get(k).copied().unwrap_or((0, 0));
-                            (k.clone(), c - c0, u - u0)
-                        })
-                        .filter(|(_, c, _)| *c > 0)
-                        .collect();
-                    diff.sort_by_key(|d| std::cmp::Reverse(d.2));
-                    eprintln!("master {port}: {diff:?}");
-                }
+                print_commandstats_since(&sides[s].ports, &before);
             }
             let left = count_prefix(&mut fabs[s], &ks.scan_pattern());
             assert_eq!(left, 0, "the {name} reap left keys");
@@ -284,21 +381,16 @@ pub fn report(a: &Args) {
     let shares = reaps[1].shares();
     let speed = (reaps[0].median_ms() / reaps[1].median_ms() * 100.0).round() / 100.0;
     let spread_ok = shares.iter().all(|s| (s - 100.0 / 3.0).abs() <= 10.0);
-    let report = json!({
-        "mode": "cluster",
+    let fields = json!({
         "rooms": a.rooms,
         "peers_per_room": PEERS_PER_ROOM,
         "reap_batch": a.batch,
-        "runs": a.runs,
         "tick_runs": a.runs * 3,
-        "masters": sides[1].ports.len(),
         "standalone_reap_ms": reaps[0].median_ms(),
         "cluster_reap_ms": reaps[1].median_ms(),
         "cluster_reap_speed": speed,
         "standalone_reap_server_cpu_ms": reaps[0].median_cpu_ms(),
         "cluster_reap_server_cpu_ms": reaps[1].median_cpu_ms(),
-        "cluster_master_ports": sides[1].ports,
-        "cluster_ctl_master_port": ctl_port,
         "cluster_reap_cpu_share_pct": shares,
         "standalone_tick_ms": ticks[0].median_ms(),
         "cluster_tick_ms": ticks[1].median_ms(),
@@ -310,8 +402,7 @@ pub fn report(a: &Args) {
         "standalone_reap_runs_ms": reaps[0].took.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
         "cluster_reap_runs_ms": reaps[1].took.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
     });
-    println!("{report}");
-    let goals = [
+    let goals = vec![
         (
             "each master's reap CPU share within 10 points of a third",
             spread_ok,
@@ -319,9 +410,208 @@ pub fn report(a: &Args) {
         ("cluster reap >= 0.8x the standalone one", speed >= 0.8),
         ("tick <= 2 round trips per master", max_trips <= 2),
     ];
-    for (goal, met) in goals {
-        eprintln!("  {} {goal}", if met { "MET   " } else { "MISSED" });
+    (fields, goals)
+}
+
+/// Churn: join + leave pairs per side per run (`--pairs` sets another count).
+const CHURN_PAIRS: usize = 3000;
+/// Rooms the churn host pins and its pairs spread over, as many on each master.
+const CHURN_ROOMS: usize = 300;
+/// Pairs of one side measured at a time: two in every room.
+const CHURN_CHUNK: usize = 2 * CHURN_ROOMS;
+/// Host threads sharing the churn host's node in the throughput part.
+const CHURN_THREADS: usize = 8;
+/// The churn host's instance id (each side has its own key prefix).
+const CHURN_HOST: &str = "churn-host";
+
+/// The churn measurements of both sides (index 0 standalone, 1 cluster).
+struct Churn {
+    /// Rooms served by each master, in `cluster_master_ports` order.
+    rooms_by_master: Vec<usize>,
+    /// Single-thread pairs of each side.
+    pairs: usize,
+    /// Each chunk's wall time and server CPU per port.
+    one_thread: [Samples; 2],
+    /// Pairs of each side in the 8-thread part, and their wall times.
+    threaded_pairs: usize,
+    threaded: [Vec<Duration>; 2],
+}
+
+/// [`CHURN_ROOMS`] room ids, as many served by each master of `side` (by the slot of their
+/// keys' hash tag on the cluster side's key space): the ids, and how many each master serves.
+fn churn_rooms(side: &Side, slots: &[u16]) -> (Vec<String>, Vec<usize>) {
+    let ks = side.target.keyspace();
+    let mut con = direct(side.ports[0]);
+    let per_master = CHURN_ROOMS / side.ports.len();
+    let mut counts = vec![0; side.ports.len()];
+    let mut rooms = Vec::with_capacity(CHURN_ROOMS);
+    for k in 0.. {
+        if rooms.len() == per_master * side.ports.len() {
+            break;
+        }
+        let room = format!("churn-r{k}");
+        let encoded = encode_id(IdKind::Room, &room).expect("room id");
+        let served_by = slots[key_slot(&mut con, &ks.room(&encoded).owner)];
+        let m = side
+            .ports
+            .iter()
+            .position(|p| *p == served_by)
+            .expect("a master serves the room");
+        if counts[m] < per_master {
+            counts[m] += 1;
+            rooms.push(room);
+        }
     }
+    (rooms, counts)
+}
+
+/// Churn on both sides: one host node each (default timings: a tick every 10 s), holding the
+/// pins of the same rooms (spread evenly over the masters); `pairs` x `runs` join + leave
+/// pairs from one thread in chunks of [`CHURN_CHUNK`], the sides alternating chunk by chunk
+/// (server CPU read before and after each chunk, every master of the cluster); then, per run,
+/// `pairs` pairs from [`CHURN_THREADS`] threads sharing the node, the sides alternating.
+fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) -> Churn {
+    let (rooms, rooms_by_master) = churn_rooms(&sides[1], slots);
+    eprintln!(
+        "churn: {CHURN_ROOMS} rooms, masters {:?} serve {rooms_by_master:?} of them; {} pairs per side per run in chunks of {CHURN_CHUNK}, then {CHURN_THREADS} threads",
+        sides[1].ports,
+        pairs.div_ceil(CHURN_CHUNK) * CHURN_CHUNK
+    );
+    let hosts: Vec<Arc<Node>> = sides
+        .iter()
+        .map(|side| {
+            let node = Node::start(config_at(&side.target, CHURN_HOST)).expect("churn host");
+            for r in &rooms {
+                node.pin_room(r).expect("pin");
+            }
+            // Warm up: scripts loaded, connections made, the rooms' counters created.
+            library_pairs(&node, &rooms, CHURN_CHUNK, 0);
+            Arc::new(node)
+        })
+        .collect();
+    let chunks = pairs.div_ceil(CHURN_CHUNK) * runs;
+    let mut one_thread = [Samples::default(), Samples::default()];
+    for c in 0..chunks {
+        for s in order(c) {
+            let host = &hosts[s];
+            let rooms = &rooms;
+            let stats = std::env::var_os("SFU_PERF_STATS").is_some() && s == 1 && c == 0;
+            let before: Vec<_> = if stats {
+                sides[s].ports.iter().map(|p| commandstats(*p)).collect()
+            } else {
+                Vec::new()
+            };
+            timed(
+                &sides[s],
+                || {
+                    let t = Instant::now();
+                    library_pairs(host, rooms, CHURN_CHUNK, 0);
+                    t.elapsed()
+                },
+                &mut one_thread[s],
+            );
+            if stats {
+                // Where each master's time went during the first cluster chunk.
+                print_commandstats_since(&sides[s].ports, &before);
+            }
+        }
+    }
+    let per_thread = pairs / CHURN_THREADS;
+    let mut threaded = [Vec::new(), Vec::new()];
+    for run in 0..runs {
+        for s in order(run) {
+            let t = Instant::now();
+            std::thread::scope(|sc| {
+                for k in 0..CHURN_THREADS {
+                    let (host, rooms) = (Arc::clone(&hosts[s]), &rooms);
+                    sc.spawn(move || library_pairs(&host, rooms, per_thread, k * per_thread));
+                }
+            });
+            threaded[s].push(t.elapsed());
+        }
+    }
+    for host in &hosts {
+        host.leave().expect("leave");
+    }
+    Churn {
+        rooms_by_master,
+        pairs: chunks * CHURN_CHUNK,
+        one_thread,
+        threaded_pairs: per_thread * CHURN_THREADS * runs,
+        threaded,
+    }
+}
+
+impl Churn {
+    /// Server CPU per single-thread pair of side `s`, µs, each port.
+    fn cpu_per_pair(&self, s: usize) -> Vec<f64> {
+        let n = self.one_thread[s].cpu.first().map_or(0, Vec::len);
+        (0..n)
+            .map(|i| {
+                let total: u64 = self.one_thread[s].cpu.iter().map(|c| c[i]).sum();
+                total as f64 / self.pairs as f64
+            })
+            .collect()
+    }
+
+    /// Wall time per single-thread pair of side `s`, µs.
+    fn wall_per_pair(&self, s: usize) -> f64 {
+        let total: Duration = self.one_thread[s].took.iter().sum();
+        total.as_secs_f64() * 1e6 / self.pairs as f64
+    }
+
+    /// Pairs per second of side `s` from [`CHURN_THREADS`] threads.
+    fn threaded_rate(&self, s: usize) -> f64 {
+        let total: Duration = self.threaded[s].iter().sum();
+        self.threaded_pairs as f64 / total.as_secs_f64()
+    }
+
+    /// The busiest master's CPU per pair over the standalone server's.
+    fn busiest_vs_standalone(&self) -> f64 {
+        let busiest = self.cpu_per_pair(1).into_iter().fold(0.0, f64::max);
+        busiest / self.cpu_per_pair(0)[0]
+    }
+}
+
+/// The churn fields of the report.
+fn churn_fields(c: &Churn) -> serde_json::Value {
+    let r1 = |x: f64| (x * 10.0).round() / 10.0;
+    let r2 = |x: f64| (x * 100.0).round() / 100.0;
+    let by_master = c.cpu_per_pair(1);
+    json!({
+        "churn_pairs": c.pairs,
+        "churn_rooms": CHURN_ROOMS,
+        "cluster_churn_rooms_by_master": c.rooms_by_master,
+        "standalone_churn_wall_us_per_pair": r1(c.wall_per_pair(0)),
+        "cluster_churn_wall_us_per_pair": r1(c.wall_per_pair(1)),
+        "standalone_churn_cpu_us_per_pair": r1(c.cpu_per_pair(0)[0]),
+        "cluster_churn_cpu_us_per_pair_by_master": by_master.iter().map(|x| r1(*x)).collect::<Vec<_>>(),
+        "cluster_churn_cpu_us_per_pair_total": r1(by_master.iter().sum()),
+        "cluster_churn_cpu_share_pct": c.one_thread[1].shares(),
+        "cluster_churn_busiest_vs_standalone": r2(c.busiest_vs_standalone()),
+        "churn_8_threads_pairs": c.threaded_pairs,
+        "standalone_churn_8_threads_pairs_per_s": c.threaded_rate(0).round(),
+        "cluster_churn_8_threads_pairs_per_s": c.threaded_rate(1).round(),
+        "cluster_vs_standalone_8_threads": r2(c.threaded_rate(1) / c.threaded_rate(0)),
+    })
+}
+
+/// The churn goals (issue 31).
+fn churn_goals(c: &Churn) -> [Goal; 3] {
+    [
+        (
+            "busiest master's churn CPU per pair <= 0.35x the standalone's",
+            c.busiest_vs_standalone() <= 0.35,
+        ),
+        (
+            "no master's share of churn CPU above 40 %",
+            c.one_thread[1].shares().iter().all(|s| *s <= 40.0),
+        ),
+        (
+            "churn from 8 threads on 3 masters >= 2x one server's",
+            c.threaded_rate(1) >= 2.0 * c.threaded_rate(0),
+        ),
+    ]
 }
 
 /// Keys matching `pattern`, the `{ctl}` keys aside (what a reap must leave at 0), through the

@@ -83,7 +83,7 @@ impl Seen {
             ParsedKey::Heartbeats => self.heartbeats = Some(ok),
             ParsedKey::Leader => self.leader = ok,
             ParsedKey::Epoch => self.epoch = ok,
-            ParsedKey::Dataset | ParsedKey::ShardDataset(_) => {}
+            ParsedKey::Dataset | ParsedKey::Schema | ParsedKey::ShardDataset(_) => {}
             ParsedKey::Heartbeat(i) => self.instances.entry(i).or_default().hb |= ok,
             ParsedKey::InstanceRooms(i) => self.instances.entry(i).or_default().rooms |= ok,
             ParsedKey::InstancePeers(i) => self.instances.entry(i).or_default().peers |= ok,
@@ -124,6 +124,7 @@ fn expected_type(k: &ParsedKey) -> &'static str {
         | ParsedKey::Leader
         | ParsedKey::Epoch
         | ParsedKey::Dataset
+        | ParsedKey::Schema
         | ParsedKey::ShardDataset(_)
         | ParsedKey::InstanceReaping(_)
         | ParsedKey::RoomOwner(_) => "string",

@@ -24,7 +24,7 @@ const STAGE: &str = "doctor";
 const LONG: Duration = Duration::from_secs(30);
 
 /// The check names, in output order (the README's contract).
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "connect",
     "server_version",
     "maxmemory_policy",
@@ -34,6 +34,7 @@ const NAMES: [&str; 9] = [
     "latency",
     "topology",
     "fleet",
+    "schema",
 ];
 
 fn doctor(url: &str, args: &[&str]) -> Output {
@@ -83,8 +84,8 @@ fn cli(s: &Server, args: &[&str]) -> String {
     s.redis().cli(args).expect("redis-cli")
 }
 
-// A default server with a running leader: exit 0, `--json` is one object naming the nine
-// checks in order, each ok or warn; the fleet check names the leader and the version. A second
+// A default server with a running leader: exit 0, `--json` is one object naming the ten
+// checks in order, each ok or warn (the schema check ok: the leader stamped the prefix); the fleet check names the leader and the version. A second
 // instance whose record says another version makes the fleet check warn (mixed versions),
 // still exit 0. The text report names every check.
 #[test]
@@ -105,6 +106,7 @@ fn a_good_server_passes_and_json_names_every_check() {
         "maxmemory_policy",
         "acl",
         "fleet",
+        "schema",
     ] {
         assert_eq!(get(&r, name).0, "ok", "{name}: {r}");
     }

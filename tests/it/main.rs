@@ -39,6 +39,7 @@ mod regress_transport;
 mod reliability;
 mod restart;
 mod rooms;
+mod schema;
 mod sentinel;
 mod signals;
 mod status;

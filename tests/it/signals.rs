@@ -27,12 +27,16 @@ fn kill(pid: u32, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-/// Every key of `stage` but the dataset token and the epoch counter (they belong to the
-/// prefix, not to a node).
+/// Every key of `stage` but the dataset token, the epoch counter and the schema stamp (they
+/// belong to the prefix, not to a node).
 fn keys_of(s: &Server, stage: &str) -> Vec<String> {
     s.keys(&format!("sfu:{stage}:*"))
         .into_iter()
-        .filter(|k| !k.ends_with(":{ctl}:dataset") && !k.ends_with(":{ctl}:epoch"))
+        .filter(|k| {
+            !k.ends_with(":{ctl}:dataset")
+                && !k.ends_with(":{ctl}:epoch")
+                && !k.ends_with(":{ctl}:schema")
+        })
         .collect()
 }
 

@@ -462,7 +462,8 @@ fn node_leave_on_exit_leaves_nothing_behind() {
             assert!(st.instances.is_empty(), "{st:#?}");
             assert_eq!(st.leader, None);
             assert!(
-                left.iter().all(|k| k == &ks.dataset() || k == &ks.epoch()),
+                left.iter()
+                    .all(|k| k == &ks.dataset() || k == &ks.epoch() || k == &ks.schema()),
                 "{left:#?}"
             );
         } else {

@@ -72,7 +72,8 @@ static void test_misc(void) {
     CHECK(SFU_ERR_BAD_DATA == 7 && SFU_ERR_NOT_OWNER == 8 && SFU_ERR_NOT_LEADER == 9);
     CHECK(SFU_ERR_STOPPED == 10 && SFU_ERR_IO == 11 && SFU_ERR_TIMEOUT == 12);
     CHECK(SFU_ERR_CLOSED == 13 && SFU_ERR_CALLBACK_REGISTERED == 14);
-    CHECK(SFU_ERR_IN_CALLBACK == 15 && SFU_ERR_PANIC == 16);
+    CHECK(SFU_ERR_IN_CALLBACK == 15 && SFU_ERR_PANIC == 16 && SFU_ERR_SCHEMA == 17);
+    CHECK(strcmp(sfu_status_name(SFU_ERR_SCHEMA), "SFU_ERR_SCHEMA") == 0);
     /* NULL frees and clears are no-ops. */
     sfu_string_free(NULL);
     sfu_event_clear(NULL);
@@ -758,6 +759,18 @@ static void test_redis(const char *url) {
     EXPECT(sfu_node_start(cfg, &node), SFU_ERR_REDIS);
     CHECK(node == BAD_PTR);
     CHECK(strstr(sfu_last_error_message(), "s3cret") == NULL);
+    sfu_config_free(cfg);
+
+    /* A prefix in another key schema version (stamped "2" by the Rust runner): refused at
+     * start, out-parameter untouched, the message names both versions. */
+    EXPECT(sfu_config_new(&cfg), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "redis_url", url), SFU_OK);
+    EXPECT(sfu_config_set(cfg, "stage", "ffi-c-schema"), SFU_OK);
+    set_slow_timings(cfg);
+    EXPECT(sfu_node_start(cfg, &node), SFU_ERR_SCHEMA);
+    CHECK(node == BAD_PTR);
+    CHECK(strstr(sfu_last_error_message(), "schema version \"2\"") != NULL);
+    CHECK(strstr(sfu_last_error_message(), "speaks version 1") != NULL);
     sfu_config_free(cfg);
 
     SfuNode *a = start_redis(url, "c-redis-a");

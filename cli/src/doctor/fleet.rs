@@ -172,6 +172,38 @@ impl Fleet {
             .min()
     }
 
+    /// The prefix's key schema version (`P:{ctl}:schema`) against this release's: ok when
+    /// they match, a warning without a stamp (layout 1, stamped by the next registration or
+    /// `sfu-redis migrate --apply`), a failure when another version (or garbage) is there:
+    /// this release's nodes refuse to register on it.
+    pub(super) fn schema(&self) -> (Status, String) {
+        let st = match &self.status {
+            Ok(st) => st,
+            Err(e) if self.not_read => return (Status::Fail, e.clone()),
+            Err(e) => return could_not_tell(e),
+        };
+        let speaks = sfu_redis::SCHEMA_VERSION;
+        match &st.schema {
+            Some(v) if *v == speaks.to_string() => (
+                Status::Ok,
+                format!("key schema version {v} (this release speaks {speaks})"),
+            ),
+            Some(v) => (
+                Status::Fail,
+                format!(
+                    "key schema version {v:?}, but this release speaks {speaks}: its nodes refuse to register on this prefix (use a release that speaks {v:?}, or `sfu-redis migrate`)"
+                ),
+            ),
+            None => (
+                Status::Warn,
+                format!(
+                    "no key schema stamp ({}): layout version 1, written before versions existed or by no node yet; the next node to register stamps it, or run `sfu-redis migrate --apply`",
+                    st.prefix.clone() + ":{ctl}:schema"
+                ),
+            ),
+        }
+    }
+
     pub(super) fn judge(&self) -> (Status, String) {
         let st = match &self.status {
             Ok(st) => st,

@@ -249,6 +249,7 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
         check("latency", latency),
         check("topology", topology),
         check("fleet", fleet.judge()),
+        check("schema", fleet.schema()),
     ];
     (checks, true)
 }

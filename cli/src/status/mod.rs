@@ -253,6 +253,13 @@ pub(crate) fn print_table(out: &mut impl Write, st: &FleetStatus) -> std::io::Re
             st.route.url, st.route.transport, st.route.replicas
         )?;
     }
+    match &st.schema {
+        Some(v) => writeln!(out, "schema     key schema version {}", cell(v))?,
+        None => writeln!(
+            out,
+            "schema     no stamp (layout version 1: written before versions, or no node registered yet)"
+        )?,
+    }
     let epoch = if st.epoch_known {
         st.epoch.to_string()
     } else {
