@@ -36,7 +36,7 @@ pub enum ErrorKind {
     /// A local resource (a child process, a temp dir, a port) could not be set up.
     Io,
     /// The prefix is laid out in a key schema version this release does not speak
-    /// ([`crate::keys::SCHEMA_VERSION`]): run a release that speaks it, or migrate the prefix
+    /// ([`crate::SCHEMA_VERSION`]): run a release that speaks it, or migrate the prefix
     /// (`sfu-redis migrate`).
     Schema,
 }
@@ -114,7 +114,7 @@ pub enum Error {
         prefix: String,
         /// What `P:{ctl}:schema` holds (a version number, or whatever else was found there).
         found: String,
-        /// The version this release speaks ([`crate::keys::SCHEMA_VERSION`]).
+        /// The version this release speaks ([`crate::SCHEMA_VERSION`]).
         speaks: u32,
     },
 }
