@@ -44,14 +44,16 @@
 --
 -- Schema version. KEYS[11] missing (a new prefix, one written before versions existed, whose
 -- layout is version 1, or a Redis that lost its data) is written as ARGV[9], on 'register' and
--- 'tick' alike; a value of another type is bad data and replaced the same way. At 'register',
--- a KEYS[11] naming another version refuses the registration: nothing is written. On 'tick' a
--- mismatch (the prefix was migrated under a running node) does not stop the heartbeat, which
--- keeps this node's rooms alive; the caller reports it (reply's schema field).
+-- 'tick' alike; a value of another type is bad data, replaced the same way (schema_replaced
+-- 1). A KEYS[11] naming another version refuses a registration, and a tick that would
+-- re-register ('restored': Redis lost its data) alike: nothing is written. On a plain 'tick'
+-- a mismatch (the prefix was migrated under a running node) does not stop the heartbeat,
+-- which keeps this node's rooms alive; the caller reports it.
 --
--- Reply: {status, server_ms, token, epoch, server_us, replaced, schema}; replaced is the
--- number of index keys of another type deleted at 'register' (0 otherwise); schema is the
--- version KEYS[11] holds after this call; status is
+-- Reply: {status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced};
+-- replaced is the number of index keys of another type deleted at 'register' (0 otherwise);
+-- schema is what KEYS[11] holds after this call (its first 80 bytes: whatever was left there,
+-- the reply stays small); status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
@@ -61,8 +63,9 @@
 --   'duplicate' on 'register': another live process (another boot token) holds this
 --               instance id's heartbeat key. Nothing written; the caller must not start.
 --               On 'tick' a foreign boot token is overwritten and reported the same way;
---   'schema'    on 'register': KEYS[11] names another version than ARGV[9]. Nothing
---               written; the caller must not start.
+--   'schema'    KEYS[11] names another version than ARGV[9], on 'register' or on a 'tick'
+--               that would re-register. Nothing written; the caller must not start (or, on a
+--               tick, stops writing until a registration succeeds again).
 --
 -- Protects: invariant 1 (server time only, so clock skew cannot make a live instance look
 -- stale) and the zombie rule (a reaped instance never silently writes itself back).
@@ -81,28 +84,35 @@ local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
 local schema = get(KEYS[11])
-if ARGV[3] == 'register' and schema and schema ~= ARGV[9] then
-  return {'schema', now, token or '', epoch, now_us, 0, schema}
+local schema_replaced = 0
+if not schema and redis.call('TYPE', KEYS[11]).ok ~= 'none' then schema_replaced = 1 end
+local shown = schema and string.sub(schema, 1, 80) or ''
+local foreign = schema and schema ~= ARGV[9]
+if ARGV[3] == 'register' and foreign then
+  return {'schema', now, token or '', epoch, now_us, 0, shown, 0}
 end
 if ARGV[3] == 'register' and holder and holder ~= ARGV[6] and holder ~= 'released' then
-  return {'duplicate', now, token or '', epoch, now_us, 0, schema or ''}
+  return {'duplicate', now, token or '', epoch, now_us, 0, shown, 0}
 end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch, now_us, 0, schema or ''}
+      return {'reaped', now, token, epoch, now_us, 0, shown, 0}
+    end
+    if foreign then
+      return {'schema', now, token or '', epoch, now_us, 0, shown, 0}
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or '', epoch, now_us, 0, schema or ''}
+    return {'reaped', now, token or '', epoch, now_us, 0, shown, 0}
   end
 end
 if not schema then
   redis.call('DEL', KEYS[11])
   redis.call('SET', KEYS[11], ARGV[9])
-  schema = ARGV[9]
+  shown = ARGV[9]
 end
 if not token then
   token = ARGV[5] .. ':' .. string.format('%d', now)
@@ -145,4 +155,4 @@ if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).
   redis.call('DEL', KEYS[5])
   redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 10))
 end
-return {status, now, token, epoch, now_us, replaced, schema}
+return {status, now, token, epoch, now_us, replaced, shown, schema_replaced}

@@ -108,7 +108,9 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// See [`ErrorKind::Schema`]: the registration was refused and nothing was written.
+    /// See [`ErrorKind::Schema`]: a registration was refused and nothing was written. Also the
+    /// error of every host call of a node parked after a re-registration was refused (after
+    /// it was reaped, or Redis lost its data, under a foreign stamp).
     Schema {
         /// The prefix (`<namespace>:<stage>:<branch>`).
         prefix: String,
@@ -259,19 +261,46 @@ impl fmt::Display for Error {
                 found,
                 speaks,
             } => {
-                // Whatever an operator left in the key, a message stays one short line.
-                let found: String = if found.chars().count() > 64 {
-                    found.chars().take(64).chain("...".chars()).collect()
-                } else {
-                    found.clone()
-                };
                 write!(
-                f,
-                "prefix {prefix} is laid out in key schema version {found:?} ({prefix}:{{ctl}}:schema) but this release speaks version {speaks}: run a release that speaks version {found:?}, or move the prefix with `sfu-redis migrate` (README \"Key schema versions\")"
-                )
+                    f,
+                    "prefix {prefix} is laid out in key schema version {:?} ({prefix}:{{ctl}}:schema) but this release speaks version {speaks}: ",
+                    stamp_shown(found)
+                )?;
+                match stamp_version(found) {
+                    Some(v) if v > *speaks => write!(
+                        f,
+                        "run a release that speaks version {v} (this one cannot move a prefix back)"
+                    )?,
+                    Some(_) => write!(
+                        f,
+                        "move the prefix to version {speaks} with `sfu-redis migrate --apply`"
+                    )?,
+                    None => write!(
+                        f,
+                        "that is not a version number; find out who wrote it (`sfu-redis status`), and if the keys are in this release's layout delete the key (a node writes a missing stamp)"
+                    )?,
+                }
+                write!(f, " (README \"Key schema versions\")")
             }
         }
     }
+}
+
+/// A key schema stamp for people: at most 64 characters (then `...`), whatever an operator
+/// left in the key, so that a message stays one short line.
+pub(crate) fn stamp_shown(found: &str) -> String {
+    if found.chars().count() > 64 {
+        found.chars().take(64).chain("...".chars()).collect()
+    } else {
+        found.to_owned()
+    }
+}
+
+/// The version a key schema stamp names: a decimal number written the one way a release writes
+/// it (`"1"`; not `"01"`, `"+1"` or `" 1"`, which no node accepts either: `heartbeat.lua`
+/// compares the exact string).
+pub(crate) fn stamp_version(found: &str) -> Option<u32> {
+    found.parse::<u32>().ok().filter(|v| v.to_string() == found)
 }
 
 /// A driver error in a few words for people (`timed out`, `connection refused`,

@@ -99,38 +99,55 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
     for (name, value) in &sh.info {
         inv.arg(*name).arg(value);
     }
-    let (status, server_ms, token, epoch, server_us, replaced, schema): (
+    let (status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced): (
         String,
         i64,
         String,
         String,
         i64,
         i64,
-        String,
+        Vec<u8>,
+        i64,
     ) = conn::call(con, op, &inv)?;
+    // Whatever bytes an operator left in the stamp: shown, never a decoding failure that
+    // would fail the tick (and let the pins lapse).
+    let schema = String::from_utf8_lossy(&schema).into_owned();
     if status == "schema" {
-        // A registration on a prefix laid out in another key schema version: refused, nothing
-        // written (docs/DESIGN.md "Schema version").
+        // A registration (or a tick that would re-register: Redis lost its data) on a prefix
+        // laid out in another key schema version: refused, nothing written (docs/DESIGN.md
+        // "Schema version"). The node is parked until a registration succeeds.
+        *sh.schema_refused.lock() = Some(schema.clone());
         return Err(Error::Schema {
             prefix: sh.ctx.keys.prefix().to_owned(),
             found: schema,
             speaks: SCHEMA_VERSION,
         });
     }
-    let ours = SCHEMA_VERSION.to_string();
-    if !schema.is_empty() && schema != ours {
-        if !sh.saw_foreign_schema.swap(true, Ordering::Relaxed) {
+    if schema_replaced > 0 {
+        let e = Error::bad_data(
+            op,
+            format!(
+                "{} held another type than a string; replaced by the key schema version {SCHEMA_VERSION}",
+                sh.ctx.keys.schema()
+            ),
+        );
+        sh.counters.bad_data(&e);
+        log::warn!("{e}");
+    }
+    if matches!(status.as_str(), "ok" | "restored") {
+        let foreign = (schema != SCHEMA_VERSION.to_string()).then_some(schema);
+        let mut seen = sh.schema_seen.lock();
+        if foreign.is_some() && *seen != foreign {
             log::error!(
-                "{}; this node was registered before the change and keeps heartbeating its rooms: stop it and start a release that speaks the prefix's version",
+                "{}; this node registered before the change and keeps heartbeating its rooms: stop it and start a release that speaks the prefix's version",
                 Error::Schema {
                     prefix: sh.ctx.keys.prefix().to_owned(),
-                    found: schema,
+                    found: foreign.clone().unwrap_or_default(),
                     speaks: SCHEMA_VERSION,
                 }
             );
         }
-    } else {
-        sh.saw_foreign_schema.store(false, Ordering::Relaxed);
+        *seen = foreign;
     }
     if replaced > 0 {
         // Bad data on this instance's own index keys, deleted by the script (a clean-up and
@@ -171,6 +188,8 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         *sh.token.lock() = token;
     }
     if mode == BeatMode::Register && beat == Beat::Ok {
+        // Registered: no longer parked by a foreign schema stamp.
+        *sh.schema_refused.lock() = None;
         // heartbeat.lua wrote this life's info with this server time as its start.
         sh.started_ms.store(server_ms, Ordering::Relaxed);
     }
@@ -203,7 +222,20 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         );
         link.reset();
     }
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
+    if sh.schema_refused.lock().is_some() {
+        // Parked: a registration was refused by a foreign key schema stamp. Try again (the
+        // script refuses without writing while the stamp stays); a success is a fresh life
+        // with no rooms, as after a reap.
+        let t0 = link.run(&sh.redis, conn::server_time_us)?;
+        return register(sh, link, t0);
+    }
+    let beaten = match link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick)) {
+        Err(e @ Error::Schema { .. }) => {
+            park(sh, &e);
+            return Err(e);
+        }
+        other => other?,
+    };
     match beaten.beat {
         Beat::Reaped => return resume_after_reap(sh, link, beaten.server_us),
         Beat::Restored => {
@@ -849,6 +881,24 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
 /// Report them, forget them (never write them back), clean what the reap may have left of this
 /// id (rooms and peers written before `server_us`, server microseconds), and register again as
 /// a fresh life.
+/// A tick that would have registered this instance again (Redis lost its data) found the
+/// prefix stamped with another key schema version: nothing was written. The node stops acting
+/// on the prefix: its term ends, every room it held is reported lost (`room_lost`, no new
+/// owner), and it stays parked (`Shared::schema_refused`) until a registration succeeds.
+fn park(sh: &Shared, e: &Error) {
+    log::error!("{e}; this node stops writing to the prefix and registers again once the stamp names its version");
+    sh.leader.end_with(&sh.events, LeaderLostReason::LeaseTaken);
+    let rooms = sh.local.clear();
+    sh.restore_pending.store(false, Ordering::Relaxed);
+    sh.shards.lock().restore.clear();
+    for room in rooms {
+        sh.events.emit(Event::RoomLost {
+            room,
+            new_owner: None,
+        });
+    }
+}
+
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);

@@ -241,6 +241,11 @@ impl Lease<'_> {
     /// Follower: tries to acquire; returns when to try again (or to refresh).
     fn acquire(&mut self, sent: Instant, run: &mut Run<'_>) -> Instant {
         let (sh, t) = (self.sh, self.sh.ctx.timings);
+        if sh.schema_refused.lock().is_some() {
+            // Parked by a foreign key schema stamp (heartbeat.rs): not registered, so it must
+            // not lead either.
+            return Instant::now() + t.lease_refresh;
+        }
         let max_epoch = sh.max_epoch.load(Ordering::Relaxed);
         let mut switches = 0;
         let attempt = self.link.run_fenced(&sh.redis, |c, made| {

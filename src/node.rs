@@ -261,7 +261,8 @@ impl Node {
             shards: Mutex::default(),
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),
-            saw_foreign_schema: AtomicBool::new(false),
+            schema_seen: Mutex::new(None),
+            schema_refused: Mutex::new(None),
             crashed: AtomicBool::new(false),
             stopping: Default::default(),
         });
@@ -302,13 +303,32 @@ impl Node {
     /// Enters a host call: `Error::Stopped` once `shutdown`/`leave` began, else a guard that
     /// `shutdown`/`leave` wait for. (A recursive read: never blocks behind their wait, which
     /// only starts after `stopped` is set, so later calls fail at once.)
+    /// Also `Error::Schema` while the node is parked by a foreign key schema stamp (it writes
+    /// nothing of its layout then; heartbeat.rs).
     fn enter(&self) -> Result<RwLockReadGuard<'_, ()>> {
+        let guard = self.enter_parked()?;
+        if let Some(found) = self
+            .backend
+            .shared()
+            .and_then(|sh| sh.schema_refused.lock().clone())
+        {
+            return Err(Error::Schema {
+                prefix: self.prefix.clone(),
+                found,
+                speaks: crate::SCHEMA_VERSION,
+            });
+        }
+        Ok(guard)
+    }
+
+    /// [`Node::enter`] for the calls a parked node still serves: a read, and a tick (which
+    /// tries to register again).
+    fn enter_parked(&self) -> Result<RwLockReadGuard<'_, ()>> {
         let guard = self.ops.read_recursive();
         if self.stopped.load(Ordering::Acquire) {
-            Err(Error::Stopped)
-        } else {
-            Ok(guard)
+            return Err(Error::Stopped);
         }
+        Ok(guard)
     }
 
     /// After `stopped` is set: wakes the host calls that wait (a paced reap), so that
@@ -381,7 +401,7 @@ impl Node {
     /// # Errors
     /// [`Error::InvalidId`], [`Error::Redis`], [`Error::BadData`], [`Error::Stopped`].
     pub fn room_owner(&self, room: &str) -> Result<Option<String>> {
-        let _call = self.enter()?;
+        let _call = self.enter_parked()?;
         self.backend.room_owner(&Id::new(IdKind::Room, room)?)
     }
 
@@ -515,7 +535,7 @@ impl Node {
     /// memory-only mode.
     #[cfg(feature = "testing")]
     pub fn heartbeat_now(&self) -> Result<()> {
-        let _call = self.enter()?;
+        let _call = self.enter_parked()?;
         match &self.backend {
             Backend::Redis(r) => r.heartbeat_now(),
             Backend::Memory(_) => Err(Error::config("redis_url", "heartbeats need Redis")),

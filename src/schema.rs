@@ -47,23 +47,26 @@ pub struct MigrateReport {
     pub applied: bool,
 }
 
-/// Reads `P:{ctl}:schema` on `con`: `None` when missing. A key of another type is bad data.
+/// Reads `P:{ctl}:schema` on `con`: `None` when missing; bytes that are not UTF-8 are
+/// replaced (such a stamp names no version). A key of another type is bad data.
 pub(crate) fn read_stamp(
     con: &mut impl redis::ConnectionLike,
     ks: &KeySpace,
 ) -> Result<Option<String>> {
-    let op = "read the key schema version";
+    let key = ks.schema();
     redis::cmd("GET")
-        .arg(ks.schema())
-        .query::<Option<String>>(con)
-        .map_err(|e| Error::redis(op, e))
+        .arg(&key)
+        .query::<Option<Vec<u8>>>(con)
+        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        .map_err(|e| Error::redis(format!("read the key schema version {key}"), e))
 }
 
 /// The version a stamp names, or [`Error::Schema`] when this release cannot move a prefix
-/// from it (a newer version, or not a version at all).
+/// from it (a newer version, or not a version as a release writes one: `"01"`, `" 1"` are
+/// refused, as `heartbeat.lua` compares the exact string).
 fn stamped_version(ks: &KeySpace, found: &str) -> Result<u32> {
-    match found.parse::<u32>() {
-        Ok(v) if (1..=SCHEMA_VERSION).contains(&v) => Ok(v),
+    match crate::error::stamp_version(found) {
+        Some(v) if (1..=SCHEMA_VERSION).contains(&v) => Ok(v),
         _ => Err(Error::Schema {
             prefix: ks.prefix().to_owned(),
             found: found.to_owned(),
@@ -125,26 +128,38 @@ pub fn migrate(config: &Config, apply: bool) -> Result<MigrateReport> {
 
 /// Writes version `v` where no stamp is (`SET NX`): a node that stamped meanwhile wrote the
 /// same version or refuses to register on ours. Another version found then is an
-/// [`Error::Schema`].
+/// [`Error::Schema`]; a stamp deleted again between the two commands is written again.
 fn stamp(con: &mut impl redis::ConnectionLike, ks: &KeySpace, v: u32) -> Result<()> {
     let op = "write the key schema version";
-    let set: Option<String> = redis::cmd("SET")
-        .arg(ks.schema())
-        .arg(v)
-        .arg("NX")
-        .query(con)
-        .map_err(|e| Error::redis(op, e))?;
-    if set.is_none() {
-        let now = read_stamp(con, ks)?.unwrap_or_default();
-        if now != v.to_string() {
-            return Err(Error::Schema {
-                prefix: ks.prefix().to_owned(),
-                found: now,
-                speaks: SCHEMA_VERSION,
-            });
+    for _ in 0..3 {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(ks.schema())
+            .arg(v)
+            .arg("NX")
+            .query(con)
+            .map_err(|e| Error::redis(op, e))?;
+        if set.is_some() {
+            return Ok(());
+        }
+        match read_stamp(con, ks)? {
+            None => continue,
+            Some(now) if now == v.to_string() => return Ok(()),
+            Some(now) => {
+                return Err(Error::Schema {
+                    prefix: ks.prefix().to_owned(),
+                    found: now,
+                    speaks: SCHEMA_VERSION,
+                })
+            }
         }
     }
-    Ok(())
+    Err(Error::bad_data(
+        op,
+        format!(
+            "{} was deleted three times while being written",
+            ks.schema()
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -155,7 +170,7 @@ mod tests {
     fn a_stamp_names_a_version_this_release_can_move_from_or_is_refused() {
         let ks = KeySpace::new("sfu", "dev", "main").unwrap();
         assert_eq!(stamped_version(&ks, "1").unwrap(), 1);
-        for bad in ["2", "0", "-1", "one", "", "1.0"] {
+        for bad in ["2", "0", "-1", "one", "", "1.0", "01", "+1", " 1", "1\n"] {
             let e = stamped_version(&ks, bad).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Schema, "{bad:?}");
             let msg = e.to_string();

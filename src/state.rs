@@ -208,9 +208,15 @@ pub(crate) struct Shared {
     /// A tick found another process's boot token under this id: its stop must not mark the
     /// heartbeat key released (the other process may be the live one).
     pub saw_duplicate: AtomicBool,
-    /// A tick found the prefix stamped with another key schema version than this release's
-    /// (`P:{ctl}:schema`, migrated under a running node): reported once, not every tick.
-    pub saw_foreign_schema: AtomicBool,
+    /// The last foreign key schema stamp a tick found (`P:{ctl}:schema` naming another
+    /// version: the prefix was migrated under a running node), so each new value is logged
+    /// once, not every tick.
+    pub schema_seen: Mutex<Option<String>>,
+    /// The stamp that refused this node's registration after it started (a re-registration
+    /// after a reap or after Redis lost its data): while set, the node is parked. It writes
+    /// nothing, host calls fail with `Error::Schema`, the lease is not sought, and each tick
+    /// tries to register again (heartbeat.rs).
+    pub schema_refused: Mutex<Option<String>>,
     /// The fields of this instance's info hash (`crate::info`), but `started_ms`.
     pub info: Vec<(&'static str, String)>,
     /// Server ms this life registered at (its info's `started_ms`); 0 before.

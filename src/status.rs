@@ -216,6 +216,9 @@ pub struct FleetStatus {
     /// layout 1, until a node registers or `sfu-redis migrate --apply` stamps it) or not a
     /// string (a problem then). A version other than [`crate::SCHEMA_VERSION`] is a problem too.
     pub schema: Option<String>,
+    /// The Redis type of `P:{ctl}:schema` when it is not a string (bad data: the next
+    /// heartbeat replaces it with this release's version).
+    pub schema_type: Option<String>,
     /// The last epoch handed out (0 when [`epoch_known`](Self::epoch_known) is false).
     pub epoch: u64,
     /// False when the epoch key could not be read (wrong type, not a number); `epoch` is
@@ -600,6 +603,7 @@ fn read(
         reaper_note,
         dataset_created_ms: head.dataset_created_ms,
         schema: head.schema,
+        schema_type: head.schema_type,
         epoch: head.epoch,
         epoch_known: head.epoch_known,
         warnings: fleet_warnings(&instances),
@@ -754,8 +758,10 @@ struct Head {
     dataset_created_ms: Option<i64>,
     /// The dataset token exists (whatever its form).
     dataset_present: bool,
-    /// The key schema stamp, if it is a string.
+    /// The key schema stamp, if it is a string (at most 64 characters shown).
     schema: Option<String>,
+    /// Its type when it is not a string.
+    schema_type: Option<String>,
 }
 
 fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Result<Head> {
@@ -787,6 +793,7 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .as_deref()
         .and_then(|d| d.rsplit_once(':'))
         .and_then(|(_, ms)| ms.parse::<i64>().ok());
+    let mut schema_type = None;
     let schema = match key_type(&head[7]) {
         Ok(t) if t == "none" => None,
         Ok(t) if t == "string" => match &head[8] {
@@ -798,6 +805,7 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
                 "{schema_key} holds a {t}, not the key schema version (a string): the heartbeat replaces it with version {}",
                 crate::SCHEMA_VERSION
             ));
+            schema_type = Some(t);
             None
         }
         Err(_) => None,
@@ -807,12 +815,15 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .filter(|v| *v != crate::SCHEMA_VERSION.to_string())
     {
         problems.push(format!(
-            "{schema_key} names key schema version {v:?}; this release speaks version {}: its nodes refuse to register here and this status may misread the keys (use a release that speaks {v:?}, or `sfu-redis migrate`)",
+            "{schema_key} names key schema version {:?}; this release speaks version {}: its nodes refuse to register here and this status may misread the keys (README \"Key schema versions\")",
+            crate::error::stamp_shown(v),
             crate::SCHEMA_VERSION
         ));
     }
+    let schema = schema.map(|v| crate::error::stamp_shown(&v));
     Ok(Head {
         schema,
+        schema_type,
         dataset_created_ms,
         dataset_present: dataset.is_some(),
         now,

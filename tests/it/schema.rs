@@ -244,3 +244,149 @@ fn a_running_node_keeps_heartbeating_under_a_new_stamp_and_stamps_again_after_da
     });
     a.leave().unwrap();
 }
+
+fn in_zset(s: &Server, stage: &str, id: &str) -> bool {
+    redis::cmd("ZSCORE")
+        .arg(ks(stage).heartbeats())
+        .arg(id)
+        .query::<Option<f64>>(&mut s.con())
+        .unwrap()
+        .is_some()
+}
+
+// A running node is reaped (its sorted-set entry removed, as a leader's reap does) while the
+// prefix is stamped "2": it reports itself reaped once, its registration is refused, and it is
+// parked: no heartbeat entry, no lease, no epoch written, host calls fail with
+// ErrorKind::Schema. When the stamp names its version again it registers as a fresh life and
+// pins again.
+#[test]
+fn a_node_refused_after_a_reap_is_parked_until_the_stamp_names_its_version() {
+    let s = Server::start();
+    let stage = "schema-park";
+    let a = s.node(stage, "park-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("room-p").unwrap();
+    wait_for(LONG, "leadership", || a.is_leader().then_some(()));
+    set_stamp(&s, stage, "2");
+    let _: () = redis::cmd("ZREM")
+        .arg(ks(stage).heartbeats())
+        .arg("park-a")
+        .query(&mut s.con())
+        .unwrap();
+    log.wait(LONG, "reaped_self", |e| {
+        matches!(e, sfu_redis::Event::ReapedSelf { .. })
+    });
+    log.drain();
+    let mark = log.mark();
+    wait_for(LONG, "a refused host call", || match a.pin_room("room-q") {
+        Err(e) if e.kind() == ErrorKind::Schema => Some(()),
+        _ => None,
+    });
+    let epoch = |s: &Server| -> Option<String> {
+        redis::cmd("GET")
+            .arg(ks(stage).epoch())
+            .query(&mut s.con())
+            .unwrap()
+    };
+    let epoch_then = epoch(&s);
+    // Many ticks and lease rounds later: still nothing written.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!in_zset(&s, stage, "park-a"), "a parked node heartbeated");
+    assert!(!a.is_leader());
+    let leader: Option<String> = redis::cmd("GET")
+        .arg(ks(stage).leader())
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(leader, None, "a parked node took the lease");
+    assert_eq!(epoch(&s), epoch_then, "a parked node raised the epoch");
+    let reaped_selves = log
+        .since(mark)
+        .iter()
+        .filter(|e| matches!(e, sfu_redis::Event::ReapedSelf { .. }))
+        .count();
+    assert_eq!(reaped_selves, 0, "reaped_self reported again while parked");
+    assert_eq!(stamp(&s, stage).as_deref(), Some("2"));
+
+    set_stamp(&s, stage, "1");
+    wait_for(LONG, "registered again", || {
+        in_zset(&s, stage, "park-a").then_some(())
+    });
+    wait_for(LONG, "a pin", || a.pin_room("room-q").ok());
+    a.leave().unwrap();
+}
+
+// Redis loses its data and the prefix is stamped "2" before the node's next tick: the node
+// does not restore anything (the tick that would re-register is refused), reports its rooms
+// lost, and writes nothing under the prefix but what was there.
+#[test]
+fn a_node_does_not_restore_into_a_prefix_of_another_version() {
+    let s = Server::start_with(&[]); // one server: FLUSHALL
+    let stage = "schema-loss";
+    let a = s.node(stage, "loss-a");
+    let mut log = EventLog::new(&a);
+    a.pin_room("room-l").unwrap();
+    a.upsert_peer("room-l", "peer-l", None, &[]).unwrap();
+    let mut con = s.raw_con();
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .cmd("SET")
+        .arg(ks(stage).schema())
+        .arg("2")
+        .query(&mut con)
+        .unwrap();
+    log.wait(
+        LONG,
+        "room_lost",
+        |e| matches!(e, sfu_redis::Event::RoomLost { room, new_owner: None } if room == "room-l"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let keys = s.keys(&format!("{}:*", ks(stage).prefix()));
+    assert_eq!(keys, vec![ks(stage).schema()], "a refused node wrote keys");
+    let e = a.upsert_peer("room-l", "peer-m", None, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Schema, "{e}");
+    a.leave().ok();
+}
+
+// Stamps an operator might leave: bytes that are not UTF-8, a version written another way
+// ("01"), a huge value. A running node keeps ticking and refreshing its pins under each; a new
+// node is refused with ErrorKind::Schema; migrate refuses (exit 1); status stays short.
+#[test]
+fn odd_stamps_are_refused_clearly_and_never_stop_a_running_node() {
+    let s = Server::start();
+    let stage = "schema-odd";
+    let a = s.node(stage, "odd-a");
+    a.pin_room("room-o").unwrap();
+    let pin_ttl = |s: &Server| -> i64 {
+        redis::cmd("PTTL")
+            .arg(ks(stage).room("room-o").owner)
+            .query(&mut s.con())
+            .unwrap()
+    };
+    let huge = "9".repeat(1_000_000);
+    for bad in [b"\xff\xfe".to_vec(), b"01".to_vec(), huge.into_bytes()] {
+        let _: () = redis::cmd("SET")
+            .arg(ks(stage).schema())
+            .arg(&bad)
+            .query(&mut s.con())
+            .unwrap();
+        // Several fast ticks (200 ms) later the pin is still refreshed.
+        for _ in 0..3 {
+            a.heartbeat_now().expect("a tick under an odd stamp");
+        }
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(pin_ttl(&s) > 0, "the pin lapsed under an odd stamp");
+        let e = Node::start(s.config(stage, "odd-b")).expect_err("refused");
+        assert_eq!(e.kind(), ErrorKind::Schema, "{e}");
+        assert!(e.to_string().len() < 600, "{} bytes", e.to_string().len());
+        let o = cli("migrate", &s, stage, &["--dry-run"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        let o = cli("status", &s, stage, &[]);
+        assert!(
+            o.stdout.len() < 20_000,
+            "status printed {} bytes",
+            o.stdout.len()
+        );
+    }
+    a.leave().unwrap();
+}

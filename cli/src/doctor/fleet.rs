@@ -191,16 +191,25 @@ impl Fleet {
             Some(v) => (
                 Status::Fail,
                 format!(
-                    "key schema version {v:?}, but this release speaks {speaks}: its nodes refuse to register on this prefix (use a release that speaks {v:?}, or `sfu-redis migrate`)"
+                    "key schema version {v:?}, but this release speaks {speaks}: its nodes refuse to register on this prefix (README \"Key schema versions\")"
                 ),
             ),
-            None => (
-                Status::Warn,
-                format!(
-                    "no key schema stamp ({}): layout version 1, written before versions existed or by no node yet; the next node to register stamps it, or run `sfu-redis migrate --apply`",
-                    st.prefix.clone() + ":{ctl}:schema"
+            None => match &st.schema_type {
+                Some(t) => (
+                    Status::Warn,
+                    format!(
+                        "{}:{{ctl}}:schema holds a {t}, not a version: the next heartbeat replaces it with version {speaks} (see fsck)",
+                        st.prefix
+                    ),
                 ),
-            ),
+                None => (
+                    Status::Warn,
+                    format!(
+                        "no key schema stamp ({}:{{ctl}}:schema): layout version 1, written before versions existed or by no node yet; the next node to register stamps it, or run `sfu-redis migrate --apply`",
+                        st.prefix
+                    ),
+                ),
+            },
         }
     }
 
