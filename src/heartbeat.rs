@@ -28,6 +28,7 @@ use crate::keys::{decode_id, encode_id, IdKind, SCHEMA_VERSION};
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
+use crate::schema;
 use crate::scripts::SCRIPTS;
 use crate::shards;
 use crate::state::{Shared, ROOM_LOCKS};
@@ -117,11 +118,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         // laid out in another key schema version: refused, nothing written (docs/DESIGN.md
         // "Schema version"). The node is parked until a registration succeeds.
         *sh.schema_refused.lock() = Some(schema.clone());
-        return Err(Error::Schema {
-            prefix: sh.ctx.keys.prefix().to_owned(),
-            found: schema,
-            speaks: SCHEMA_VERSION,
-        });
+        return Err(schema::refused(&sh.ctx.keys, schema));
     }
     if schema_replaced > 0 {
         let e = Error::bad_data(
@@ -140,11 +137,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         if foreign.is_some() && *seen != foreign {
             log::error!(
                 "{}; this node registered before the change and keeps heartbeating its rooms: stop it and start a release that speaks the prefix's version",
-                Error::Schema {
-                    prefix: sh.ctx.keys.prefix().to_owned(),
-                    found: foreign.clone().unwrap_or_default(),
-                    speaks: SCHEMA_VERSION,
-                }
+                schema::refused(&sh.ctx.keys, foreign.clone().unwrap_or_default())
             );
         }
         *seen = foreign;
@@ -877,10 +870,6 @@ fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
     Ok(())
 }
 
-/// This instance was reaped while it was unresponsive (a zombie): every room it held is lost.
-/// Report them, forget them (never write them back), clean what the reap may have left of this
-/// id (rooms and peers written before `server_us`, server microseconds), and register again as
-/// a fresh life.
 /// A tick that would have registered this instance again (Redis lost its data) found the
 /// prefix stamped with another key schema version: nothing was written. The node stops acting
 /// on the prefix: its term ends, every room it held is reported lost (`room_lost`, no new
@@ -899,6 +888,10 @@ fn park(sh: &Shared, e: &Error) {
     }
 }
 
+/// This instance was reaped while it was unresponsive (a zombie): every room it held is lost.
+/// Report them, forget them (never write them back), clean what the reap may have left of this
+/// id (rooms and peers written before `server_us`, server microseconds), and register again as
+/// a fresh life.
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);

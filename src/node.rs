@@ -307,16 +307,10 @@ impl Node {
     /// nothing of its layout then; heartbeat.rs).
     fn enter(&self) -> Result<RwLockReadGuard<'_, ()>> {
         let guard = self.enter_parked()?;
-        if let Some(found) = self
-            .backend
-            .shared()
-            .and_then(|sh| sh.schema_refused.lock().clone())
-        {
-            return Err(Error::Schema {
-                prefix: self.prefix.clone(),
-                found,
-                speaks: crate::SCHEMA_VERSION,
-            });
+        if let Some(sh) = self.backend.shared() {
+            if let Some(found) = sh.schema_refused.lock().clone() {
+                return Err(crate::schema::refused(&sh.ctx.keys, found));
+            }
         }
         Ok(guard)
     }

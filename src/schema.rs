@@ -47,6 +47,15 @@ pub struct MigrateReport {
     pub applied: bool,
 }
 
+/// The refusal of a prefix stamped `found`: [`Error::Schema`] naming this release's version.
+pub(crate) fn refused(ks: &KeySpace, found: String) -> Error {
+    Error::Schema {
+        prefix: ks.prefix().to_owned(),
+        found,
+        speaks: SCHEMA_VERSION,
+    }
+}
+
 /// Reads `P:{ctl}:schema` on `con`: `None` when missing; bytes that are not UTF-8 are
 /// replaced (such a stamp names no version). A key of another type is bad data.
 pub(crate) fn read_stamp(
@@ -67,11 +76,7 @@ pub(crate) fn read_stamp(
 fn stamped_version(ks: &KeySpace, found: &str) -> Result<u32> {
     match crate::error::stamp_version(found) {
         Some(v) if (1..=SCHEMA_VERSION).contains(&v) => Ok(v),
-        _ => Err(Error::Schema {
-            prefix: ks.prefix().to_owned(),
-            found: found.to_owned(),
-            speaks: SCHEMA_VERSION,
-        }),
+        _ => Err(refused(ks, found.to_owned())),
     }
 }
 
@@ -144,13 +149,7 @@ fn stamp(con: &mut impl redis::ConnectionLike, ks: &KeySpace, v: u32) -> Result<
         match read_stamp(con, ks)? {
             None => continue,
             Some(now) if now == v.to_string() => return Ok(()),
-            Some(now) => {
-                return Err(Error::Schema {
-                    prefix: ks.prefix().to_owned(),
-                    found: now,
-                    speaks: SCHEMA_VERSION,
-                })
-            }
+            Some(now) => return Err(refused(ks, now)),
         }
     }
     Err(Error::bad_data(

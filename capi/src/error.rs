@@ -55,9 +55,9 @@ pub enum SfuStatus {
     /// The library panicked (a bug): the call did nothing observable, or its effect is unknown
     /// if it was a Redis write. The message holds the panic's text.
     SFU_ERR_PANIC = 16,
-    /// `sfu_node_start`: the prefix is laid out in a key schema version this release does not
-    /// speak (the message names both versions). Nothing was written; run a release that speaks
-    /// it, or migrate the prefix (`sfu-redis migrate`).
+    /// The prefix is laid out in a key schema version this release does not speak (the
+    /// message names both versions): `sfu_node_start` (nothing was written), or a write of a
+    /// node parked after its re-registration was refused (README "Key schema versions").
     SFU_ERR_SCHEMA = 17,
 }
 

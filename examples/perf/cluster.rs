@@ -98,6 +98,13 @@ fn commandstats(port: u16) -> BTreeMap<String, (u64, u64)> {
         .collect()
 }
 
+/// Each port's `INFO commandstats` before a timed part, with `SFU_PERF_STATS=1` and `first`
+/// (the part's first cluster run), for [`print_commandstats_since`].
+fn stats_before(first: bool, ports: &[u16]) -> Option<Vec<BTreeMap<String, (u64, u64)>>> {
+    (first && std::env::var_os("SFU_PERF_STATS").is_some())
+        .then(|| ports.iter().map(|p| commandstats(*p)).collect())
+}
+
 /// Prints each master's `INFO commandstats` since `before` (one [`commandstats`] per port of
 /// `ports`): (command, calls, µs) by µs, most first.
 fn print_commandstats_since(ports: &[u16], before: &[BTreeMap<String, (u64, u64)>]) {
@@ -296,12 +303,7 @@ fn reap_and_tick(a: &Args, sides: &[Side; 2]) -> (serde_json::Value, Vec<Goal>) 
             let leader = &leaders[s];
             let rooms = a.rooms;
             let name = sides[s].name;
-            let stats = std::env::var_os("SFU_PERF_STATS").is_some() && s == 1 && i == 0;
-            let before: Vec<_> = if stats {
-                sides[s].ports.iter().map(|p| commandstats(*p)).collect()
-            } else {
-                Vec::new()
-            };
+            let before = stats_before(s == 1 && i == 0, &sides[s].ports);
             timed(
                 &sides[s],
                 || {
@@ -313,9 +315,9 @@ fn reap_and_tick(a: &Args, sides: &[Side; 2]) -> (serde_json::Value, Vec<Goal>) 
                 },
                 &mut reaps[s],
             );
-            if stats {
+            if let Some(before) = &before {
                 // Where each master's time went during the first cluster reap.
-                print_commandstats_since(&sides[s].ports, &before);
+                print_commandstats_since(&sides[s].ports, before);
             }
             let left = count_prefix(&mut fabs[s], &ks.scan_pattern());
             assert_eq!(left, 0, "the {name} reap left keys");
@@ -495,12 +497,7 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
         for s in order(c) {
             let host = &hosts[s];
             let rooms = &rooms;
-            let stats = std::env::var_os("SFU_PERF_STATS").is_some() && s == 1 && c == 0;
-            let before: Vec<_> = if stats {
-                sides[s].ports.iter().map(|p| commandstats(*p)).collect()
-            } else {
-                Vec::new()
-            };
+            let before = stats_before(s == 1 && c == 0, &sides[s].ports);
             timed(
                 &sides[s],
                 || {
@@ -510,9 +507,9 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
                 },
                 &mut one_thread[s],
             );
-            if stats {
+            if let Some(before) = &before {
                 // Where each master's time went during the first cluster chunk.
-                print_commandstats_since(&sides[s].ports, &before);
+                print_commandstats_since(&sides[s].ports, before);
             }
         }
     }

@@ -42,12 +42,7 @@ fn doctor(url: &str, args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    support::procs::output_text(o)
 }
 
 /// The one JSON object of `--json`.

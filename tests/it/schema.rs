@@ -19,12 +19,7 @@ fn cli(sub: &str, s: &Server, stage: &str, args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    support::procs::output_text(o)
 }
 
 fn json_of(o: &Output) -> Value {

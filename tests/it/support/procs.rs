@@ -60,6 +60,16 @@ impl Drop for NodeProc {
 
 /// `sfu-redis <sub> --stage <stage> --redis-url <url> <args>`, run to its end, with none of
 /// the library's environment variables (`REDIS_URL`, `SFU_*`) of the test's own environment.
+/// A finished command for an assertion message: its exit code, stdout and stderr.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 pub fn cli_output(sub: &str, stage: &str, url: &str, args: &[&str]) -> std::process::Output {
     let mut c = Command::new(cli_bin());
     c.arg(sub)
