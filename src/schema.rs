@@ -108,6 +108,10 @@ pub fn migrate(config: &Config, apply: bool) -> Result<MigrateReport> {
         Some(f) => stamped_version(ks, f)?,
     };
     if from == 0 {
+        // The one step today: stamping an unstamped prefix (layout 1).
+        if apply {
+            stamp(&mut con, ks, 1)?;
+        }
         report.steps.push(MigrateStep {
             from: 0,
             to: 1,
@@ -115,18 +119,8 @@ pub fn migrate(config: &Config, apply: bool) -> Result<MigrateReport> {
                 "stamp the prefix with version 1 ({} = 1): it carries no stamp, so its keys are in layout 1 (written before versions existed)",
                 ks.schema()
             ),
-            done: false,
+            done: apply,
         });
-    }
-    if !apply {
-        return Ok(report);
-    }
-    for step in &mut report.steps {
-        match (step.from, step.to) {
-            (0, 1) => stamp(&mut con, ks, 1)?,
-            (from, to) => unreachable!("no migration step from {from} to {to}"),
-        }
-        step.done = true;
     }
     Ok(report)
 }

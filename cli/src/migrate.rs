@@ -58,12 +58,9 @@ pub(crate) fn run(args: MigrateArgs) -> Result<(), Failure> {
 
 /// The version the prefix is in once the command ends, `None` while unstamped.
 fn version_after(r: &MigrateReport) -> Option<u32> {
-    if r.steps.is_empty() {
-        r.found.as_deref().and_then(|f| f.parse().ok())
-    } else if r.applied {
-        r.steps.last().map(|s| s.to)
-    } else {
-        r.found.as_deref().and_then(|f| f.parse().ok())
+    match r.steps.last() {
+        Some(last) if r.applied => Some(last.to),
+        _ => r.found.as_deref().and_then(|f| f.parse().ok()),
     }
 }
 
