@@ -22,7 +22,7 @@
 -- further apart than its heartbeat interval plus command timeout: forgotten_room). Any pin (a live instance
 -- took the room over) or any change of the metadata stops the deletion at once.
 --
--- Reply: {status, cursor, removed}; status is
+-- Reply: {status, cursor}; status is
 --   'more'        a batch was deleted; call again with the returned cursor ('' after a
 --                 listed-records call: go on with the next list, or with cursor '0');
 --   'deleted'     the last batch and every room key were deleted;
@@ -30,20 +30,22 @@
 --   'changed'     the metadata changed: nothing written;
 --   'wrong_type'  a room key or a peer record holds the wrong type: nothing written in this
 --                 call (wrong-typed keys are reported, never repaired).
--- removed = {peer1, instance1, ...}: records deleted in this call, so the caller can remove
--- '<room>/<peer>' from each instance's peer index (index after record).
+-- Nothing of the control plane is touched here (another slot). Instances whose records were
+-- deleted may still list the room in their room indexes (key schema version 2: a room index
+-- reaches every record naming its instance); such an entry now points at nothing, which that
+-- instance's own walk, its reap or a later audit (dangling_room_index) settles.
 --
 -- Protects: invariant 2 (rooms nobody owns leave nothing behind), invariant 1 (owner CAS: a
 -- room a live instance pinned is never touched), "never loop unboundedly in Lua".
 local expect = {'string', 'hash', 'set', 'hash', 'hash'}
 for i = 1, 5 do
   local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= expect[i] then return {'wrong_type', '', {}} end
+  if t ~= 'none' and t ~= expect[i] then return {'wrong_type', ''} end
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'owned', '', {}} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'owned', ''} end
 local meta = redis.call('HMGET', KEYS[2], 'owner', 'pinned_ms')
 if (meta[1] or '') ~= ARGV[1] or (meta[2] or '') ~= ARGV[2] then
-  return {'changed', '', {}}
+  return {'changed', ''}
 end
 local base = string.sub(KEYS[1], 1, -6)
 local peers
@@ -57,20 +59,14 @@ else
 end
 for _, p in ipairs(peers) do
   local t = redis.call('TYPE', base .. 'peer:' .. p)['ok']
-  if t ~= 'none' and t ~= 'hash' then return {'wrong_type', '', {}} end
+  if t ~= 'none' and t ~= 'hash' then return {'wrong_type', ''} end
 end
-local removed = {}
 for _, p in ipairs(peers) do
-  local rec = base .. 'peer:' .. p
-  if redis.call('EXISTS', rec) == 1 then
-    removed[#removed + 1] = p
-    removed[#removed + 1] = redis.call('HGET', rec, 'instance') or ''
-    redis.call('DEL', rec)
-  end
+  redis.call('DEL', base .. 'peer:' .. p)
   redis.call('SREM', KEYS[3], p)
 end
 if ARGV[3] == '' or next_cursor ~= '0' then
-  return {'more', next_cursor, removed}
+  return {'more', next_cursor}
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-return {'deleted', '0', removed}
+return {'deleted', '0'}

@@ -6,8 +6,6 @@
 -- KEYS[2] P:room:{R}:peers      SET
 -- KEYS[3] P:room:{R}:guests     HASH guest -> peer
 -- KEYS[4] P:room:{R}:guest-state
--- P:room:{R}:meta is derived from KEYS[2] (same prefix and hash tag): 'add_peer' drops its
--- solo mark when the record it puts back names another instance.
 -- ARGV[1] mode:
 --   'drop_peer'   remove peer p from the room's peers set if its record does not exist;
 --   'add_peer'    add peer p to the room's peers set if its record exists and has an instance;
@@ -41,19 +39,8 @@ if mode == 'drop_peer' then
   return 'gone'
 elseif mode == 'add_peer' then
   if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
-  local inst = redis.call('HGET', KEYS[1], 'instance')
-  if inst == false then return 'malformed' end
-  local meta = string.sub(KEYS[2], 1, -6) .. 'meta'
-  local mt = redis.call('TYPE', meta)['ok']
-  if mt ~= 'none' and mt ~= 'hash' then return 'wrong_type' end
-  if redis.call('SADD', KEYS[2], peer) == 1 then
-    -- The room's solo mark (pin_room.lua) says every record in it names the owner; a record
-    -- put back that names another instance ends that, or a reap would not clean its index.
-    if mt == 'hash' and redis.call('HGET', meta, 'solo') ~= inst then
-      redis.call('HDEL', meta, 'solo')
-    end
-    return 'fixed'
-  end
+  if redis.call('HGET', KEYS[1], 'instance') == false then return 'malformed' end
+  if redis.call('SADD', KEYS[2], peer) == 1 then return 'fixed' end
   return 'gone'
 elseif mode == 'drop_guest' then
   if redis.call('HGET', KEYS[3], guest) ~= peer then return 'gone' end

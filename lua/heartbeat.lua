@@ -6,12 +6,10 @@
 -- KEYS[3] P:{ctl}:dataset      STRING, the dataset token
 -- KEYS[4] P:{ctl}:epoch        the last fencing token handed out
 -- KEYS[5] P:{ctl}:instance:<I>:info  HASH, how the instance describes itself (src/info.rs)
--- KEYS[6] P:{ctl}:instance:<I>:rooms           its indexes ...
--- KEYS[7] P:{ctl}:instance:<I>:peers
--- KEYS[8] P:{ctl}:instance:<I>:reaping-rooms   ... as a reap of an earlier life moved them
--- KEYS[9] P:{ctl}:instance:<I>:reaping-peers   aside (reap_begin.lua), and that reap's token
--- KEYS[10] P:{ctl}:instance:<I>:reaping
--- KEYS[11] P:{ctl}:schema      STRING, the key schema version the prefix is laid out in
+-- KEYS[6] P:{ctl}:instance:<I>:rooms           its room index ...
+-- KEYS[7] P:{ctl}:instance:<I>:reaping-rooms   ... as a reap of an earlier life moved it
+-- KEYS[8] P:{ctl}:instance:<I>:reaping         aside (reap_begin.lua), and that reap's token
+-- KEYS[9] P:{ctl}:schema      STRING, the key schema version the prefix is laid out in
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
@@ -26,33 +24,38 @@
 --         was re-created, by when every live instance has heartbeated)
 -- ARGV[8] server ms this life registered at ('0' if not known yet): the info's started_ms
 -- ARGV[9] the key schema version this release speaks (keys.rs SCHEMA_VERSION)
--- ARGV[10..] the info's other fields, name and value pairs
+-- ARGV[10] how many peers this instance holds now ('' on 'register'): written to the info's
+--          `peers` field on every heartbeat (`sfu-redis status` shows it; key schema version 2
+--          keeps no per-instance peer index to count)
+-- ARGV[11..] the info's other fields, name and value pairs
 --
 -- The info hash is written (whole, replacing what was there) at 'register', after Redis lost
 -- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
 -- started_ms is this call's server time at 'register' (a new life) or when ARGV[8] is '0'.
 -- It goes with the registration: reap_finish.lua and Node::leave delete it.
 --
--- At 'register', indexes a reap of an earlier life moved aside (a reap under way, or one a
--- leader left unfinished) are merged back into the live indexes and the reap's token deleted:
+-- At 'register', a room index a reap of an earlier life moved aside (a reap under way, or one
+-- a leader left unfinished) is merged back into the live index and the reap's token deleted:
 -- the new life's clean-up of its earlier life (heartbeat.rs, `register`) then sees every
 -- member, and a reap still running ends as 'alive' without deleting anything of this life.
--- Before that, any of KEYS[6..9] holding another type than a set (bad data: the library only
+-- Before that, KEYS[6] or KEYS[7] holding another type than a set (bad data: the library only
 -- ever writes sets there) is deleted and counted in `replaced`, as reap_begin.lua does with
 -- the moved indexes: otherwise the clean-up and every pin of the new life would fail on it
 -- (WRONGTYPE). Rooms such a key may have listed are left for the audit (unindexed rooms).
 --
--- Schema version. KEYS[11] missing (a new prefix, one written before versions existed, whose
--- layout is version 1, or a Redis that lost its data) is written as ARGV[9], on 'register' and
--- 'tick' alike; a value of another type is bad data, replaced the same way (schema_replaced
--- 1). A KEYS[11] naming another version refuses a registration, and a tick that would
+-- Schema version. KEYS[9] missing is written as ARGV[9] (a new prefix, a Redis that lost its
+-- data), on 'register' and 'tick' alike; a value of another type is bad data, replaced the
+-- same way (schema_replaced 1). A missing KEYS[9] beside an existing dataset token (KEYS[3])
+-- is a prefix written by a release from before versions existed: its layout is version 1, so
+-- a registration reads it as '1'; a running node's 'tick' writes the stamp back (an operator
+-- deleted it). A KEYS[9] naming another version refuses a registration, and a tick that would
 -- re-register ('restored': Redis lost its data) alike: nothing is written. On a plain 'tick'
 -- a mismatch (the prefix was migrated under a running node) does not stop the heartbeat,
 -- which keeps this node's rooms alive; the caller reports it.
 --
 -- Reply: {status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced};
 -- replaced is the number of index keys of another type deleted at 'register' (0 otherwise);
--- schema is what KEYS[11] holds after this call (its first 80 bytes: whatever was left there,
+-- schema is what KEYS[9] holds after this call (its first 80 bytes: whatever was left there,
 -- the reply stays small); status is
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
@@ -63,7 +66,7 @@
 --   'duplicate' on 'register': another live process (another boot token) holds this
 --               instance id's heartbeat key. Nothing written; the caller must not start.
 --               On 'tick' a foreign boot token is overwritten and reported the same way;
---   'schema'    KEYS[11] names another version than ARGV[9], on 'register' or on a 'tick'
+--   'schema'    KEYS[9] names another version than ARGV[9], on 'register' or on a 'tick'
 --               that would re-register. Nothing written; the caller must not start (or, on a
 --               tick, stops writing until a registration succeeds again).
 --
@@ -83,9 +86,13 @@ local token = get(KEYS[3])
 local epoch = get(KEYS[4])
 if not epoch or tonumber(epoch) == nil then epoch = '0' end
 local holder = get(KEYS[2])
-local schema = get(KEYS[11])
+local schema = get(KEYS[9])
 local schema_replaced = 0
-if not schema and redis.call('TYPE', KEYS[11]).ok ~= 'none' then schema_replaced = 1 end
+if not schema and redis.call('TYPE', KEYS[9]).ok ~= 'none' then schema_replaced = 1 end
+-- No stamp but a dataset token: the prefix holds data of a release from before versions,
+-- laid out in version 1.
+local implied = false
+if not schema and schema_replaced == 0 and token then schema, implied = '1', true end
 local shown = schema and string.sub(schema, 1, 80) or ''
 local foreign = schema and schema ~= ARGV[9]
 if ARGV[3] == 'register' and foreign then
@@ -109,9 +116,9 @@ if ARGV[3] ~= 'register' then
     return {'reaped', now, token or '', epoch, now_us, 0, shown, 0}
   end
 end
-if not schema then
-  redis.call('DEL', KEYS[11])
-  redis.call('SET', KEYS[11], ARGV[9])
+if not schema or implied then
+  redis.call('DEL', KEYS[9])
+  redis.call('SET', KEYS[9], ARGV[9])
   shown = ARGV[9]
 end
 if not token then
@@ -133,26 +140,25 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[2])
 local replaced = 0
 if ARGV[3] == 'register' then
-  for i = 6, 9 do
+  for i = 6, 7 do
     local kind = redis.call('TYPE', KEYS[i]).ok
     if kind ~= 'set' and kind ~= 'none' then
       redis.call('UNLINK', KEYS[i])
       replaced = replaced + 1
     end
   end
-  for i = 8, 9 do
-    local live = redis.call('TYPE', KEYS[i - 2]).ok
-    if redis.call('TYPE', KEYS[i]).ok == 'set' and (live == 'set' or live == 'none') then
-      redis.call('SUNIONSTORE', KEYS[i - 2], KEYS[i - 2], KEYS[i])
-      redis.call('UNLINK', KEYS[i])
-    end
+  local live = redis.call('TYPE', KEYS[6]).ok
+  if redis.call('TYPE', KEYS[7]).ok == 'set' and (live == 'set' or live == 'none') then
+    redis.call('SUNIONSTORE', KEYS[6], KEYS[6], KEYS[7])
+    redis.call('UNLINK', KEYS[7])
   end
-  redis.call('DEL', KEYS[10])
+  redis.call('DEL', KEYS[8])
 end
 if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
   local started = ARGV[8]
   if ARGV[3] == 'register' or started == '0' then started = string.format('%d', now) end
   redis.call('DEL', KEYS[5])
-  redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 10))
+  redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 11))
 end
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[5], 'peers', ARGV[10]) end
 return {status, now, token, epoch, now_us, replaced, shown, schema_replaced}

@@ -39,10 +39,9 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[2], 'owner', ARGV[1])
 if not meta_owner then
-  -- Metadata gone (Redis lost data): no solo mark, the reap reads every record's instance.
+  -- Metadata gone (Redis lost data): pinned now.
   local t = redis.call('TIME')
   redis.call('HSET', KEYS[2], 'pinned_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
     'pinned_us', t[1] .. string.format('%06d', tonumber(t[2])))
-  redis.call('HDEL', KEYS[2], 'solo')
 end
 return {'repinned', ''}

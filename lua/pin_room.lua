@@ -3,8 +3,7 @@
 --
 -- KEYS[1] P:room:{R}:owner   STRING, PX pin_ttl: the pin
 -- KEYS[2] P:room:{R}:meta    HASH: owner (second, non-expiring copy), pinned_ms, pinned_us,
---                            peer_seq, solo
--- P:room:{R}:peers is derived from KEYS[1] (same prefix and hash tag).
+--                            peer_seq
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] pin_ttl, ms
 -- ARGV[3] the owner the caller found dead (its heartbeat key is gone), or ''
@@ -19,11 +18,6 @@
 -- reaper only deletes a room whose pinned_us is strictly before the start of its reap (t0, in
 -- microseconds: a new life's pin cannot tie with it; a tie would count as the new life's), so a room pinned again by a resumed instance is
 -- never deleted as the leftover of its previous life.
--- A pin that makes the caller the owner (not 'ours') also sets meta field solo = the caller when
--- the room's peers set is empty, and removes it otherwise: upsert_peer.lua writes only records
--- naming the room's owner, so while solo names the owner, every record in the room's set names
--- it too (audit_room_index.lua drops the mark when it puts back another instance's record).
--- reap_room.lua then skips reading each record's instance (see there).
 -- Protects: owner CAS (a live owner's pin is never taken), invariant 1.
 local owner = redis.call('GET', KEYS[1])
 local status, prev = 'pinned', ''
@@ -46,11 +40,4 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'pinned_ms', now,
   'pinned_us', t[1] .. string.format('%06d', tonumber(t[2])))
-if status ~= 'ours' then
-  if redis.call('SCARD', string.sub(KEYS[1], 1, -6) .. 'peers') == 0 then
-    redis.call('HSET', KEYS[2], 'solo', ARGV[1])
-  else
-    redis.call('HDEL', KEYS[2], 'solo')
-  end
-end
 return {status, prev}

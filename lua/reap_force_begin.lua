@@ -2,17 +2,15 @@
 -- reap_force_begin.lua: an operator's reap of one instance (`sfu-redis reap`, src/reap.rs):
 -- check that the instance may be reaped now and, with 'begin', mark it as being reaped (score
 -- 0), as reap_begin.lua does for a leader, but without a lease and without the two-phase wait.
--- The rest of the reap is the leader's: the same owner-CAS scripts (reap_room.lua,
--- reap_peer.lua) and reap_finish.lua, so a leader reaping the same instance
+-- The rest of the reap is the leader's: the same owner-CAS script (reap_room.lua) and
+-- reap_finish.lua, so a leader reaping the same instance
 -- at the same moment and this reap interleave safely (each step is idempotent).
 --
 -- KEYS[1] P:{ctl}:heartbeats
 -- KEYS[2] P:{ctl}:hb:<D>
 -- KEYS[3] P:{ctl}:instance:<D>:rooms           moved aside with 'begin', as reap_begin.lua
--- KEYS[4] P:{ctl}:instance:<D>:peers           does (see there)
--- KEYS[5] P:{ctl}:instance:<D>:reaping-rooms
--- KEYS[6] P:{ctl}:instance:<D>:reaping-peers
--- KEYS[7] P:{ctl}:instance:<D>:reaping
+-- KEYS[4] P:{ctl}:instance:<D>:reaping-rooms   does (see there)
+-- KEYS[5] P:{ctl}:instance:<D>:reaping
 -- ARGV[1] D, the instance to reap (wire form)
 -- ARGV[2] D's stale threshold, ms (its own record's, else the caller's configuration)
 -- ARGV[3] '1': forced (a heartbeat key holding 'released' and a last heartbeat within the
@@ -20,12 +18,12 @@
 -- ARGV[4] 'begin' (mark it) or 'check' (a dry run: nothing written)
 --
 -- Reply: {status, server_ms, score, server_us, replaced}; replaced: how many of the reaps' own
--- keys (moved indexes) held another type and were deleted, as reap_begin.lua does; score is D's sorted-set score (server ms,
+-- keys (the moved index) held another type and were deleted, as reap_begin.lua does; score is D's sorted-set score (server ms,
 -- 0 = being reaped already, -1 = not registered); status is
 --   'dead'     it may be reaped; with 'begin' its score is now 0 and a heartbeat key holding
 --              'released' was deleted (so the reap's scripts, which treat any heartbeat key as
---              a registration, see it gone), and its indexes are moved aside as by
---              reap_begin.lua; server_us is t0 for the room and peer scripts and the reap's
+--              a registration, see it gone), and its room index is moved aside as by
+--              reap_begin.lua; server_us is t0 for the room script and the reap's
 --              token;
 --   'live'     its heartbeat key holds a live process's boot token (any value but
 --              'released', or a key of another type): never reaped, forced or not;
@@ -56,18 +54,15 @@ end
 if ARGV[4] == 'begin' then
   if holder then redis.call('DEL', KEYS[2]) end
   redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
-  for i = 5, 6 do
-    local t = redis.call('TYPE', KEYS[i]).ok
-    if t ~= 'none' and t ~= 'set' then
-      redis.call('UNLINK', KEYS[i])
-      replaced = replaced + 1
-    end
+  local moved = redis.call('TYPE', KEYS[4]).ok
+  if moved ~= 'none' and moved ~= 'set' then
+    redis.call('UNLINK', KEYS[4])
+    replaced = 1
+    moved = 'none'
   end
-  if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then
-    for i = 3, 4 do
-      if redis.call('TYPE', KEYS[i]).ok == 'set' then redis.call('RENAME', KEYS[i], KEYS[i + 2]) end
-    end
+  if moved == 'none' and redis.call('TYPE', KEYS[3]).ok == 'set' then
+    redis.call('RENAME', KEYS[3], KEYS[4])
   end
-  redis.call('SET', KEYS[7], now_us)
+  redis.call('SET', KEYS[5], now_us)
 end
 return {'dead', now, s, now_us, replaced}

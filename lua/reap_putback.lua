@@ -6,12 +6,12 @@
 --
 -- KEYS[1] P:{ctl}:heartbeats
 -- KEYS[2] P:{ctl}:hb:<D>
--- KEYS[3] P:{ctl}:instance:<D>:rooms or P:{ctl}:instance:<D>:peers
+-- KEYS[3] P:{ctl}:instance:<D>:rooms
 -- ARGV[1] D, the instance being reaped (wire form)
 -- ARGV[2..] the members
 --
 -- Skipped once D registered again (its heartbeat key exists, or its score is neither 0 nor
--- absent): its registration merged the moved indexes into the live ones and its clean-up of
+-- absent): its registration merged the moved index into the live one and its clean-up of
 -- its earlier life decides about these members; putting them back after that clean-up would
 -- leave entries naming rooms the live instance does not hold.
 --

@@ -7,11 +7,8 @@
 -- KEYS[5i-2] P:room:{R}:peers
 -- KEYS[5i-1] P:room:{R}:guests
 -- KEYS[5i]   P:room:{R}:guest-state
--- KEYS[5n+1] P:{ctl}:instance:<D>:reaping-peers  SET, optional (one server only): the dead
---         instance's moved peer index; its entries for the records this call deletes leave
---         it in the same call
 -- Peer records P:room:{R}:peer:<p> are derived from the room's owner key (same prefix and hash
--- tag; the prefix holds no '{'), their index members '<R>/<p>' from it too.
+-- tag; the prefix holds no '{').
 -- ARGV[1] dead instance id (wire form)
 -- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
 --         (reap_begin.lua)
@@ -21,8 +18,13 @@
 -- ARGV[4+i] room i's SSCAN cursor over its peers ('0' on its first call)
 --
 -- Several rooms per call only where every key lives on one server (standalone, a Sentinel
--- master); on Redis Cluster the caller sends one room per call (its five keys share a slot)
--- and no moved peer index (it lives in the {ctl} slot).
+-- master); on Redis Cluster the caller sends one room per call (its five keys share a slot).
+--
+-- The rooms come from the dead instance's room index, which reaches every record naming it
+-- (key schema version 2: upsert_peer.lua writes records only into rooms their instance owns,
+-- and an instance removes a room it lost from its index only after deleting its records
+-- there). The same script removes a live instance's own records from a room it lost
+-- (src/rooms.rs, sweep_own: ARGV[1] the caller, ARGV[2] the largest t0).
 --
 -- The room is the dead instance's leftover when its pin names the dead instance, or the pin
 -- has expired and the metadata still names it (or names nobody), and it was pinned strictly
@@ -32,7 +34,7 @@
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: one {status, cursor, removed, deleted} per room, in order, for the rooms this call reached (a
+-- Reply: one {status, cursor, deleted} per room, in order, for the rooms this call reached (a
 -- shorter reply: the rooms after the last one were not started; send them again with their
 -- cursors). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
 -- peers were added behind the scan); status is
@@ -44,34 +46,25 @@
 --   'error'     a command failed on this room: cursor is the error text (the caller skips the
 --               room for WRONGTYPE, bad data, and treats any other error as transient); what
 --               ran before it in this room stays done, the other rooms go on.
--- deleted = the number of peer records deleted in this call; removed = {peer1, instance1, ...}:
--- those of them whose index entries the caller still has to remove (every one when the moved
--- peer index is not passed; with it, only those naming another instance). For a room deleted
--- whole whose metadata field solo names the dead instance (pin_room.lua: its peers set was empty
--- when it was pinned, and upsert_peer.lua writes only records naming the owner), every record is
--- the dead instance's without reading it; otherwise the instance is read from the record, so
--- that other instances' index entries for records left in the room are removed too.
+-- deleted = the number of peer records deleted in this call. A room deleted whole is deleted
+-- with every record in it (another instance's records left in a room it lost go too: that
+-- instance's room index entry then points at nothing, which its next walk settles); its
+-- records are not read. In a room kept, each record's instance and update time are read.
 --
 -- Protects: owner CAS (pitfall "without the owner check the reaper deletes rooms another
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
 -- "never loop unboundedly in Lua" (SSCAN batches, a work bound per call).
 local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local moved = KEYS[5 * n + 1]
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
 local function micros(us, ms)
   return tonumber(us) or ((tonumber(ms) or 0) * 1000 + 999)
 end
--- Keys of rooms deleted whole by the fast path, and moved-index members of the records
--- deleted: sent in one DEL and one SREM per call (record first, index entry second).
-local dels, unindex = {}, {}
+-- Keys of rooms deleted whole by the fast path: sent in one DEL per call.
+local dels = {}
 local function flush()
   if #dels > 0 then
     redis.call('DEL', unpack(dels))
     dels = {}
-  end
-  if #unindex > 0 then
-    redis.call('SREM', moved, unpack(unindex))
-    unindex = {}
   end
 end
 
@@ -79,9 +72,9 @@ end
 -- its reply and the number of peers its scan saw.
 local function reap(owner_key, meta_key, peers_key, guests_key, state_key, cursor)
   local owner = redis.call('GET', owner_key)
-  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'solo', 'pinned_us')
+  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'pinned_us')
   local meta_owner = meta[1]
-  local pinned = micros(meta[4], meta[2])
+  local pinned = micros(meta[3], meta[2])
   local base = string.sub(owner_key, 1, -6)
   local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
   local status
@@ -93,17 +86,13 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     status = 'skipped'
   end
   local whole = status == 'reaped' or status == 'gone'
-  local solo = whole and meta[3] == dead
-  local member = moved and string.sub(base, string.find(base, '{', 1, true) + 1, -3) .. '/'
   local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
   local peers = scan[2]
-  local removed, records, members = {}, {}, {}
+  local records, members = {}, {}
   for _, p in ipairs(peers) do
     local rec = base .. 'peer:' .. p
-    local inst
-    if solo then inst = dead else inst = redis.call('HGET', rec, 'instance') end
     local drop = whole
-    if not drop and inst == dead then
+    if not drop and redis.call('HGET', rec, 'instance') == dead then
       local upd = redis.call('HMGET', rec, 'updated_us', 'updated_ms')
       drop = micros(upd[1], upd[2]) < t0
       if drop then
@@ -117,12 +106,6 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     if drop then
       records[#records + 1] = rec
       members[#members + 1] = p
-      if moved and inst == dead then
-        unindex[#unindex + 1] = member .. p
-      else
-        removed[#removed + 1] = p
-        removed[#removed + 1] = inst or ''
-      end
     end
   end
   if whole and cursor == '0' and scan[1] == '0' then
@@ -137,7 +120,7 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     dels[#dels + 1] = peers_key
     dels[#dels + 1] = guests_key
     dels[#dels + 1] = state_key
-    return {status, '0', removed, #records}, #peers
+    return {status, '0', #records}, #peers
   end
   -- One variadic DEL and SREM per batch (a batch is at most ARGV[3]-ish members).
   if #records > 0 then
@@ -145,16 +128,16 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     redis.call('SREM', peers_key, unpack(members))
   end
   if scan[1] ~= '0' then
-    return {status, scan[1], removed, #records}, #peers
+    return {status, scan[1], #records}, #peers
   end
   if whole then
     -- Peers added behind the scan: scan again rather than drop their records with the set.
     if redis.call('SCARD', peers_key) > 0 then
-      return {status, 'again', removed, #records}, #peers
+      return {status, 'again', #records}, #peers
     end
     redis.call('DEL', owner_key, meta_key, peers_key, guests_key, state_key)
   end
-  return {status, '0', removed, #records}, #peers
+  return {status, '0', #records}, #peers
 end
 
 local replies, seen, budget = {}, 0, tonumber(count)
@@ -163,7 +146,6 @@ for i = 1, n do
     break
   end
   local k = 5 * (i - 1)
-  local before = #unindex
   local ok, reply, scanned = pcall(reap, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
     KEYS[k + 5], ARGV[4 + i])
   if ok then
@@ -171,13 +153,10 @@ for i = 1, n do
     seen = seen + scanned
   else
     -- A failed command (the error is a string, or a table with err on some versions): what
-    -- this room queued is dropped (it stays for the audit, as a room a failed call leaves).
-    for j = #unindex, before + 1, -1 do
-      unindex[j] = nil
-    end
-    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), {}, 0}
+    -- ran before it in this room stays done; the room is left for the audit.
+    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), 0}
   end
-  if #dels + #unindex > 1000 then
+  if #dels > 1000 then
     flush()
   end
 end

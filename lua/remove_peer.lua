@@ -8,13 +8,9 @@
 -- ARGV[1] peer id (wire form)
 -- ARGV[2] generation returned by upsert_peer.lua
 -- ARGV[3] the calling instance (wire form)
--- KEYS[5] P:{ctl}:instance:<I>:peers  SET, the caller's peer index (one server only)
--- ARGV[4] (with KEYS[5]) the index member '<room>/<peer>'
 --
--- Reply: {1, ''} removed (with KEYS[5], standalone or a Sentinel master, this call also
--- removed ARGV[4] from the caller's peer index, record and index entry in one atomic step;
--- without it, Redis Cluster, the caller removes '<room>/<peer>' from its index next: record
--- first, index second);
+-- Reply: {1, ''} removed (one call, one slot, on every topology: the instance's room index,
+-- which reaches the record, keeps the room while the instance owns it; key schema version 2);
 -- {0, ''} when the record is gone or has another generation (a delayed remove of an older
 -- connection is a no-op); {0, owner} when the record belongs to another instance (nothing
 -- touched: only the instance that hosts a peer removes it).
@@ -35,8 +31,5 @@ redis.call('SREM', KEYS[2], ARGV[1])
 if g and g ~= '' and redis.call('HGET', KEYS[3], g) == ARGV[1] then
   redis.call('HDEL', KEYS[3], g)
   redis.call('HDEL', KEYS[4], g)
-end
-if KEYS[5] then
-  redis.call('SREM', KEYS[5], ARGV[4])
 end
 return {1, ''}

@@ -7,60 +7,40 @@
 -- KEYS[4] P:room:{R}:guest-state
 -- KEYS[5] P:room:{R}:owner
 -- KEYS[6] P:room:{R}:meta       (peer_seq: the room's generation counter)
--- KEYS[7] P:{ctl}:instance:<I>:peers  SET, the caller's peer index (one server only)
--- Other peer records are derived from KEYS[2] (same prefix and hash tag); other instances'
--- peer indexes from KEYS[7] (its instance segment replaced).
+-- Other peer records are derived from KEYS[2] (same prefix and hash tag).
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] peer id (wire form)
 -- ARGV[3] guest id (wire form) or ''
 -- ARGV[4] '' for a new generation, or the generation to write back (restoring a record after
 --         Redis lost its data; the room's counter is raised to at least it)
--- ARGV[5] the index member '<room>/<peer>' (wire forms)
--- ARGV[6..] host fields: name, value, name, value, ...
+-- ARGV[5..] host fields: name, value, name, value, ...
 --
 -- Steps, atomically: (1) if the record named another guest whose pointer still names this
 -- peer, drop that pointer (and that guest's state); (2) if the new guest's pointer names another
 -- peer (a quick reconnect with a new peer id), delete that superseded peer's record and room
 -- entry; (3) write the record with a new generation from the room's counter (unique within
--- the room across all its lives, so a delayed remove of an older connection never matches); (4) index it.
+-- the room across all its lives, so a delayed remove of an older connection never matches).
 --
--- Reply: {generation, previous_instance, superseded_peer, superseded_instance} ('' = none), or
--- {'not_owner', owner, record_instance} when the caller does not own the room (no record
--- written).
+-- Reply: {generation, superseded_peer} ('' = none), or {'not_owner', owner} when the caller
+-- does not own the room (nothing written).
 --
--- Index upkeep. With KEYS[7] (standalone or a Sentinel master: every key on one server, no
--- slots), this one call also keeps the instance peer indexes: it adds ARGV[5] to the caller's
--- index, removes it from the previous instance's and the superseded peer from its instance's;
--- on a refusal it removes ARGV[5] from the caller's index unless the record is the caller's.
--- One atomic call: no crash or lost reply can split the record from its index entry. On Redis
--- Cluster (the indexes live in the {ctl} slot) KEYS[7] is not passed: the caller added ARGV[5]
--- to its index before this call (its own round trip, index before record) and does the rest
--- after it, from this reply.
+-- Index. Only the owner of a room writes records into it, and a room goes into its owner's
+-- room index (P:{ctl}:instance:<I>:rooms) before its pin: every record naming an instance is
+-- in a room of that instance's room index (key schema version 2; docs/DESIGN.md "Schema
+-- version"), so this one call in one slot is the whole join, on every topology, and no crash
+-- or lost reply can leave a record that no index reaches.
 --
 -- Protects: invariant 4 / pitfall "upsert without removing old index entries leaves stale
 -- mappings forever".
-local me, peer, guest, member = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
-local index = KEYS[7]
--- Another instance's peer index: KEYS[7] with the caller's id replaced.
-local function index_of(inst)
-  return string.sub(index, 1, #index - #me - 6) .. inst .. ':peers'
-end
+local me, peer, guest = ARGV[1], ARGV[2], ARGV[3]
 local rec = redis.call('HMGET', KEYS[1], 'instance', 'guest')
-local old_inst, old_guest = rec[1] or '', rec[2]
+local old_guest = rec[2]
 local owner = redis.call('GET', KEYS[5])
 if owner ~= me then
   local meta_owner = redis.call('HGET', KEYS[6], 'owner')
   if owner or meta_owner ~= me then
-    if index and old_inst ~= me then
-      redis.call('SREM', index, member)
-    end
-    return {'not_owner', owner or meta_owner or '', old_inst}
+    return {'not_owner', owner or meta_owner or ''}
   end
-end
--- The index entry first: a script is not rolled back when a later command fails (a key of
--- the wrong type), and an entry without a record is harmless where a record without one is not.
-if index then
-  redis.call('SADD', index, member)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -69,12 +49,12 @@ if old_guest and old_guest ~= '' and old_guest ~= guest
   redis.call('HDEL', KEYS[3], old_guest)
   redis.call('HDEL', KEYS[4], old_guest)
 end
-local sup, sup_inst = '', ''
+local sup = ''
 if guest ~= '' then
   local cur = redis.call('HGET', KEYS[3], guest)
   if cur and cur ~= peer then
     local sup_rec = string.sub(KEYS[2], 1, -6) .. 'peer:' .. cur
-    sup, sup_inst = cur, redis.call('HGET', sup_rec, 'instance') or ''
+    sup = cur
     redis.call('DEL', sup_rec)
     redis.call('SREM', KEYS[2], cur)
   end
@@ -102,14 +82,6 @@ if rec[1] or rec[2] then
   redis.call('DEL', KEYS[1])
 end
 redis.call('HSET', KEYS[1], 'instance', me, 'guest', guest, 'generation', gen, 'updated_ms', now,
-  'updated_us', t[1] .. string.format('%06d', tonumber(t[2])), unpack(ARGV, 6))
+  'updated_us', t[1] .. string.format('%06d', tonumber(t[2])), unpack(ARGV, 5))
 redis.call('SADD', KEYS[2], peer)
-if index then
-  if old_inst ~= '' and old_inst ~= me then
-    redis.call('SREM', index_of(old_inst), member)
-  end
-  if sup ~= '' and sup_inst ~= '' then
-    redis.call('SREM', index_of(sup_inst), string.sub(member, 1, #member - #peer) .. sup)
-  end
-end
-return {gen, old_inst, sup, sup_inst}
+return {gen, sup}

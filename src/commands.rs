@@ -235,11 +235,11 @@ mod tests {
             .iter()
             .find(|p| p.what == "EVALSHA heartbeat.lua")
             .expect("heartbeat probe");
-        assert_eq!(hb.argv[2], "11");
+        assert_eq!(hb.argv[2], "9");
         assert_eq!(hb.argv[3], "sfu:prod:main:{ctl}:heartbeats");
         assert_eq!(hb.argv[4], "sfu:prod:main:{ctl}:hb:doctor-probe");
         assert_eq!(hb.argv[7], "sfu:prod:main:{ctl}:instance:doctor-probe:info");
-        assert_eq!(hb.argv[13], "sfu:prod:main:{ctl}:schema");
+        assert_eq!(hb.argv[11], "sfu:prod:main:{ctl}:schema");
         let up = probes
             .iter()
             .find(|p| p.what == "EVAL upsert_peer.lua")

@@ -271,9 +271,9 @@ impl fmt::Display for Error {
                         f,
                         "run a release that speaks version {v} (this one cannot move a prefix back)"
                     )?,
-                    Some(_) => write!(
+                    Some(v) => write!(
                         f,
-                        "move the prefix to version {speaks} with `sfu-redis migrate --apply`"
+                        "stop every node on the prefix (moving from version {v} needs the whole fleet stopped: no node of the older release may run during or after the move), then run `sfu-redis migrate --apply` and start the fleet on this release"
                     )?,
                     None => write!(
                         f,

@@ -96,7 +96,11 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
             BeatMode::Register => 0,
             BeatMode::Tick => sh.started_ms.load(Ordering::Relaxed),
         })
-        .arg(SCHEMA_VERSION);
+        .arg(SCHEMA_VERSION)
+        .arg(match mode {
+            BeatMode::Register => String::new(),
+            BeatMode::Tick => sh.local.peer_count().to_string(),
+        });
     for (name, value) in &sh.info {
         inv.arg(*name).arg(value);
     }
@@ -386,42 +390,38 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     Ok(())
 }
 
-/// Lock stripes whose holdings one tick puts back into this instance's indexes: every stripe
+/// Lock stripes whose holdings one tick puts back into this instance's room index: every stripe
 /// once per `ROOM_LOCKS / REASSERT_STRIPES` (8) ticks.
 const REASSERT_STRIPES: usize = 8;
 
-/// Puts the rooms and peers this node holds in lock stripes `stripes` back into its two indexes
-/// (`SADD`: a member already there is left as it is). What it repairs: an entry of this node
-/// removed by a clean-up that raced with a new write of the same room or peer (another node's
-/// reaper unindexing records of this instance it deleted in a room this instance pinned again,
-/// or this node's clean-up of its own earlier life), which would otherwise leave a room or
-/// record no index reaches: an orphan once this instance dies (invariant 4, issue 11). Nothing
-/// is added before its record: a held room's pin and a held peer's record exist (or the next
-/// tick reports them lost). No lock is held across the round trip (a hung connection must not
-/// hold host calls up): a room or peer the host closed or removed meanwhile (its `SREM` may
-/// have gone before this `SADD`) is handed to the next tick's settlements, which remove its
-/// entry under the room lock once its record is known gone.
+/// Puts the rooms this node holds in lock stripes `stripes` back into its room index (`SADD`: a
+/// member already there is left as it is). What it repairs: an entry of this node removed by a
+/// clean-up that raced with a new write of the same room (this node's clean-up of its own
+/// earlier life, an operator's repair), which would otherwise leave a room, and the records in
+/// it, that no index reaches: an orphan once this instance dies (invariant 4, issue 11).
+/// Nothing is added before its record: a held room's pin exists (or the next tick reports it
+/// lost). No lock is held across the round trip (a hung connection must not hold host calls
+/// up): a room the host closed meanwhile (its `SREM` may have gone before this `SADD`) is
+/// handed to the next tick's settlements, which remove its entry under the room lock once the
+/// room is known not to be ours.
 ///
-/// With `walk`, it also reads the next page of each of this instance's own indexes (`SSCAN`,
-/// [`WALK_PAGE`] members) and hands every member this node does not hold to the settlements
-/// of the next tick: a room to `settle_uncertain` (its pin released if it is still ours, its
-/// entry removed if not), a peer to `unindex_gone_records` (its entry removed if its record is
-/// gone or names another instance). This finds, from durable state, the entries a clean-up
-/// known only from a lost reply would have removed, also those another instance owed this one
-/// (a guest's superseded peer, a moved record): every entry is looked at once per walk of the
-/// index. Members the node holds cost nothing more.
+/// With `walk`, it also reads the next page of this instance's room index (`SSCAN`,
+/// [`WALK_PAGE`] members) and hands every room this node does not hold to `settle_uncertain`
+/// (its pin released if it is still ours; else this instance's records in it deleted, then its
+/// entry removed). This finds, from durable state, the entries a clean-up known only from a
+/// lost reply would have removed, and the records this instance left in a room it lost: every
+/// entry is looked at once per walk of the index. Rooms the node holds cost nothing more.
 ///
-/// Bad data (a member that is not UTF-8 or not `<room>/<peer>`, an index key of the wrong
-/// type) is logged and skipped: it never fails the tick (fsck reports it).
+/// Bad data (a member that is not UTF-8, an index key of the wrong type) is logged and
+/// skipped: it never fails the tick (fsck reports it).
 ///
 /// The tick sends these commands ahead of its pin refresh, in the same round trip
 /// ([`Reassert::send_with_refresh`]); a registration sends them alone ([`reassert_held`]).
 struct Reassert<'a> {
     sh: &'a Shared,
     pipe: redis::Pipeline,
-    /// What was re-asserted: rooms, and `(room, peer)` (callers' ids).
+    /// The rooms re-asserted (callers' ids).
     rooms: Vec<String>,
-    peers: Vec<(String, String)>,
     sadds: usize,
     walk: bool,
 }
@@ -431,49 +431,34 @@ const REASSERT_OP: &str = "re-assert held index entries";
 impl<'a> Reassert<'a> {
     /// Builds the commands from what the node holds now.
     fn new(sh: &'a Shared, stripes: std::ops::Range<usize>, walk: bool) -> Reassert<'a> {
-        let held = sh.local.held_in_stripes(&stripes);
+        let held = sh.local.held_rooms_in_stripes(&stripes);
         let mut wire_rooms = Vec::with_capacity(held.len());
-        let mut members = Vec::new();
         let mut rooms = Vec::with_capacity(held.len());
-        let mut peers = Vec::new();
-        for (room, held_peers) in held {
+        for room in held {
             let Ok(r) = encode_id(IdKind::Room, &room) else {
                 continue;
             };
-            for p in held_peers {
-                if let Ok(w) = encode_id(IdKind::Peer, &p) {
-                    members.push(crate::keys::peer_member(&r, &w));
-                    peers.push((room.clone(), p));
-                }
-            }
             wire_rooms.push(r);
             rooms.push(room);
         }
         let mut pipe = redis::pipe();
         let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
-        let peer_index = sh.ctx.keys.instance_peers(&sh.ctx.me);
         for chunk in wire_rooms.chunks(conn::MEMBERS_PER_COMMAND) {
             pipe.sadd(&room_index, chunk);
         }
-        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-            pipe.sadd(&peer_index, chunk);
-        }
         let sadds = pipe.len();
         if walk {
-            let (room_cursor, peer_cursor) = *sh.local.index_walk.lock();
-            for (index, cursor) in [(&room_index, room_cursor), (&peer_index, peer_cursor)] {
-                pipe.cmd("SSCAN")
-                    .arg(index)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(WALK_PAGE);
-            }
+            let cursor = *sh.local.index_walk.lock();
+            pipe.cmd("SSCAN")
+                .arg(&room_index)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WALK_PAGE);
         }
         Reassert {
             sh,
             pipe,
             rooms,
-            peers,
             sadds,
             walk,
         }
@@ -542,16 +527,11 @@ impl<'a> Reassert<'a> {
     /// Handles the replies of the commands (never fails: see [`Reassert`]).
     fn handle(self, replies: Vec<redis::RedisResult<redis::Value>>) {
         let sh = self.sh;
-        // Closed or removed while the round trip was under way: the SADD may have landed
-        // after their SREM; the settlements look again under the room lock.
+        // Closed while the round trip was under way: the SADD may have landed after its
+        // SREM; the settlements look again under the room lock.
         for room in &self.rooms {
             if !sh.local.has_room(room) {
                 sh.local.mark_uncertain(room);
-            }
-        }
-        for (room, peer) in &self.peers {
-            if sh.local.peer_generation(room, peer).is_none() {
-                sh.local.mark_unindex(room, [peer.clone()]);
             }
         }
         let mut replies = replies.into_iter();
@@ -564,28 +544,16 @@ impl<'a> Reassert<'a> {
         }
         if added > 0 {
             log::warn!(
-                "put {added} missing entries back into this instance's indexes (rooms and peers it holds; a clean-up had removed them)"
+                "put {added} missing entries back into this instance's room index (rooms it holds; a clean-up had removed them)"
             );
         }
         if self.walk {
-            let rooms = walk_page(&mut replies, "room index");
-            let peers = walk_page(&mut replies, "peer index");
-            *sh.local.index_walk.lock() = (rooms.0, peers.0);
-            for w in rooms.1 {
+            let (next, rooms) = walk_page(&mut replies, "room index");
+            *sh.local.index_walk.lock() = next;
+            for w in rooms {
                 if let Ok(room) = decode_id(&w) {
                     if !sh.local.has_room(&room) {
                         sh.local.mark_uncertain(&room);
-                    }
-                }
-            }
-            for m in peers.1 {
-                let Some((r, p)) = crate::keys::split_peer_member(&m) else {
-                    log::warn!("this instance's peer index holds {m:?}, not <room>/<peer>; skipped (see fsck)");
-                    continue;
-                };
-                if let (Ok(room), Ok(peer)) = (decode_id(r), decode_id(p)) {
-                    if sh.local.peer_generation(&room, &peer).is_none() {
-                        sh.local.mark_unindex(&room, [peer]);
                     }
                 }
             }
@@ -640,11 +608,13 @@ fn reassert_held(sh: &Shared, link: &mut Link) -> Result<()> {
     Ok(())
 }
 
-/// Members of each own index one tick looks at (see `reassert_held`).
+/// Members of the room index one tick looks at (see `reassert_held`).
 const WALK_PAGE: usize = 256;
 
-/// Forgets rooms another instance owns now (or that are gone), reports them, and removes them
-/// from this instance's room index (after the pin moved: index after record).
+/// Forgets rooms another instance owns now (or that are gone), reports them, deletes this
+/// instance's records left in them ([`rooms::sweep_own`]) and removes them from this
+/// instance's room index (record first, index second: the index reaches those records until
+/// they are gone).
 fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>) -> Result<()> {
     for (room, new_owner) in lost {
         let _guard = sh.local.lock_room(&room);
@@ -652,21 +622,16 @@ fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>)
         if !sh.local.has_room(&room) {
             continue;
         }
-        // Its peers' entries stay while their records name this instance (they agree); one
-        // whose record the new owner deleted (a guest reconnecting there) goes on the next
-        // tick (`unindex_gone_records`), also if a re-assertion had put it back.
-        sh.local.mark_unindex(&room, sh.local.peers_in(&room));
         sh.local.remove_room(&room);
+        sh.events.emit(Event::RoomLost {
+            room: room.clone(),
+            new_owner,
+        });
         if let Ok(w) = encode_id(IdKind::Room, &room) {
-            link.run(&sh.redis, |c| {
-                redis::cmd("SREM")
-                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
-                    .arg(&w)
-                    .query::<()>(c)
-                    .map_err(|e| Error::redis("unindex a lost room", e))
-            })?;
+            // Should this fail, the walk of the room index finds the room again (not held) and
+            // settles it the same way.
+            unindex_unheld(sh, link, &room, &w)?;
         }
-        sh.events.emit(Event::RoomLost { room, new_owner });
     }
     Ok(())
 }
@@ -674,8 +639,7 @@ fn lose_rooms(sh: &Shared, link: &mut Link, lost: Vec<(String, Option<String>)>)
 /// Rooms whose `pin_room` or `close_room` ended without a known outcome (a timeout after the
 /// request was sent): a pin that did land is released (owner CAS) and the index entry removed;
 /// rooms the host pinned again meanwhile are left alone. Peers whose `remove_peer` ended so
-/// get the remove sent again (a no-op if it had run). Then uncertain upserts are settled and
-/// the index entries such calls may have left are removed (see `unindex_gone_records`).
+/// get the remove sent again (a no-op if it had run). Then uncertain upserts are settled.
 fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
     for room in sh.local.uncertain() {
         let _guard = sh.local.lock_room(&room);
@@ -689,13 +653,7 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         };
         match link.run(&sh.redis, |c| rooms::close(&sh.ctx, c, &w, &room)) {
             Ok(()) => log::info!("room {room:?}: released a pin whose pin_room had timed out"),
-            Err(Error::NotOwner { .. }) => link.run(&sh.redis, |c| {
-                redis::cmd("SREM")
-                    .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
-                    .arg(&w)
-                    .query::<()>(c)
-                    .map_err(|e| Error::redis("unindex an uncertain room", e))
-            })?,
+            Err(Error::NotOwner { .. }) => unindex_unheld(sh, link, &room, &w)?,
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("room {room:?}: {e}"),
             Err(e) => return Err(e),
         }
@@ -724,15 +682,45 @@ fn settle_uncertain(sh: &Shared, link: &mut Link) -> Result<()> {
         }
     }
     settle_uncertain_upserts(sh, link)?;
-    settle_suspects(sh, link)?;
-    unindex_gone_records(sh, link)
+    settle_suspects(sh, link)
+}
+
+/// Removes `room` (id, wire form), which this node does not hold and whose pin is not ours,
+/// from this instance's room index, after deleting this instance's records left in it
+/// ([`rooms::sweep_own`]: record first, index second; invariants 2 and 4). A room found ours
+/// again keeps its entry. The caller holds the room's lock.
+fn unindex_unheld(sh: &Shared, link: &mut Link, room: &str, wire: &str) -> Result<()> {
+    let swept = match link.run(&sh.redis, |c| rooms::sweep_own(&sh.ctx, c, wire)) {
+        Ok(swept) => swept,
+        Err(e) if e.kind() == crate::ErrorKind::BadData => {
+            // Left for the audit; the entry stays, so the records stay reachable.
+            log::warn!("room {room:?}: {e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(n) = swept else {
+        return Ok(());
+    };
+    if n > 0 {
+        log::info!(
+            "room {room:?}: deleted {n} records of this instance in a room it no longer holds"
+        );
+    }
+    link.run(&sh.redis, |c| {
+        redis::cmd("SREM")
+            .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
+            .arg(wire)
+            .query::<()>(c)
+            .map_err(|e| Error::redis("unindex a room not held", e))
+    })
 }
 
 /// Held peers an upsert with a lost reply may have superseded (same guest, see `Local`'s
 /// `suspects`): under the room's lock, a peer the node still holds whose record no longer names
 /// this instance (deleted by that upsert, which did land) is forgotten and its index entry
-/// goes with the unindex step below (its record is gone first). Otherwise the node would keep
-/// a peer whose record is gone, and keep putting its entry back (invariant 4).
+/// Otherwise the node would keep a peer whose record is gone, and write it back after a data
+/// loss (invariant 4).
 fn settle_suspects(sh: &Shared, link: &mut Link) -> Result<()> {
     let mut suspects = sh.local.take_suspects().into_iter();
     while let Some((room, peer)) = suspects.next() {
@@ -755,7 +743,6 @@ fn settle_suspects(sh: &Shared, link: &mut Link) -> Result<()> {
             Ok(_) => {
                 log::info!("peer {peer:?} of room {room:?}: superseded by an upsert whose reply was lost; forgotten");
                 sh.local.remove_peer(&room, &peer);
-                sh.local.mark_unindex(&room, [peer]);
             }
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
             Err(e) => {
@@ -778,13 +765,11 @@ fn wire_room_peer(room: &str, peer: &str) -> Option<(String, String)> {
     ))
 }
 
-/// Upserts whose outcome is unknown (a timeout after the request was sent): the index entry,
-/// and maybe the record, may have been written although the host was told the call failed.
-/// Rule (the simplest safe one; the lost reply's generation is unknown): if the node does not
-/// hold the peer, a record naming this instance is deleted by its generation, then the index
-/// entry goes with the unindex step below (record first, index second). A peer the node holds
-/// (the host upserted it again, or held it before this attempt) keeps its record and entry:
-/// they agree. Protects invariant 4 and "nothing the host was told failed is written back".
+/// Upserts whose outcome is unknown (a timeout after the request was sent): the record may
+/// have been written although the host was told the call failed. Rule (the simplest safe one;
+/// the lost reply's generation is unknown): if the node does not hold the peer, a record
+/// naming this instance is deleted by its generation. A peer the node holds (the host upserted
+/// it again, or held it before this attempt) keeps its record. Protects invariant 4 and "nothing the host was told failed is written back".
 fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
     let mut upserts = sh.local.take_uncertain_upserts().into_iter();
     while let Some((room, peer)) = upserts.next() {
@@ -803,7 +788,6 @@ fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
                 if removed {
                     log::info!("peer {peer:?} of room {room:?}: removed the record of an upsert that had timed out");
                 }
-                sh.local.mark_unindex(&room, [peer]);
             }
             Err(e) if e.kind() == crate::ErrorKind::BadData => log::warn!("peer {peer:?}: {e}"),
             Err(e) => {
@@ -815,57 +799,6 @@ fn settle_uncertain_upserts(sh: &Shared, link: &mut Link) -> Result<()> {
                 return Err(e);
             }
         }
-    }
-    Ok(())
-}
-
-/// Index members that may outlive their records after a lost reply (a close's peers, a
-/// remove's peer, an uncertain upsert's peer): under each room's lock, every member whose peer
-/// the node does not hold again and whose record is gone or names another instance leaves this
-/// instance's peer index. Runs after the closes, removes and upserts above were settled, so
-/// the records are deleted (or known gone) before their entries go. A member whose record
-/// still names this instance stays (it agrees with the record); it stays pending only while a
-/// settlement of its room or peer is still to run (one marked meanwhile, or one that failed),
-/// which may yet delete the record with its reply lost again. Protects invariant 4.
-fn unindex_gone_records(sh: &Shared, link: &mut Link) -> Result<()> {
-    for (room, peers) in sh.local.unindex_pending() {
-        let _guard = sh.local.lock_room(&room);
-        let Ok(r) = encode_id(IdKind::Room, &room) else {
-            sh.local.unindexed(&room, &peers);
-            continue;
-        };
-        let unheld: Vec<(&String, String)> = peers
-            .iter()
-            .filter(|p| sh.local.peer_generation(&room, p).is_none())
-            .filter_map(|p| encode_id(IdKind::Peer, p).ok().map(|w| (p, w)))
-            .collect();
-        let wires: Vec<String> = unheld.iter().map(|(_, w)| w.clone()).collect();
-        let kept = match link.run(&sh.redis, |c| peers::unindex_gone(&sh.ctx, c, &r, &wires)) {
-            Ok(kept) => kept,
-            Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                log::warn!("room {room:?}: {e}");
-                Vec::new()
-            }
-            Err(e) => return Err(e),
-        };
-        let removed = kept.iter().filter(|k| !**k).count();
-        if removed > 0 {
-            log::info!(
-                "room {room:?}: removed {removed} index entries whose records are gone (deleted by a call whose reply was lost, or lost with their master's data)"
-            );
-        }
-        let still_ours: std::collections::HashSet<&String> = unheld
-            .iter()
-            .zip(&kept)
-            .filter(|(_, k)| **k)
-            .map(|((p, _), _)| *p)
-            .collect();
-        let done: Vec<String> = peers
-            .iter()
-            .filter(|p| !(still_ours.contains(p) && sh.local.settling(&room, p)))
-            .cloned()
-            .collect();
-        sh.local.unindexed(&room, &done);
     }
     Ok(())
 }
@@ -977,7 +910,7 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     }
     // Host calls may have pinned or upserted meanwhile (after a zombie's rooms were
     // forgotten), and the clean-up removes index entries in a later round trip than the
-    // deletes: what this node holds now goes back into its indexes.
+    // deletes: what this node holds now goes back into its room index.
     reassert_held(sh, link)?;
     sh.counters.heartbeat_ok();
     Ok(())

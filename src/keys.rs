@@ -14,9 +14,11 @@
 //! | `P:{ctl}:schema` | STRING | the key schema version the prefix is laid out in ([`SCHEMA_VERSION`]) |
 //! | `P:shard:{<tag>}:dataset` | STRING | a Redis Cluster master's dataset token (`<tag>` hashes to a slot it serves): tells a master that lost its data |
 //! | `P:{ctl}:instance:<I>:rooms` | SET | rooms pinned by I |
-//! | `P:{ctl}:instance:<I>:peers` | SET | `<room>/<peer>` hosted by I |
+//! | `P:{ctl}:instance:<I>:reaping-rooms` | SET | I's room index while I is being reaped (moved aside) |
+//! | `P:{ctl}:instance:<I>:reaping` | STRING | token (server µs) of the reap that owns the moved index |
+//! | `P:{ctl}:instance:<I>:info` | HASH | I's self-description |
 //! | `P:room:{<R>}:owner` | STRING, PX pin_ttl | owning instance |
-//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `pinned_us`, `peer_seq`, `solo` |
+//! | `P:room:{<R>}:meta` | HASH | `owner`, `pinned_ms`, `pinned_us`, `peer_seq` |
 //! | `P:room:{<R>}:peers` | SET | peer ids in the room |
 //! | `P:room:{<R>}:guests` | HASH | guest id -> current peer id |
 //! | `P:room:{<R>}:guest-state` | HASH | guest id -> state (written by the host) |
@@ -42,7 +44,11 @@ pub const MAX_ID_BYTES: usize = 256;
 /// refuses to register on a prefix stamped with another version ([`crate::Error::Schema`]),
 /// and `sfu-redis migrate` moves a prefix from one version to the next. Prefixes written
 /// before versions existed carry no stamp: their layout is version 1.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// Version 2 (this table) dropped version 1's per-instance peer indexes
+/// (`P:{ctl}:instance:<I>:peers`, `...:reaping-peers`): an instance's room index reaches every
+/// peer record naming it (docs/DESIGN.md "Schema version").
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Bytes that are escaped: everything but `[A-Za-z0-9._-]`.
 const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -284,8 +290,10 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:rooms", self.prefix)
     }
 
-    /// `P:{ctl}:instance:<I>:peers` (`instance` in wire form).
-    pub fn instance_peers(&self, instance: &str) -> String {
+    /// `P:{ctl}:instance:<I>:peers`: key schema version 1's peer index of I (`<room>/<peer>`
+    /// members). Version 2 does not write it; `sfu-redis migrate` folds it into I's room index
+    /// and deletes it, and `fsck` reports one left over.
+    pub fn v1_instance_peers(&self, instance: &str) -> String {
         format!("{}:{{ctl}}:instance:{instance}:peers", self.prefix)
     }
 
@@ -299,29 +307,27 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:reaping-rooms", self.prefix)
     }
 
-    /// `P:{ctl}:instance:<I>:reaping-peers`: the peer index moved aside, as
-    /// [`KeySpace::instance_reaping_rooms`].
-    pub fn instance_reaping_peers(&self, instance: &str) -> String {
+    /// `P:{ctl}:instance:<I>:reaping-peers`: key schema version 1's peer index moved aside by
+    /// a reap, as [`KeySpace::v1_instance_peers`].
+    pub fn v1_instance_reaping_peers(&self, instance: &str) -> String {
         format!("{}:{{ctl}}:instance:{instance}:reaping-peers", self.prefix)
     }
 
     /// `P:{ctl}:instance:<I>:reaping` (STRING): the start (server microseconds, t0) of the
-    /// reap that owns the moved indexes; only that reap deletes them when it ends
+    /// reap that owns the moved index; only that reap deletes it when it ends
     /// (`reap_finish.lua`).
     pub fn instance_reaping(&self, instance: &str) -> String {
         format!("{}:{{ctl}}:instance:{instance}:reaping", self.prefix)
     }
 
-    /// The keys of `instance`'s indexes as the reap scripts and `heartbeat.lua` declare them,
-    /// in this order: the live room and peer indexes, the moved ones
-    /// ([`KeySpace::instance_reaping_rooms`], [`KeySpace::instance_reaping_peers`]) and the
-    /// reap's token ([`KeySpace::instance_reaping`]).
-    pub fn instance_index_keys(&self, instance: &str) -> [String; 5] {
+    /// The keys of `instance`'s index as the reap scripts and `heartbeat.lua` declare them,
+    /// in this order: the live room index, the moved one
+    /// ([`KeySpace::instance_reaping_rooms`]) and the reap's token
+    /// ([`KeySpace::instance_reaping`]).
+    pub fn instance_index_keys(&self, instance: &str) -> [String; 3] {
         [
             self.instance_rooms(instance),
-            self.instance_peers(instance),
             self.instance_reaping_rooms(instance),
-            self.instance_reaping_peers(instance),
             self.instance_reaping(instance),
         ]
     }
@@ -383,7 +389,7 @@ impl KeySpace {
                         .strip_prefix("instance:")
                         .and_then(|s| s.strip_suffix(":peers"))
                     {
-                        ParsedKey::InstancePeers(i.to_owned())
+                        ParsedKey::V1InstancePeers(i.to_owned())
                     } else if let Some(i) = ctl
                         .strip_prefix("instance:")
                         .and_then(|s| s.strip_suffix(":info"))
@@ -398,7 +404,7 @@ impl KeySpace {
                         .strip_prefix("instance:")
                         .and_then(|s| s.strip_suffix(":reaping-peers"))
                     {
-                        ParsedKey::InstanceReapingPeers(i.to_owned())
+                        ParsedKey::V1InstanceReapingPeers(i.to_owned())
                     } else if let Some(i) = ctl
                         .strip_prefix("instance:")
                         .and_then(|s| s.strip_suffix(":reaping"))
@@ -445,10 +451,12 @@ pub enum ParsedKey {
     /// A cluster master's dataset token ([`KeySpace::shard_dataset`]): its hash tag.
     ShardDataset(String),
     InstanceRooms(String),
-    InstancePeers(String),
+    /// Key schema version 1's peer index ([`KeySpace::v1_instance_peers`]).
+    V1InstancePeers(String),
     InstanceInfo(String),
     InstanceReapingRooms(String),
-    InstanceReapingPeers(String),
+    /// Key schema version 1's moved peer index ([`KeySpace::v1_instance_reaping_peers`]).
+    V1InstanceReapingPeers(String),
     InstanceReaping(String),
     RoomOwner(String),
     RoomMeta(String),
@@ -477,17 +485,17 @@ impl ParsedKey {
         match self {
             ParsedKey::Heartbeat(i)
             | ParsedKey::InstanceRooms(i)
-            | ParsedKey::InstancePeers(i)
+            | ParsedKey::V1InstancePeers(i)
             | ParsedKey::InstanceInfo(i)
             | ParsedKey::InstanceReapingRooms(i)
-            | ParsedKey::InstanceReapingPeers(i)
+            | ParsedKey::V1InstanceReapingPeers(i)
             | ParsedKey::InstanceReaping(i) => Some(i),
             _ => None,
         }
     }
 }
 
-/// The member `<room>/<peer>` of an instance's peer index (both in wire form).
+/// The member `<room>/<peer>` of a key schema version 1 peer index (both in wire form).
 pub fn peer_member(room: &str, peer: &str) -> String {
     format!("{room}/{peer}")
 }
@@ -596,8 +604,8 @@ mod tests {
             Some(ParsedKey::Peer("r".into(), "p".into()))
         );
         assert_eq!(
-            ks.parse(&ks.instance_peers("i")),
-            Some(ParsedKey::InstancePeers("i".into()))
+            ks.parse(&ks.v1_instance_peers("i")),
+            Some(ParsedKey::V1InstancePeers("i".into()))
         );
         assert_eq!(ks.parse("sfu:dev:mainx:{ctl}:leader"), None);
         assert_eq!(ks.parse(&ks.leader()), Some(ParsedKey::Leader));

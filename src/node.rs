@@ -368,19 +368,14 @@ impl Node {
         let _guard = self.local.lock_room(&room.raw);
         // Forget it first so a concurrent heartbeat cannot report it lost.
         let held = self.local.has_room(&room.raw);
-        let peers = self.local.peers_in(&room.raw);
         self.local.remove_room(&room.raw);
         let out = self.backend.close_room(&room);
         match &out {
             // Unknown outcome: the host was told it failed, but the close may have run. The
-            // heartbeat finishes it (owner CAS), so the room does not linger half-known, and
-            // removes the index entries of the peers this node knew in it once their records
-            // are gone: a batch whose reply was lost deleted records whose entries only that
-            // reply named (invariant 4).
+            // heartbeat finishes it (owner CAS), so the room does not linger half-known.
             Err(e) if !e.outcome_known() => {
                 self.local.mark_uncertain(&room.raw);
                 self.local.reassert_everything();
-                self.local.mark_unindex(&room.raw, peers);
             }
             Err(e) if held && e.kind() != crate::ErrorKind::NotOwner => {
                 self.local.add_room(&room.raw)
@@ -447,9 +442,8 @@ impl Node {
             Ok(u) => u,
             Err(e) => {
                 if !e.outcome_known() || matches!(e, Error::Redis { .. }) {
-                    // The index entry, and maybe the record, may have been written although
-                    // the host is told the call failed (or its clean-up after a refusal
-                    // failed): the heartbeat settles it.
+                    // The record may have been written although the host is told the call
+                    // failed: the heartbeat settles it.
                     self.local.mark_uncertain_upsert(&room.raw, &peer.raw);
                     // If it landed, it superseded the guest's previous peer here.
                     if let Some(g) = &guest {
@@ -501,12 +495,6 @@ impl Node {
                     self.local
                         .mark_uncertain_peer(&room.raw, &peer.raw, generation);
                     self.local.reassert_everything();
-                }
-                if !e.outcome_known() {
-                    // Its index entry goes once the record is known gone, whatever the re-sent
-                    // remove replies (a no-op if the first one ran); the heartbeat checks the
-                    // record, and leaves the entry of a peer the node holds.
-                    self.local.mark_unindex(&room.raw, [peer.raw.clone()]);
                 }
                 return Err(e);
             }
@@ -878,6 +866,22 @@ impl Node {
             }
         } else {
             peers_left = self.local.peer_count();
+        }
+        if first_error.is_none() && !cut {
+            // Rooms it lost keep its records until it deletes them (key schema version 2).
+            match store.settle_unheld() {
+                Ok(0) => {}
+                Ok(n) => {
+                    rooms_left += n;
+                    first_error = Some(Error::bad_data(
+                        "leave",
+                        format!("{n} rooms of this instance's room index could not be settled (bad data, or held again)"),
+                    ));
+                }
+                Err(e) => {
+                    first_error = Some(e);
+                }
+            }
         }
         match first_error {
             // Deregistered only when nothing it owned is left (invariant 2).

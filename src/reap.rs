@@ -4,9 +4,8 @@
 //! [`reap_instance`] follows the leader's order (`crate::reaper`'s module docs) with one
 //! different first step: `reap_force_begin.lua` instead of `reap_begin.lua`. It checks, on
 //! Redis server time and atomically, that the instance may be reaped, and marks it as being
-//! reaped (score 0). Then the rooms and peers go with the leader's owner-CAS scripts
-//! (`reap_room.lua`, `reap_peer.lua`) in the leader's batches, and
-//! `reap_finish.lua` ends it.
+//! reaped (score 0). Then the rooms and peer records go with the leader's owner-CAS script
+//! (`reap_room.lua`) in the leader's batches, and `reap_finish.lua` ends it.
 //!
 //! # When an instance is refused ([`Refusal`])
 //!
@@ -37,7 +36,7 @@ use std::fmt;
 use crate::config::Config;
 use crate::conn::{self, Conn, Redis};
 use crate::error::{Error, Result};
-use crate::keys::{decode_id, encode_id, split_peer_member, IdKind, KeySpace};
+use crate::keys::{decode_id, encode_id, IdKind, KeySpace};
 use crate::reaper::{self, Finish, Pace, Reap, ReapCounts};
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
@@ -76,9 +75,9 @@ impl fmt::Debug for ReapOptions<'_> {
 pub struct ReapProgress {
     /// What this reap did so far.
     pub counts: ReapCounts,
-    /// Members of the instance's room index when the reap began (`SCARD`).
+    /// Rooms of the instance's room index when the reap began.
     pub rooms_listed: u64,
-    /// Members of the instance's peer index when the reap began (`SCARD`).
+    /// Peer records naming the instance in those rooms when the reap began.
     pub peers_listed: u64,
 }
 
@@ -143,9 +142,11 @@ pub struct ReapReport {
     /// What this call deleted (zero in a dry run). A leader reaping at the same moment deletes
     /// the rest: the two add up.
     pub counts: ReapCounts,
-    /// Members of its room index (`SCARD`) when checked: what a dry run says would go.
+    /// Rooms of its room index (live and moved aside by a reap under way) when checked: what
+    /// a dry run says would be visited (a room another instance owns now keeps everything but
+    /// the instance's own records).
     pub rooms_listed: u64,
-    /// Members of its peer index (`SCARD`) when checked.
+    /// Peer records naming it in those rooms when checked (read record by record).
     pub peers_listed: u64,
     /// A dry run: up to [`SAMPLE`] of the rooms that would go (callers' ids).
     pub room_ids: Vec<String>,
@@ -228,9 +229,9 @@ pub fn reap_instance(
     let Some((t0, token)) = begin(&ctx, &mut con, &dead, stale, options, &mut report)? else {
         return Ok(report);
     };
-    (report.rooms_listed, report.peers_listed) = index_sizes(&ctx.keys, &mut con, &dead)?;
+    let sample = if options.dry_run { SAMPLE } else { 0 };
+    listed(&ctx.keys, &mut con, &dead, sample, &mut report)?;
     if options.dry_run {
-        sample(&ctx.keys, &mut con, &dead, &mut report)?;
         return Ok(report);
     }
     let check = RefCell::new(redis.connect()?);
@@ -274,8 +275,7 @@ pub fn reap_instance(
         own: None,
     };
     let mut counts = ReapCounts::default();
-    let out = reaper::reap_rooms(&reap, &mut con, &mut counts)
-        .and_then(|()| reaper::reap_peers(&reap, &mut con, &mut counts));
+    let out = reaper::reap_rooms(&reap, &mut con, &mut counts);
     report.counts = counts;
     match out {
         Ok(()) => {}
@@ -347,7 +347,7 @@ fn own_threshold(con: &mut Conn, ks: &KeySpace, dead: &str) -> Result<Option<u64
 
 /// `reap_force_begin.lua` (module docs): `Some((t0, token))` (server microseconds; the token
 /// identifies this reap to `reap_finish.lua`) when `dead` may be reaped (and, unless a dry run,
-/// is now marked as being reaped, its indexes moved aside); else `None`, with the refusal in
+/// is now marked as being reaped, its room index moved aside); else `None`, with the refusal in
 /// `report`.
 fn begin(
     ctx: &Ctx,
@@ -407,43 +407,19 @@ fn each<T: redis::FromRedisValue>(con: &mut Conn, pipe: &mut redis::Pipeline) ->
         .collect()
 }
 
-/// True when any key of `dead`'s registration exists: index sets (live or moved aside by an
+/// True when any key of `dead`'s registration exists: room index (live or moved aside by an
 /// interrupted reap), info hash, heartbeat key.
 fn leftovers(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
     let mut pipe = redis::pipe();
     for key in [
         ks.instance_rooms(dead),
-        ks.instance_peers(dead),
         ks.instance_reaping_rooms(dead),
-        ks.instance_reaping_peers(dead),
         ks.instance_info(dead),
         ks.heartbeat(dead),
     ] {
         pipe.exists(key);
     }
     Ok(each::<bool>(con, &mut pipe)?.into_iter().any(|e| e))
-}
-
-/// The sizes of `dead`'s room and peer indexes (live and moved aside by the reap; a moved index
-/// of another type, bad data that a reap deletes, counts as empty).
-fn index_sizes(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<(u64, u64)> {
-    let mut pipe = redis::pipe();
-    pipe.scard(ks.instance_rooms(dead))
-        .scard(ks.instance_peers(dead))
-        .scard(ks.instance_reaping_rooms(dead))
-        .scard(ks.instance_reaping_peers(dead));
-    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(OP, e))?;
-    let mut sizes = replies.into_iter().enumerate().map(|(n, r)| match r {
-        Err(e) if n >= 2 && e.code() == Some("WRONGTYPE") => Ok(0),
-        r => conn::decode::<u64>(OP, r),
-    });
-    let mut next = || {
-        sizes
-            .next()
-            .unwrap_or_else(|| Err(Error::bad_data(OP, "fewer replies than commands")))
-    };
-    let (rooms, peers, rooms_aside, peers_aside) = (next()?, next()?, next()?, next()?);
-    Ok((rooms + rooms_aside, peers + peers_aside))
 }
 
 /// Before each batch: `dead` has no heartbeat key and its score is 0 or gone (a leader may
@@ -459,48 +435,84 @@ fn still_dead(ks: &KeySpace, con: &mut Conn, dead: &str) -> Result<bool> {
     Ok(!hb && score.map_or(true, |s| s == 0.0))
 }
 
-/// A dry run's lists: up to [`SAMPLE`] rooms and peers of `dead`'s indexes, callers' ids.
-fn sample(ks: &KeySpace, con: &mut Conn, dead: &str, report: &mut ReapReport) -> Result<()> {
-    // The live index first, then one a reap under way moved aside (skipped if it holds another
-    // type: bad data, which a reap deletes).
-    let page = |con: &mut Conn, indexes: [String; 2]| -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for (n, index) in indexes.into_iter().enumerate() {
-            let mut cursor = Cursor::new(Scan::set(index).count(SAMPLE));
-            while out.len() < SAMPLE {
-                let items = match cursor.next_page(con) {
-                    Ok(Some(items)) => items,
-                    Ok(None) => break,
-                    Err(e) if n == 1 && e.code() == Some("WRONGTYPE") => break,
-                    Err(e) => return Err(Error::redis(OP, e)),
-                };
-                let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
-                out.extend(
-                    raw.into_iter()
-                        .map(|m| String::from_utf8_lossy(&m).into_owned()),
-                );
+/// Walks `dead`'s room index (the live one, then one a reap under way moved aside, skipped if
+/// it holds another type: bad data, which a reap deletes) and the records of its rooms:
+/// counts the rooms and the records naming `dead` into `report`, and lists the first `sample`
+/// of each (callers' ids; peers as `<room>/<peer>`). One round trip per page of rooms and one
+/// per page's records.
+fn listed(
+    ks: &KeySpace,
+    con: &mut Conn,
+    dead: &str,
+    sample: usize,
+    report: &mut ReapReport,
+) -> Result<()> {
+    let readable = |w: &str| decode_id(w).unwrap_or_else(|_| w.to_owned());
+    let (mut rooms, mut peers) = (0u64, 0u64);
+    let mut seen = std::collections::HashSet::new();
+    for (n, index) in [ks.instance_rooms(dead), ks.instance_reaping_rooms(dead)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cursor = Cursor::new(Scan::set(index).count(256));
+        loop {
+            let items = match cursor.next_page(con) {
+                Ok(Some(items)) => items,
+                Ok(None) => break,
+                Err(e) if n == 1 && e.code() == Some("WRONGTYPE") => break,
+                Err(e) => return Err(Error::redis(OP, e)),
+            };
+            let raw: Vec<Vec<u8>> = scan::items_as(items).map_err(|e| Error::redis(OP, e))?;
+            let page: Vec<String> = raw
+                .into_iter()
+                .map(|m| String::from_utf8_lossy(&m).into_owned())
+                .filter(|r| seen.insert(r.clone()))
+                .collect();
+            rooms += page.len() as u64;
+            for r in &page {
+                if report.room_ids.len() < sample {
+                    report.room_ids.push(readable(r));
+                }
+            }
+            let mut pipe = redis::pipe();
+            for r in &page {
+                pipe.smembers(ks.room(r).peers);
+            }
+            // A room's peers set of another type is bad data: counted as empty here.
+            let members: Vec<Vec<String>> = conn::exec(con, &mut pipe)
+                .map_err(|e| Error::redis(OP, e))?
+                .into_iter()
+                .map(|r| conn::decode(OP, r).unwrap_or_default())
+                .collect();
+            let mut pipe = redis::pipe();
+            let mut asked = Vec::new();
+            for (r, ps) in page.iter().zip(&members) {
+                for p in ps {
+                    pipe.hget(ks.peer(r, p), "instance");
+                    asked.push((r, p));
+                }
+            }
+            if asked.is_empty() {
+                continue;
+            }
+            let named: Vec<Option<String>> = conn::exec(con, &mut pipe)
+                .map_err(|e| Error::redis(OP, e))?
+                .into_iter()
+                .map(|r| conn::decode(OP, r).unwrap_or(None))
+                .collect();
+            for ((r, p), inst) in asked.into_iter().zip(named) {
+                if inst.as_deref() == Some(dead) {
+                    peers += 1;
+                    if report.peer_ids.len() < sample {
+                        report
+                            .peer_ids
+                            .push(format!("{}/{}", readable(r), readable(p)));
+                    }
+                }
             }
         }
-        out.truncate(SAMPLE);
-        Ok(out)
-    };
-    let readable = |w: &str| decode_id(w).unwrap_or_else(|_| w.to_owned());
-    report.room_ids = page(
-        con,
-        [ks.instance_rooms(dead), ks.instance_reaping_rooms(dead)],
-    )?
-    .iter()
-    .map(|w| readable(w))
-    .collect();
-    report.peer_ids = page(
-        con,
-        [ks.instance_peers(dead), ks.instance_reaping_peers(dead)],
-    )?
-    .iter()
-    .map(|m| match split_peer_member(m) {
-        Some((r, p)) => format!("{}/{}", readable(r), readable(p)),
-        None => m.clone(),
-    })
-    .collect();
+    }
+    report.rooms_listed = rooms;
+    report.peers_listed = peers;
     Ok(())
 }

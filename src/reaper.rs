@@ -4,24 +4,20 @@
 //! Order for one dead instance D (each step idempotent, so a new leader can redo a reap that
 //! its predecessor left half done):
 //! 1. `reap_begin.lua`: D has no heartbeat key and a stale score -> score set to 0 ("being
-//!    reaped"), server time t0 returned; D's indexes are moved aside (`RENAME` to
-//!    `P:{ctl}:instance:<D>:reaping-rooms` / `-peers`), so what a new life or a zombie of D
-//!    indexes meanwhile goes to fresh live indexes that the reap never touches.
+//!    reaped"), server time t0 returned; D's room index is moved aside (`RENAME` to
+//!    `P:{ctl}:instance:<D>:reaping-rooms`), so what a new life or a zombie of D indexes
+//!    meanwhile goes to a fresh live index that the reap never touches.
 //! 2. Rooms: `SSCAN` the moved room index; `reap_room.lua` for the rooms of the batch, up to
 //!    [`ROOMS_PER_CALL`] rooms per call on one server (one room per call on a cluster), the
-//!    calls pipelined (owner CAS per room; a room pinned after t0 belongs to a new life of D
-//!    and is kept);
-//!    the deleted records' entries in peer indexes (other instances' live ones, D's moved
-//!    one: plain `SREM`, as only reaps touch a moved index) go with the next batch's round
-//!    trip, after the scripts that deleted them (index after record), together with the
-//!    `SSCAN` of the next page: one round trip per batch. D's room entries are not removed
-//!    one by one: the moved room index goes whole at the end.
-//! 3. Peers: `SSCAN` what is left in the moved peer index; `reap_peer.lua` for each,
-//!    pipelined.
-//! 4. The members that could not be reaped (bad data) or were kept (a new life's) are put
-//!    back into D's live indexes, then `reap_finish.lua` `UNLINK`s the moved indexes and
-//!    removes D's sorted-set entry (members put back for bad data stay for the audit to
-//!    report).
+//!    calls pipelined with the `SSCAN` of the next page: one round trip per batch. Owner CAS
+//!    per room: a room D still owns (pinned before t0) is deleted whole; in a room another
+//!    instance owns, or that a new life of D pinned after t0, only D's records written before
+//!    t0 go. The room index reaches every record naming D (key schema version 2): there is no
+//!    peer phase. D's room entries are not removed one by one: the moved room index goes whole
+//!    at the end.
+//! 3. The rooms that could not be reaped (bad data) or were kept (a new life's) are put back
+//!    into D's live index, then `reap_finish.lua` `UNLINK`s the moved index and removes D's
+//!    sorted-set entry (rooms put back for bad data stay for the audit to report).
 //!
 //! A leader's reap is paced ([`Pace`], `ConfigBuilder::reap_pace`): after each batch but the
 //! last it pauses in proportion to the batch's measured duration, so that the SFU's own Redis
@@ -36,9 +32,9 @@ use crossbeam_channel::{after, select, Receiver};
 use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::keys::{decode_id, split_peer_member};
+use crate::keys::decode_id;
 use crate::pause::{Mark, Note};
-use crate::rooms::{Unindex, PEER_BATCH};
+use crate::rooms::PEER_BATCH;
 use crate::scan::{self, Cursor, Scan};
 use crate::scripts::SCRIPTS;
 use crate::state::{Counters, Ctx, Local, Shared};
@@ -152,7 +148,7 @@ pub(crate) fn candidates(ctx: &Ctx, con: &mut Conn, floor: &mut Floor) -> Result
 /// (a room's `pinned_us` is its own master's time: a new life's pin, which follows the
 /// re-check, is newer than `t0` on every master whatever their skew; invariant 1).
 /// Phase two (`reap_begin.lua`): `Some((t0, token))` when `dead` is really dead and now being
-/// reaped (its indexes moved aside); `token` identifies this reap to `reap_finish.lua`.
+/// reaped (its room index moved aside); `token` identifies this reap to `reap_finish.lua`.
 pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64, i64)>> {
     let before = if con.is_cluster() {
         Some(conn::server_time_us(con)?)
@@ -180,11 +176,11 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64
     Ok((status == "dead").then_some((t0, now_us)))
 }
 
-/// Logs what `reap_begin.lua` / `reap_force_begin.lua` report as `replaced`: moved indexes of
+/// Logs what `reap_begin.lua` / `reap_force_begin.lua` report as `replaced`: a moved index of
 /// `dead` that held another type (bad data on the reaps' own keys), deleted by the script.
 pub(crate) fn warn_replaced(dead: &str, replaced: i64) {
     if replaced > 0 {
-        log::warn!("{replaced} of the reap's own keys of {dead} (P:{{ctl}}:instance:<I>:reaping-rooms / -peers) held another type (bad data); deleted, and its indexes moved aside anew");
+        log::warn!("the reap's own key P:{{ctl}}:instance:{dead}:reaping-rooms held another type (bad data); deleted, and the room index moved aside anew");
     }
 }
 
@@ -234,32 +230,10 @@ fn utf8_members(
     Ok(members)
 }
 
-/// Reaps the rooms of `dead` (wire form) listed in its index.
-///
-/// One round trip per batch: the batch's `reap_room.lua` calls go out together with the index
-/// clean-up of the previous batch (its scripts already ran: record first, index second) and
-/// the `SSCAN` of the next index page. The last batch's clean-up takes a round trip of its own;
-/// when the reap stops early (lease lost, shutdown, an error), the clean-up already owed is
-/// still sent, best effort: it only removes index entries of records the scripts deleted, and
-/// a redo of the reap could not find them again (the room is gone).
+/// Reaps the rooms of `dead` (wire form) listed in its index: one round trip per batch, the
+/// batch's `reap_room.lua` calls together with the `SSCAN` of the next index page.
 pub(crate) fn reap_rooms(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
-    let mut cleanup = Cleanup::default();
-    let out = reap_room_batches(r, con, counts, &mut cleanup);
-    if cleanup.len > 0 {
-        // Through `exec`, as every batch (NOSCRIPT is reloaded and resent).
-        let sent = conn::exec(con, &mut cleanup.pipe)
-            .and_then(|replies| replies.into_iter().try_for_each(|r| r.map(|_| ())));
-        if let Err(e) = sent {
-            if out.is_ok() {
-                return Err(Error::redis("reap rooms", e));
-            }
-            log::warn!(
-                "reap of {} stopped; its last index clean-up failed too: {e}",
-                r.dead
-            );
-        }
-    }
-    out
+    reap_room_batches(r, con, counts)
 }
 
 /// The pause between a leader's reap batches (`ConfigBuilder::reap_pace`).
@@ -314,10 +288,10 @@ pub(crate) struct Reap<'a> {
     /// life's).
     pub t0: i64,
     /// This reap's token (`reap_begin.lua`'s server time): `reap_finish.lua` deletes the moved
-    /// indexes only for the reap whose token they carry. Unused with [`Reap::own`].
+    /// index only for the reap whose token it carries. Unused with [`Reap::own`].
     pub token: i64,
-    /// Index members this reap must put back into `dead`'s live indexes before it finishes:
-    /// those it could not reap (bad data, for the audit) and those it kept (a new life's).
+    /// Rooms this reap must put back into `dead`'s live index before it finishes: those it
+    /// could not reap (bad data, for the audit) and those it kept (a new life's).
     pub keep: std::cell::RefCell<Keep>,
     /// Consulted before every batch: `false` (lease lost, shutdown) stops the reap with
     /// [`Error::NotLeader`].
@@ -327,19 +301,14 @@ pub(crate) struct Reap<'a> {
     /// Called after each batch with the counts so far (an operator's reap shows progress).
     pub progress: Option<&'a dyn Fn(&ReapCounts)>,
     /// `Some` when this node cleans up after its own earlier life (`dead` is this instance):
-    /// what its host holds now. Its own index entries are then removed right after each batch,
-    /// under the room locks of the entries, skipping every room and peer the host holds (a
-    /// host call may pin or upsert again while the clean-up runs: its entry must stay).
+    /// what its host holds now. Its own room index entries are then removed right after each
+    /// batch, under the room locks of the entries, skipping every room the host holds (a host
+    /// call may pin again while the clean-up runs: its entry must stay).
     pub own: Option<&'a Local>,
 }
 
-/// Members of a reaped instance's indexes to put back into its live indexes (see
-/// [`Reap::keep`]).
-#[derive(Debug, Default)]
-pub(crate) struct Keep {
-    pub rooms: std::collections::BTreeSet<String>,
-    pub peers: std::collections::BTreeSet<String>,
-}
+/// Rooms of a reaped instance's index to put back into its live index (see [`Reap::keep`]).
+pub(crate) type Keep = std::collections::BTreeSet<String>;
 
 impl Reap<'_> {
     /// Index members per batch: [`crate::ConfigBuilder::reap_batch`], at most
@@ -361,78 +330,36 @@ impl Reap<'_> {
             None => keys.instance_reaping_rooms(self.dead),
         }
     }
-
-    /// The peer index this reap scans (as [`Reap::room_index`]).
-    fn peer_index(&self) -> String {
-        let keys = &self.ctx.keys;
-        match self.own {
-            Some(_) => keys.instance_peers(self.dead),
-            None => keys.instance_reaping_peers(self.dead),
-        }
-    }
 }
 
-/// Index `SREM`s owed for records and rooms already deleted.
-#[derive(Default)]
-struct Cleanup {
-    pipe: redis::Pipeline,
-    len: usize,
-    /// With [`Reap::own`]: this instance's own room-index and peer-index members owed, sent by
-    /// [`remove_own_entries`] instead of with the next batch.
-    own_rooms: Vec<String>,
-    own_peers: Vec<String>,
-}
-
-/// Sends `pipe` (other instances' entries owed, may be empty) and removes this instance's own
-/// `rooms` and `peers` (wire forms, `<room>/<peer>` members) from its indexes, except those its
-/// host holds now: the locks of every room involved are taken first (in increasing stripe
-/// order) and held until the round trip returns, so no host call pins or upserts one of them
-/// in between. Every reply is checked.
+/// Removes this instance's own `rooms` (wire forms) from its room index, except those its host
+/// holds now: the locks of every room involved are taken first (in increasing stripe order)
+/// and held until the round trip returns, so no host call pins one of them in between. Every
+/// reply is checked.
 fn remove_own_entries(
     r: &Reap<'_>,
     local: &Local,
     con: &mut Conn,
-    mut pipe: redis::Pipeline,
     rooms: Vec<String>,
-    peers: Vec<String>,
 ) -> Result<()> {
     let op = "clean own leftovers";
     let room_id = |w: &str| decode_id(w).ok();
-    let peer_ids = |m: &str| {
-        let (r, p) = split_peer_member(m)?;
-        Some((decode_id(r).ok()?, decode_id(p).ok()?))
-    };
-    let mut stripes = std::collections::BTreeSet::new();
-    stripes.extend(
-        rooms
-            .iter()
-            .filter_map(|w| room_id(w))
-            .map(|id| Local::stripe_of(&id)),
-    );
-    stripes.extend(
-        peers
-            .iter()
-            .filter_map(|m| peer_ids(m))
-            .map(|(room, _)| Local::stripe_of(&room)),
-    );
+    let stripes: std::collections::BTreeSet<usize> = rooms
+        .iter()
+        .filter_map(|w| room_id(w))
+        .map(|id| Local::stripe_of(&id))
+        .collect();
     let _locks: Vec<_> = stripes.iter().map(|i| local.lock_stripe(*i)).collect();
     let rooms: Vec<String> = rooms
         .into_iter()
         .filter(|w| room_id(w).map_or(true, |id| !local.has_room(&id)))
         .collect();
-    let peers: Vec<String> = peers
-        .into_iter()
-        .filter(|m| {
-            peer_ids(m).map_or(true, |(room, peer)| {
-                local.peer_generation(&room, &peer).is_none()
-            })
-        })
-        .collect();
+    if rooms.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
     for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
         pipe.srem(r.ctx.keys.instance_rooms(&r.ctx.me), chunk);
-    }
-    for chunk in peers.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.srem(r.ctx.keys.instance_peers(&r.ctx.me), chunk);
     }
     for reply in conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))? {
         reply.map_err(|e| Error::redis(op, e))?;
@@ -440,12 +367,7 @@ fn remove_own_entries(
     Ok(())
 }
 
-fn reap_room_batches(
-    r: &Reap<'_>,
-    con: &mut Conn,
-    counts: &mut ReapCounts,
-    cleanup: &mut Cleanup,
-) -> Result<()> {
+fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
     let leading = r.leading;
     let op = "reap rooms";
     let index = r.room_index();
@@ -463,7 +385,6 @@ fn reap_room_batches(
     // The first `alone` pending rooms go one per call: rooms that need another call (a big
     // room, or one a call's work bound left out), so that big rooms never hold up the rest.
     let mut alone = 0;
-    let one_server = !con.is_cluster();
     // How long the previous batch took: the pause before the next one is in proportion.
     let mut last: Option<Duration> = None;
     loop {
@@ -477,49 +398,22 @@ fn reap_room_batches(
             return Err(Error::NotLeader);
         }
         let started = Instant::now();
-        let owed = std::mem::take(cleanup);
-        let sent_cleanup = owed.len;
-        let mut pipe = owed.pipe.clone();
+        let mut pipe = redis::pipe();
         let sizes = call_sizes(pending.len(), alone, rooms_per_call(con));
-        add_room_scripts(r, &mut pipe, &pending, &sizes, one_server);
+        add_room_scripts(r, &mut pipe, &pending, &sizes);
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
         let scan = !cursor.done() && pending.len() < 2 * batch;
         if scan {
             cursor.add_to(&mut pipe);
         }
-        let replies = match conn::exec(con, &mut pipe) {
-            Ok(replies) => replies,
-            Err(e) => {
-                // Nothing of this round trip is known to have run: the clean-up is still owed
-                // (only it: this batch's scripts are not sent again without the lease check).
-                *cleanup = owed;
-                return Err(Error::redis(op, e));
-            }
-        };
+        let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
         let mut replies = replies.into_iter();
-        // A failed clean-up is reported after this batch's replies are handled (its scripts
-        // ran; what they deleted is owed to the indexes).
         let mut failed = None;
-        for reply in replies.by_ref().take(sent_cleanup) {
-            if let Err(e) = reply {
-                failed.get_or_insert(Error::redis(op, e));
-            }
-        }
-        let again = room_replies(
-            r,
-            pending,
-            &sizes,
-            &mut replies,
-            counts,
-            cleanup,
-            &mut failed,
-        );
+        let (again, done) = room_replies(r, pending, &sizes, &mut replies, counts, &mut failed);
         if let Some(local) = r.own {
             // Own clean-up: at once, under the room locks (see `Reap::own`).
-            let owed = std::mem::take(cleanup);
-            let sent = remove_own_entries(r, local, con, owed.pipe, owed.own_rooms, owed.own_peers);
-            if let Err(e) = sent {
+            if let Err(e) = remove_own_entries(r, local, con, done) {
                 failed.get_or_insert(e);
             }
         }
@@ -561,9 +455,8 @@ fn reap_room_batches(
 /// holds one room (its keys share a slot).
 const ROOMS_PER_CALL: usize = 32;
 
-/// One room's part of a `reap_room.lua` reply: status, peer cursor, the deleted records whose
-/// index entries the caller still removes (`peer, instance, ...`), records deleted.
-type RoomReply = (String, String, Vec<String>, u64);
+/// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted.
+type RoomReply = (String, String, u64);
 
 /// Rooms per `reap_room.lua` call on `con` (see [`ROOMS_PER_CALL`]).
 fn rooms_per_call(con: &Conn) -> usize {
@@ -602,14 +495,12 @@ fn calls<'a>(
 }
 
 /// The `reap_room.lua` calls for the pending rooms (`(room, peer cursor)`), `sizes` rooms
-/// each ([`call_sizes`]), added to `pipe`. `one_server`: every key lives on one server, so
-/// the dead instance's moved peer index can be cleaned in the same call.
+/// each ([`call_sizes`]), added to `pipe`.
 fn add_room_scripts(
     r: &Reap<'_>,
     pipe: &mut redis::Pipeline,
     pending: &[(String, String)],
     sizes: &[usize],
-    one_server: bool,
 ) {
     for chunk in calls(pending, sizes) {
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
@@ -620,11 +511,6 @@ fn add_room_scripts(
                 .key(rk.peers)
                 .key(rk.guests)
                 .key(rk.guest_state);
-        }
-        if one_server && r.own.is_none() {
-            // One server: the dead instance's entries of the records deleted leave its moved
-            // peer index in the same call (only reaps touch a moved index).
-            inv.key(r.peer_index());
         }
         inv.arg(r.dead).arg(r.t0).arg(PEER_BATCH).arg(chunk.len());
         for (_, cursor) in chunk {
@@ -659,21 +545,19 @@ fn room_result(op: &'static str, reply: RoomReply) -> Result<RoomReply> {
 }
 
 /// Handles one batch's `reap_room.lua` replies (one per pending room, taken from `replies`):
-/// counts, the index clean-up now owed (added to `cleanup`), and the rooms that need another
-/// call (returned, with their peer cursor). A transient error is kept in `failed` (the first
-/// one wins); bad data skips its room.
+/// counts, the rooms that need another call (with their peer cursor) and the rooms done
+/// (reaped, skipped or gone: their index entry may go). A transient error is kept in `failed`
+/// (the first one wins); bad data skips its room.
 fn room_replies(
     r: &Reap<'_>,
     pending: Vec<(String, String)>,
     sizes: &[usize],
     replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
     counts: &mut ReapCounts,
-    cleanup: &mut Cleanup,
     failed: &mut Option<Error>,
-) -> Vec<(String, String)> {
+) -> (Vec<(String, String)>, Vec<String>) {
     let (op, dead) = ("reap rooms", r.dead);
-    let mut unindex = Unindex::default();
-    let mut unindexed = Vec::new();
+    let mut done = Vec::new();
     let mut again = Vec::new();
     // One reply per call of `sizes` rooms; `zip` takes a reply only for a call sent: the
     // SSCAN reply stays in `replies`. Each room gets its own result: rooms the call did not
@@ -703,9 +587,8 @@ fn room_replies(
     }
     for (room, result) in results {
         match result {
-            Ok((status, next_cursor, removed, deleted)) => {
+            Ok((status, next_cursor, deleted)) => {
                 counts.peers += deleted;
-                unindex.add(&room, &removed);
                 if next_cursor == "again" {
                     again.push((room, "0".to_owned()));
                     continue;
@@ -721,17 +604,17 @@ fn room_replies(
                     // Pinned again by a new life of the same instance: keep indexed.
                     _ => {
                         counts.kept += 1;
-                        r.keep.borrow_mut().rooms.insert(room);
+                        r.keep.borrow_mut().insert(room);
                         continue;
                     }
                 }
-                unindexed.push(room);
+                done.push(room);
             }
             Err(e) if e.kind() == crate::ErrorKind::BadData => {
                 counts.failed += 1;
                 r.counters.bad_data(&e);
                 log::warn!("cannot reap room {room:?} of {dead}: {e}; skipped");
-                r.keep.borrow_mut().rooms.insert(room);
+                r.keep.borrow_mut().insert(room);
             }
             // Anything else (a script cache flushed again, OOM, BUSY) is transient:
             // stop; the instance stays "being reaped" and the next round redoes it.
@@ -740,126 +623,7 @@ fn room_replies(
             }
         }
     }
-    if r.own.is_some() {
-        cleanup.own_peers.extend(unindex.take(&r.ctx.me));
-        cleanup.own_rooms.extend(unindexed);
-    } else {
-        // `dead`'s own room entries stay in the moved room index, which goes whole at the end.
-        // Its peer entries of the records just deleted leave the moved peer index (plain
-        // SREM: only reaps touch a moved index), so the peer phase does not look at them
-        // again; whatever stays there (a record the room's peers set did not list, an entry
-        // whose record is gone) gets its `reap_peer.lua` call.
-        let deleted = unindex.take(dead);
-        let aside = r.peer_index();
-        for chunk in deleted.chunks(conn::MEMBERS_PER_COMMAND) {
-            cleanup.pipe.srem(&aside, chunk);
-            cleanup.len += 1;
-        }
-    }
-    cleanup.len += unindex.flush(&r.ctx.keys, &mut cleanup.pipe);
-    again
-}
-
-/// Reaps the peer records of `dead` (wire form) listed in its peer index.
-pub(crate) fn reap_peers(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> Result<()> {
-    let op = "reap peers";
-    let index = r.peer_index();
-    let mut cursor = index_scan(&index, r.batch());
-    let mut last: Option<Duration> = None;
-    loop {
-        if let Some(took) = last {
-            r.pace.after(took);
-        }
-        if !(r.leading)() {
-            return Err(Error::NotLeader);
-        }
-        let started = Instant::now();
-        let members = index_page(con, op, &mut cursor)?;
-        let unindexed = reap_peer_batch(r, con, members, counts)?;
-        // A reap of another instance removes nothing here: the moved index goes whole at the
-        // end (`finish`).
-        if let Some(local) = r.own {
-            remove_own_entries(r, local, con, redis::pipe(), Vec::new(), unindexed)?;
-        }
-        if let Some(progress) = r.progress {
-            progress(counts);
-        }
-        if cursor.done() {
-            return Ok(());
-        }
-        last = Some(started.elapsed());
-    }
-}
-
-/// `reap_peer.lua` for each `<room>/<peer>` of one index page, pipelined. Returns the members
-/// to remove from the index: records reaped, gone or moved, and malformed members.
-fn reap_peer_batch(
-    r: &Reap<'_>,
-    con: &mut Conn,
-    members: Vec<String>,
-    counts: &mut ReapCounts,
-) -> Result<Vec<String>> {
-    let (op, dead, keys) = ("reap peers", r.dead, &r.ctx.keys);
-    let mut unindexed = Vec::new();
-    let mut parsed = Vec::new();
-    for m in members {
-        match split_peer_member(&m) {
-            Some((room, peer)) => parsed.push((room.to_owned(), peer.to_owned(), m)),
-            None => {
-                log::warn!("peer index of {dead} holds {m:?}, not <room>/<peer>; removed");
-                unindexed.push(m);
-            }
-        }
-    }
-    let mut pipe = redis::pipe();
-    let record_keys: Vec<_> = parsed
-        .iter()
-        .map(|(room, peer, _)| (keys.peer(room, peer), keys.room(room)))
-        .collect();
-    for ((_, peer, _), (record, rk)) in parsed.iter().zip(&record_keys) {
-        let mut inv = SCRIPTS.reap_peer.prepare_invoke();
-        inv.key(record)
-            .key(&rk.peers)
-            .key(&rk.guests)
-            .key(&rk.guest_state)
-            .arg(dead)
-            .arg(r.t0)
-            .arg(peer);
-        pipe.invoke_script(&inv);
-    }
-    let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-    for ((_, _, member), reply) in parsed.into_iter().zip(replies) {
-        let status = match conn::decode::<String>(op, reply) {
-            Ok(status) => status,
-            Err(e) if e.kind() == crate::ErrorKind::BadData => {
-                counts.failed += 1;
-                r.counters.bad_data(&e);
-                log::warn!("cannot reap peer {member:?} of {dead}: {e}; skipped");
-                r.keep.borrow_mut().peers.insert(member);
-                continue;
-            }
-            // Anything else (a script cache flushed again, OOM, BUSY) is transient: stop;
-            // the instance stays "being reaped" and the next round redoes it.
-            Err(e) => return Err(e),
-        };
-        match status.as_str() {
-            "reaped" => {
-                counts.peers += 1;
-                unindexed.push(member);
-            }
-            "gone" | "moved" => unindexed.push(member),
-            "new_life" => {
-                counts.kept += 1;
-                r.keep.borrow_mut().peers.insert(member);
-            }
-            other => {
-                counts.failed += 1;
-                log::warn!("cannot reap peer {member:?} of {dead}: record is {other}; skipped");
-                r.keep.borrow_mut().peers.insert(member);
-            }
-        }
-    }
-    Ok(unindexed)
+    (again, done)
 }
 
 /// Re-checks `dead` (wire form) and, if it is really dead, reaps it: what it deleted and how the
@@ -890,7 +654,6 @@ pub(crate) fn reap_instance(
         own: None,
     };
     reap_rooms(&reap, con, &mut counts)?;
-    reap_peers(&reap, con, &mut counts)?;
     // As before every batch: a leader whose lease's local deadline passed writes nothing more.
     if !leading() {
         return Err(Error::NotLeader);
@@ -902,40 +665,34 @@ pub(crate) fn reap_instance(
 /// How `reap_finish.lua` ended a reap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Finish {
-    /// The sorted-set entry (and the info hash) went; index members that could not be reaped
-    /// (bad data) may remain for the audit.
+    /// The sorted-set entry (and the info hash) went; rooms that could not be reaped (bad
+    /// data) may remain in the index for the audit.
     Done,
     /// `dead` registered again meanwhile: nothing touched.
     Alive,
-    /// Members written after `t0` were kept and `dead` did not register again: the entry keeps
+    /// Rooms pinned after `t0` were kept and `dead` did not register again: the entry keeps
     /// score 0, so the next round reaps them.
     Retry,
 }
 
-/// Step 4 of a reap: the members of [`Reap::keep`] go back into `dead`'s live indexes
+/// Step 3 of a reap: the rooms of [`Reap::keep`] go back into `dead`'s live index
 /// (`reap_putback.lua`: not once `dead` registered again), then `reap_finish.lua` deletes the
-/// moved indexes (if this reap owns them) and removes `dead`'s sorted-set entry unless
-/// something is left to reap (`kept`: index members kept as a new life's,
-/// [`ReapCounts::kept`]). One round trip.
+/// moved index (if this reap owns it) and removes `dead`'s sorted-set entry unless something
+/// is left to reap (`kept`: rooms kept as a new life's, [`ReapCounts::kept`]). One round trip.
 pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> {
     let (ctx, dead, op) = (r.ctx, r.dead, "finish reap");
     let keep = r.keep.take();
     let mut pipe = redis::pipe();
-    let rooms: Vec<&String> = keep.rooms.iter().collect();
-    let peers: Vec<&String> = keep.peers.iter().collect();
-    for (index, members) in [
-        (ctx.keys.instance_rooms(dead), &rooms),
-        (ctx.keys.instance_peers(dead), &peers),
-    ] {
-        for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-            let mut inv = SCRIPTS.reap_putback.prepare_invoke();
-            inv.key(ctx.keys.heartbeats())
-                .key(ctx.keys.heartbeat(dead))
-                .key(&index)
-                .arg(dead)
-                .arg(chunk);
-            pipe.invoke_script(&inv);
-        }
+    let rooms: Vec<&String> = keep.iter().collect();
+    let index = ctx.keys.instance_rooms(dead);
+    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
+        let mut inv = SCRIPTS.reap_putback.prepare_invoke();
+        inv.key(ctx.keys.heartbeats())
+            .key(ctx.keys.heartbeat(dead))
+            .key(&index)
+            .arg(dead)
+            .arg(chunk);
+        pipe.invoke_script(&inv);
     }
     let mut inv = SCRIPTS.reap_finish.prepare_invoke();
     inv.key(ctx.keys.heartbeats()).key(ctx.keys.heartbeat(dead));
@@ -946,7 +703,7 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
         .arg(dead)
         .arg(kept)
         .arg(r.token)
-        .arg(rooms.len() + peers.len());
+        .arg(rooms.len());
     pipe.invoke_script(&inv);
     let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let last = replies
@@ -956,16 +713,16 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
         // A member not put back would be lost with the moved index: fail (the reap is redone).
         reply.map_err(|e| Error::redis(op, e))?;
     }
-    let (status, rooms_left, peers_left): (String, i64, i64) = conn::decode(op, last)?;
+    let (status, rooms_left): (String, i64) = conn::decode(op, last)?;
     Ok(match status.as_str() {
         "retry" => {
-            log::info!("{dead} wrote {kept} index members after its reap began ({rooms_left} rooms and {peers_left} peers in its indexes now) or another reap of it is under way, and it did not register again; the next round reaps what is left");
+            log::info!("{dead} pinned {kept} rooms after its reap began ({rooms_left} rooms in its index now) or another reap of it is under way, and it did not register again; the next round reaps what is left");
             Finish::Retry
         }
         "alive" => Finish::Alive,
         "incomplete" => {
             log::warn!(
-                "reap of {dead} incomplete: {rooms_left} rooms and {peers_left} peers could not be reaped (bad data); left for the audit"
+                "reap of {dead} incomplete: {rooms_left} rooms could not be reaped (bad data); left for the audit"
             );
             Finish::Done
         }
@@ -973,8 +730,9 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
     })
 }
 
-/// Removes what an earlier life of this instance id left behind: rooms and peer records of its
-/// indexes written before `t0` (server ms), with the same owner-CAS scripts as a reap. Used
+/// Removes what an earlier life of this instance id left behind: rooms of its index pinned
+/// before `t0` (server µs) and its peer records written before `t0` in the others, with the
+/// same owner-CAS script as a reap. Used
 /// when an instance registers (after a restart with the same id, or after it found it was
 /// reaped while paused); needs no lease, as every step is an owner CAS on this id.
 pub(crate) fn clean_own_leftovers(
@@ -998,7 +756,6 @@ pub(crate) fn clean_own_leftovers(
         own: Some(local),
     };
     reap_rooms(&reap, con, &mut counts)?;
-    reap_peers(&reap, con, &mut counts)?;
     Ok(counts)
 }
 
@@ -1146,7 +903,6 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::keys::peer_member;
     use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
@@ -1229,14 +985,14 @@ mod tests {
         assert_eq!(f.ms(800), 800);
     }
 
-    // Protects invariant 4 when a reap stops early (lease lost, shutdown): the index clean-up
-    // of the last batch that ran must still be sent. Each of 300 rooms of a dead instance holds
-    // a record of another instance "x" (no solo mark, so the reap reads it and owes x's index
-    // an SREM). The reap is stopped after two batches; every room it deleted must be gone from
-    // x's index, every room it did not reach must still be there. Fails if the clean-up owed
-    // when the reap stops is dropped (x's index keeps entries pointing at deleted records).
+    // Protects invariants 2 and 4 when a reap stops early (lease lost, shutdown): each of 300
+    // rooms of a dead instance holds a record of another instance "x". The reap is stopped
+    // after two batches; every room it reached is deleted whole (with x's record), every room
+    // it did not reach is intact, and the moved index still lists all of them (it goes whole
+    // at the end of a reap that finishes, never member by member), so the next reap reaches
+    // what is left.
     #[test]
-    fn a_reap_that_stops_early_still_cleans_the_indexes_of_what_it_deleted() {
+    fn a_reap_that_stops_early_leaves_every_room_it_did_not_reach_indexed() {
         let server = LocalRedis::start().expect("start redis-server");
         let cfg = Config::builder()
             .redis_url(server.url())
@@ -1259,8 +1015,6 @@ mod tests {
             let rk = ctx.keys.room(room);
             // As reap_begin.lua leaves it: the index moved aside.
             pipe.sadd(ctx.keys.instance_reaping_rooms("dead"), room)
-                .ignore();
-            pipe.sadd(ctx.keys.instance_peers("x"), peer_member(room, "xp"))
                 .ignore();
             pipe.hset_multiple(&rk.meta, &[("owner", "dead"), ("pinned_ms", "1")])
                 .ignore();
@@ -1304,22 +1058,24 @@ mod tests {
             "the reap must stop part way: {counts:?}"
         );
 
-        let x_index: BTreeSet<String> = redis::cmd("SMEMBERS")
-            .arg(ctx.keys.instance_peers("x"))
+        let moved: BTreeSet<String> = redis::cmd("SMEMBERS")
+            .arg(ctx.keys.instance_reaping_rooms("dead"))
             .query(&mut con)
             .unwrap();
+        assert_eq!(
+            moved.len(),
+            300,
+            "the moved index is never emptied member by member"
+        );
         let mut deleted = 0;
         for room in &rooms {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(ctx.keys.room(room).meta)
+            let (meta, record): (bool, bool) = redis::pipe()
+                .exists(ctx.keys.room(room).meta)
+                .exists(ctx.keys.peer(room, "xp"))
                 .query(&mut con)
                 .unwrap();
-            deleted += u64::from(!exists);
-            assert_eq!(
-                x_index.contains(&peer_member(room, "xp")),
-                exists,
-                "{room}: x's index entry must go exactly when the room was deleted"
-            );
+            deleted += u64::from(!meta);
+            assert_eq!(meta, record, "{room}: deleted whole or not touched");
         }
         assert_eq!(deleted, counts.rooms);
     }
@@ -1330,9 +1086,8 @@ mod tests {
     // the instance's reap ends "incomplete".
     #[test]
     fn a_rooms_error_is_bad_data_only_for_a_wrong_type() {
-        let err = |msg: &str| {
-            room_result("reap rooms", ("error".into(), msg.into(), Vec::new(), 0)).unwrap_err()
-        };
+        let err =
+            |msg: &str| room_result("reap rooms", ("error".into(), msg.into(), 0)).unwrap_err();
         let wrong = err("WRONGTYPE Operation against a key holding the wrong kind of value");
         assert_eq!(wrong.kind(), crate::ErrorKind::BadData);
         for msg in [
@@ -1344,8 +1099,8 @@ mod tests {
             assert_eq!(e.kind(), crate::ErrorKind::Redis, "{msg}");
             assert!(e.to_string().contains(msg), "{e}");
         }
-        let ok = room_result("reap rooms", ("reaped".into(), "0".into(), Vec::new(), 4));
-        assert_eq!(ok.unwrap().3, 4);
+        let ok = room_result("reap rooms", ("reaped".into(), "0".into(), 4));
+        assert_eq!(ok.unwrap().2, 4);
     }
 
     // Rooms that need another call go one per call ahead of the new ones, which share calls:

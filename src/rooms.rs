@@ -3,13 +3,16 @@
 //!
 //! Cross-slot order (docs/DESIGN.md "Rules"): the instance's room index (`{ctl}`) is written before
 //! the pin (`{R}`), and cleaned after the room is deleted, so a crash in between leaves at most
-//! an index entry pointing at nothing, never a room that no index reaches.
+//! an index entry pointing at nothing, never a room that no index reaches. The room index also
+//! reaches every peer record naming the instance (key schema version 2): a room the instance
+//! no longer holds leaves its index only after its own records there are deleted
+//! ([`sweep_own`]).
 
 use redis::Pipeline;
 
 use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
-use crate::keys::{decode_id, encode_id, peer_member, IdKind, KeySpace};
+use crate::keys::{decode_id, encode_id, IdKind};
 use crate::scripts::SCRIPTS;
 use crate::state::{Ctx, Local};
 
@@ -50,9 +53,13 @@ impl PinOutcome {
 /// The room goes into this instance's index first, in its own round trip, and the pin script
 /// runs only if that write succeeded (index before record). When the pin is definitely not ours
 /// afterwards (held elsewhere, or the script refused on bad data) the index entry is removed
-/// again, unless this node already owned the room (`owned`). When the outcome is unknown (the
-/// request was sent but timed out) nothing more is sent on that connection: the room is marked
-/// uncertain in `local` and the heartbeat settles it (releases a pin that did land).
+/// again if this call added it (the `SADD` said so; then no record of this instance can be in
+/// the room, as none could be without the entry). An entry that was there before (records of
+/// this instance left in a room it lost, not swept yet) stays, and the room is marked
+/// uncertain: the heartbeat sweeps those records before it removes the entry
+/// ([`sweep_own`]). When the outcome is unknown (the request was sent but timed out) nothing
+/// more is sent on that connection: the room is marked uncertain in `local` and the heartbeat
+/// settles it (releases a pin that did land).
 pub(crate) fn pin(
     ctx: &Ctx,
     local: &Local,
@@ -66,16 +73,19 @@ pub(crate) fn pin(
     let added = redis::cmd("SADD")
         .arg(&index)
         .arg(room)
-        .query::<()>(con)
+        .query::<i64>(con)
         .map_err(|e| Error::redis(op, e));
-    if let Err(e) = added {
-        // The entry may have landed with its reply lost: the heartbeat settles the room like
-        // an uncertain pin (nothing to release; the entry goes).
-        if !e.outcome_known() && !owned {
-            local.mark_uncertain(room_id);
+    let added = match added {
+        Ok(n) => n == 1,
+        Err(e) => {
+            // The entry may have landed with its reply lost: the heartbeat settles the room
+            // like an uncertain pin (nothing to release; the entry goes).
+            if !e.outcome_known() && !owned {
+                local.mark_uncertain(room_id);
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     let out = try_pin(ctx, con, room);
     let definite = match &out {
         Ok(o) => !o.is_owned(),
@@ -87,11 +97,13 @@ pub(crate) fn pin(
         }
         return out;
     }
-    if !owned {
+    if !owned && added {
         let undo: redis::RedisResult<()> = redis::cmd("SREM").arg(&index).arg(room).query(con);
         if let Err(e) = undo {
             log::warn!("could not remove room {room} from this instance's index: {e}");
         }
+    } else if !owned {
+        local.mark_uncertain(room_id);
     }
     out
 }
@@ -152,8 +164,7 @@ pub(crate) fn close(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Res
             .arg(&ctx.me)
             .arg(&cursor)
             .arg(PEER_BATCH);
-        let (status, next, removed): (String, String, Vec<String>) = conn::call(con, op, &inv)?;
-        unindex_peers(ctx, con, room, &removed)?;
+        let (status, next): (String, String) = conn::call(con, op, &inv)?;
         match status.as_str() {
             "more" => cursor = next,
             "closed" => break,
@@ -187,64 +198,69 @@ pub(crate) fn owner(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<Stri
     v.map(|w| decode_id(&w)).transpose()
 }
 
-/// Removes `<room>/<peer>` from each instance's peer index, for records a script just deleted
-/// (`removed` = `[peer, instance, peer, instance, ...]`, wire form). Index after record.
-pub(crate) fn unindex_peers(
-    ctx: &Ctx,
-    con: &mut Conn,
-    room: &str,
-    removed: &[String],
-) -> Result<()> {
-    let mut un = Unindex::default();
-    un.add(room, removed);
-    let mut pipe = redis::pipe();
-    un.flush(&ctx.keys, &mut pipe);
-    if pipe.is_empty() {
-        return Ok(());
+/// Deletes this instance's own peer records in `room` (wire form), a room it does not hold
+/// (another instance owns it now, or it is gone), with `reap_room.lua` (this instance as the
+/// "dead" one, every record of it older than the largest t0). Run before the room's entry leaves
+/// this instance's room index, which must reach every record naming the instance (key schema
+/// version 2, invariants 2 and 4): a room lost to a takeover keeps this instance's records
+/// until then, and they are stale (the host was told the room is lost). Returns how many
+/// records were deleted.
+///
+/// The caller holds the room's lock and does not hold the room: this instance writes nothing
+/// into it meanwhile. Should the room turn out to be this instance's again (pin or metadata
+/// naming it: a lock-free path re-pinned it), nothing is deleted: `Error::NotOwner` is not the
+/// reply, the room is reported `Ok(None)` and its entry must stay.
+pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<u64>> {
+    let op = "delete own records in a room not held";
+    let rk = ctx.keys.room(room);
+    let (owner, meta_owner): (Option<String>, Option<String>) = redis::pipe()
+        .get(&rk.owner)
+        .hget(&rk.meta, "owner")
+        .query(con)
+        .map_err(|e| Error::redis(op, e))?;
+    if owner.as_deref() == Some(ctx.me.as_str())
+        || (owner.is_none() && meta_owner.as_deref() == Some(ctx.me.as_str()))
+    {
+        return Ok(None);
     }
-    pipe.query::<()>(con)
-        .map_err(|e| Error::redis("remove peers from instance index", e))
-}
-
-/// Peer-index entries to remove, grouped by instance so that each instance's index gets one
-/// `SREM` with many members (not one command per peer).
-#[derive(Debug, Default)]
-pub(crate) struct Unindex {
-    by_instance: std::collections::BTreeMap<String, Vec<String>>,
-}
-
-impl Unindex {
-    /// Notes the records a script deleted in `room` (`removed` = `[peer, instance, ...]`).
-    pub(crate) fn add(&mut self, room: &str, removed: &[String]) {
-        for pair in removed.chunks_exact(2) {
-            if !pair[1].is_empty() {
-                self.by_instance
-                    .entry(pair[1].clone())
-                    .or_default()
-                    .push(peer_member(room, &pair[0]));
-            }
+    let mut cursor = "0".to_owned();
+    let mut deleted = 0u64;
+    // Each call moves the room's SSCAN forward; a room kept ('skipped') ends at cursor 0.
+    for _ in 0..10_000 {
+        let mut inv = SCRIPTS.reap_room.prepare_invoke();
+        inv.key(&rk.owner)
+            .key(&rk.meta)
+            .key(&rk.peers)
+            .key(&rk.guests)
+            .key(&rk.guest_state)
+            .arg(&ctx.me)
+            .arg(SWEEP_ALL)
+            .arg(PEER_BATCH)
+            .arg(1)
+            .arg(&cursor);
+        let replies: Vec<(String, String, u64)> = conn::call(con, op, &inv)?;
+        let Some((status, next, n)) = replies.into_iter().next() else {
+            return Err(Error::bad_data(op, "reap_room.lua replied with no room"));
+        };
+        if status == "error" {
+            return Err(Error::bad_data(op, format!("room {room}: {next}")));
+        }
+        deleted += n;
+        match next.as_str() {
+            "0" => return Ok(Some(deleted)),
+            "again" => cursor = "0".to_owned(),
+            _ => cursor = next,
         }
     }
-
-    /// Takes out the members noted for `instance`'s index.
-    pub(crate) fn take(&mut self, instance: &str) -> Vec<String> {
-        self.by_instance.remove(instance).unwrap_or_default()
-    }
-
-    /// Adds the `SREM`s to `pipe` (at most `MEMBERS_PER_COMMAND` members each, replies not
-    /// ignored) and forgets them; returns how many commands it added.
-    pub(crate) fn flush(&mut self, keys: &KeySpace, pipe: &mut Pipeline) -> usize {
-        let mut n = 0;
-        for (instance, members) in std::mem::take(&mut self.by_instance) {
-            let key = keys.instance_peers(&instance);
-            for chunk in members.chunks(conn::MEMBERS_PER_COMMAND) {
-                pipe.srem(&key, chunk);
-                n += 1;
-            }
-        }
-        n
-    }
+    Err(Error::bad_data(
+        op,
+        format!("room {room}: its peers kept changing"),
+    ))
 }
+
+/// `reap_room.lua`'s t0 for [`sweep_own`]: every record, whenever written (2^53 - 1, the
+/// largest integer a Lua number holds exactly; server microseconds stay far below it).
+const SWEEP_ALL: u64 = (1 << 53) - 1;
 
 /// Per-command replies of a pipeline (`conn::exec`).
 pub(crate) type Replies = Vec<redis::RedisResult<redis::Value>>;

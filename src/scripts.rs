@@ -106,7 +106,6 @@ scripts!(
     reap_begin,
     reap_force_begin,
     reap_room,
-    reap_peer,
     reap_finish,
     reap_putback,
     reaper_paused,

@@ -347,29 +347,20 @@ pub(crate) struct Local {
     /// Peers whose remove ended without a known outcome, with the generation to remove; the
     /// heartbeat sends the remove again (it is a no-op if it had run).
     uncertain_peers: Mutex<BTreeMap<(String, String), u64>>,
-    /// Peers whose upsert ended without a known outcome: its index entry, and maybe its
-    /// record, may have been written although the host was told the call failed. The
-    /// heartbeat deletes such a record (if it names this instance and the node does not hold
-    /// the peer), then its index entry.
+    /// Peers whose upsert ended without a known outcome: its record may have been written
+    /// although the host was told the call failed. The heartbeat deletes such a record (if it
+    /// names this instance and the node does not hold the peer).
     uncertain_upserts: Mutex<BTreeSet<(String, String)>>,
     /// Held peers whose record an upsert with an unknown outcome may have deleted (they had the
     /// guest of that upsert, which supersedes a guest's previous peer): the heartbeat reads
-    /// each record and forgets the peer (and unindexes it) if the record no longer names this
-    /// instance.
+    /// each record and forgets the peer if the record no longer names this instance.
     suspects: Mutex<BTreeSet<(String, String)>>,
-    /// `(room, peer)` whose `<room>/<peer>` member of this instance's peer index may outlive
-    /// its record: a close, remove or upsert deleted (or may have deleted, or never wrote) the
-    /// record, and the reply that would have led to the clean-up was lost. The heartbeat
-    /// removes each member whose record is gone or names another instance, unless the node
-    /// holds that peer again (invariant 4, from the node's own knowledge, not from a reply).
-    unindex: Mutex<BTreeSet<(String, String)>>,
     locks: Vec<Mutex<()>>,
     /// The first lock stripe of the next tick's re-assertion of held entries.
     reassert_next: std::sync::atomic::AtomicUsize,
-    /// `SSCAN` cursors (room index, peer index) of the tick's walk over this instance's own
-    /// indexes.
-    pub(crate) index_walk: Mutex<(u64, u64)>,
-    /// Set when a removal from this instance's own indexes ended without a known outcome (it
+    /// `SSCAN` cursor of the tick's walk over this instance's own room index.
+    pub(crate) index_walk: Mutex<u64>,
+    /// Set when a removal from this instance's own room index ended without a known outcome (it
     /// may still land, late, after the host wrote the same entry again): the next tick puts
     /// back everything the node holds, not one eighth.
     reassert_all: std::sync::atomic::AtomicBool,
@@ -384,10 +375,9 @@ impl Default for Local {
             uncertain_peers: Mutex::default(),
             uncertain_upserts: Mutex::default(),
             suspects: Mutex::default(),
-            unindex: Mutex::default(),
             locks: (0..ROOM_LOCKS).map(|_| Mutex::new(())).collect(),
             reassert_next: std::sync::atomic::AtomicUsize::new(0),
-            index_walk: Mutex::new((0, 0)),
+            index_walk: Mutex::new(0),
             reassert_all: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -483,50 +473,6 @@ impl Local {
             .insert((room.to_owned(), peer.to_owned()));
     }
 
-    /// Notes index members that may outlive their records (see [`Local`]'s `unindex`).
-    pub(crate) fn mark_unindex<I: IntoIterator<Item = String>>(&self, room: &str, peers: I) {
-        let mut u = self.unindex.lock();
-        for p in peers {
-            u.insert((room.to_owned(), p));
-        }
-    }
-
-    /// The index members to check, grouped by room: `(room, peers)`.
-    pub(crate) fn unindex_pending(&self) -> Vec<(String, Vec<String>)> {
-        let mut by_room: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (r, p) in self.unindex.lock().iter() {
-            by_room.entry(r.clone()).or_default().push(p.clone());
-        }
-        by_room.into_iter().collect()
-    }
-
-    /// These members of `room` were checked (and removed where they had to go).
-    pub(crate) fn unindexed(&self, room: &str, peers: &[String]) {
-        let mut u = self.unindex.lock();
-        for p in peers {
-            u.remove(&(room.to_owned(), p.clone()));
-        }
-    }
-
-    /// Whether a settlement the heartbeat has yet to run may still delete the record of
-    /// `peer` in `room` (an uncertain pin or close of the room, remove or upsert of the peer).
-    pub(crate) fn settling(&self, room: &str, peer: &str) -> bool {
-        let key = (room.to_owned(), peer.to_owned());
-        self.uncertain.lock().contains(room)
-            || self.uncertain_peers.lock().contains_key(&key)
-            || self.uncertain_upserts.lock().contains(&key)
-    }
-
-    /// The peers this node holds in `room`.
-    pub(crate) fn peers_in(&self, room: &str) -> Vec<String> {
-        self.peers
-            .lock()
-            .keys()
-            .filter(|(r, _)| r == room)
-            .map(|(_, p)| p.clone())
-            .collect()
-    }
-
     /// The generation this node last got for a peer, if it holds it.
     pub(crate) fn peer_generation(&self, room: &str, peer: &str) -> Option<u64> {
         self.peers
@@ -582,30 +528,13 @@ impl Local {
             .remove(&(room.to_owned(), peer.to_owned()));
     }
 
-    /// The rooms this node holds whose lock stripe is in `stripes`, each with the peers it
-    /// holds there.
-    pub(crate) fn held_in_stripes(
-        &self,
-        stripes: &std::ops::Range<usize>,
-    ) -> Vec<(String, Vec<String>)> {
-        let rooms: Vec<String> = self
-            .rooms
+    /// The rooms this node holds whose lock stripe is in `stripes`.
+    pub(crate) fn held_rooms_in_stripes(&self, stripes: &std::ops::Range<usize>) -> Vec<String> {
+        self.rooms
             .lock()
             .keys()
             .filter(|r| stripes.contains(&Self::stripe_of(r)))
             .cloned()
-            .collect();
-        let peers = self.peers.lock();
-        rooms
-            .into_iter()
-            .map(|room| {
-                let held = peers
-                    .range((room.clone(), String::new())..)
-                    .take_while(|((r, _), _)| *r == room)
-                    .map(|((_, p), _)| p.clone())
-                    .collect();
-                (room, held)
-            })
             .collect()
     }
 
@@ -615,7 +544,7 @@ impl Local {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The next `n` lock stripes whose holdings a tick puts back into the indexes (a rotating
+    /// The next `n` lock stripes whose holdings a tick puts back into the room index (a rotating
     /// window: every stripe once per `ROOM_LOCKS / n` calls), or all of them once after
     /// [`Local::reassert_everything`].
     pub(crate) fn next_reassert_stripes(&self, n: usize) -> std::ops::Range<usize> {
@@ -640,7 +569,6 @@ impl Local {
         self.uncertain_peers.lock().clear();
         self.uncertain_upserts.lock().clear();
         self.suspects.lock().clear();
-        self.unindex.lock().clear();
         std::mem::take(&mut *self.rooms.lock())
             .into_keys()
             .collect()

@@ -159,9 +159,12 @@ pub struct InstanceStatus {
     /// False when the room index could not be read (wrong type, or the member is not an id);
     /// [`problems`](Self::problems) says why. `rooms` is `null` in the JSON then.
     pub rooms_known: bool,
-    /// Members of its peer index (0 when [`peers_known`](Self::peers_known) is false).
+    /// Peers it held at its last heartbeat: the `peers` field of its record, written by every
+    /// heartbeat (key schema version 2 keeps no per-instance peer index to count). 0 when
+    /// [`peers_known`](Self::peers_known) is false.
     pub peers: u64,
-    /// False when the peer index could not be read; `peers` is `null` in the JSON then.
+    /// False when its record has no readable `peers` field (no record, not a heartbeat since
+    /// it registered, or an older release); `peers` is `null` in the JSON then.
     pub peers_known: bool,
     /// The stale threshold its state was judged with, ms: its record's, else the
     /// configuration's, or the caller's override ([`fleet_status_with_stale`]).
@@ -212,9 +215,9 @@ pub struct FleetStatus {
     /// dataset was first heartbeated on. `None` when the token is absent or not readable.
     pub dataset_created_ms: Option<i64>,
     /// What the prefix's key schema stamp (`P:{ctl}:schema`) holds: the version its layout
-    /// is in (`"1"`); `None` when it is missing (a prefix written before versions existed,
-    /// layout 1, until a node registers or `sfu-redis migrate --apply` stamps it) or not a
-    /// string (a problem then). A version other than [`crate::SCHEMA_VERSION`] is a problem too.
+    /// is in (`"2"`); `None` when it is missing (a new prefix until a node registers; beside
+    /// a dataset token, a prefix written before versions existed, layout 1, until
+    /// `sfu-redis migrate --apply` moves it) or not a string (a problem then). A version other than [`crate::SCHEMA_VERSION`] is a problem too.
     pub schema: Option<String>,
     /// The Redis type of `P:{ctl}:schema` when it is not a string (bad data: the next
     /// heartbeat replaces it with this release's version).
@@ -968,11 +971,7 @@ fn read_instances(
         let mut pipe = redis::pipe();
         let mut n = 0;
         for w in batch.iter().filter_map(|m| m.wire.as_ref()) {
-            let (rooms, peers, info) = (
-                ks.instance_rooms(w),
-                ks.instance_peers(w),
-                ks.instance_info(w),
-            );
+            let (rooms, info) = (ks.instance_rooms(w), ks.instance_info(w));
             let hb = ks.heartbeat(w);
             pipe.cmd("TYPE")
                 .arg(&hb)
@@ -981,16 +980,13 @@ fn read_instances(
                 .arg(&rooms)
                 .scard(&rooms)
                 .cmd("TYPE")
-                .arg(&peers)
-                .scard(&peers)
-                .cmd("TYPE")
                 .arg(&info)
                 .cmd("HMGET")
                 .arg(&info)
                 .arg(&INFO_FIELDS[..])
                 // What a reap under way moved aside (reap_begin.lua) still counts.
                 .scard(ks.instance_reaping_rooms(w))
-                .scard(ks.instance_reaping_peers(w));
+                .hget(&info, "peers");
             n += PER_INSTANCE;
         }
         let mut replies = exec(con, &mut pipe, n)?.into_iter();
@@ -1006,7 +1002,7 @@ fn read_instances(
 }
 
 /// Commands sent per instance by [`read_instances`].
-const PER_INSTANCE: usize = 10;
+const PER_INSTANCE: usize = 8;
 
 /// One instance from its [`PER_INSTANCE`] replies (none for a member that is not an id).
 fn instance_status(
@@ -1047,10 +1043,17 @@ fn instance_status(
             Err(_) => 0,
         };
         rooms =
-            count(&ks.instance_rooms(w), &r[2], &r[3], &mut m.problems).map(|n| n + moved(&r[8]));
-        peers =
-            count(&ks.instance_peers(w), &r[4], &r[5], &mut m.problems).map(|n| n + moved(&r[9]));
-        info = record(&ks.instance_info(w), &r[6], &r[7], &mut m.problems);
+            count(&ks.instance_rooms(w), &r[2], &r[3], &mut m.problems).map(|n| n + moved(&r[6]));
+        info = record(&ks.instance_info(w), &r[4], &r[5], &mut m.problems);
+        // A record of another type was reported by `record`; a field that is not a count
+        // leaves the count unknown.
+        peers = match &r[7] {
+            Ok(v) => redis::from_redis_value_ref::<Option<String>>(v)
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse::<u64>().ok()),
+            Err(_) => None,
+        };
     }
     let own = info
         .as_ref()

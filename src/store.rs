@@ -92,6 +92,66 @@ impl RedisStore {
         })
     }
 
+    /// Before deregistering (`Node::leave`, once the rooms it held are closed): every room still
+    /// in this instance's room index is one it does not hold (lost to another instance, or a
+    /// pin whose outcome was unknown). Each is settled as the tick settles one: closed if its
+    /// pin is still ours, else this instance's records in it deleted ([`rooms::sweep_own`]),
+    /// then its entry removed, so that no record naming this instance is left out of a
+    /// reaper's reach once it is gone (invariant 2). Returns how many rooms stay indexed (bad
+    /// data, or held again meanwhile).
+    pub(crate) fn settle_unheld(&self) -> Result<usize> {
+        let sh = &*self.sh;
+        let op = "settle rooms not held";
+        let index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
+        let members: Vec<Vec<u8>> = sh.pool.run(&sh.redis, |c| {
+            redis::cmd("SMEMBERS")
+                .arg(&index)
+                .query(c)
+                .map_err(|e| Error::redis(op, e))
+        })?;
+        let mut left = 0;
+        for raw in members {
+            let Some((wire, id)) = String::from_utf8(raw)
+                .ok()
+                .and_then(|w| crate::keys::decode_id(&w).ok().map(|id| (w, id)))
+            else {
+                left += 1;
+                continue;
+            };
+            let _guard = sh.local.lock_room(&id);
+            if sh.local.has_room(&id) {
+                left += 1;
+                continue;
+            }
+            let settled = sh.pool.run(&sh.redis, |c| {
+                match rooms::close(&sh.ctx, c, &wire, &id) {
+                    Ok(()) => return Ok(true),
+                    Err(Error::NotOwner { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                if rooms::sweep_own(&sh.ctx, c, &wire)?.is_none() {
+                    return Ok(false);
+                }
+                redis::cmd("SREM")
+                    .arg(&index)
+                    .arg(&wire)
+                    .query::<()>(c)
+                    .map_err(|e| Error::redis(op, e))?;
+                Ok(true)
+            });
+            match settled {
+                Ok(true) => {}
+                Ok(false) => left += 1,
+                Err(e) if e.kind() == crate::ErrorKind::BadData => {
+                    log::warn!("room {id:?}: {e}");
+                    left += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(left)
+    }
+
     /// Deletes this instance's heartbeat key and sorted-set entry (`Node::leave`).
     pub(crate) fn deregister(&self) -> Result<()> {
         let sh = &*self.sh;

@@ -164,15 +164,13 @@ pub fn server() -> LocalRedis {
 }
 
 /// Writes a dead instance `dead` with `rooms` rooms (`<dead>-r<k>`) of [`PEERS_PER_ROOM`]
-/// peers each, as the library writes them (`sfu_redis_testkit::data::fabricate_dead`: indexes,
-/// pins for an hour, metadata naming it with the `solo` mark, peer records, guests), with a
-/// heartbeat score a minute old and no heartbeat key. Returns every key written (for the
-/// floor).
+/// peers each, as the library writes them (`sfu_redis_testkit::data::fabricate_dead`: the room
+/// index, pins for an hour, metadata naming it, peer records, guests), with a heartbeat score a
+/// minute old and no heartbeat key. Returns every key written (for the floor).
 pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) -> Vec<String> {
     let score = server_time_ms(con).expect("TIME") - 60_000;
     let spec = DeadInstance {
         pin_px: Some(3_600_000),
-        solo: true,
         peer_field: Some("bench"),
         ..DeadInstance::new(dead, score)
     };
@@ -184,7 +182,9 @@ pub fn fabricate(con: &mut Connection, ks: &KeySpace, dead: &str, rooms: usize) 
 
 /// The seed system's reap, on the same data: `SMEMBERS` of the room index, then one script
 /// round trip per room (owner check; delete the room's keys and its peer records; `SREM`
-/// from the index), then the instance's own keys. Returns the rooms reaped.
+/// from the room index), then the instance's own keys. Returns the rooms reaped. (Key schema
+/// version 2 keeps no peer index, so neither does this baseline: the same writes as the
+/// library's reap, minus its checks.)
 pub fn seed_style_reap(con: &mut Connection, ks: &KeySpace, dead: &str) -> usize {
     let script = redis::Script::new(
         r"
@@ -194,7 +194,6 @@ if owner ~= ARGV[1] and not (owner == false and meta_owner == ARGV[1]) then retu
 local base = string.sub(KEYS[1], 1, -6)
 for _, p in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   redis.call('DEL', base .. 'peer:' .. p)
-  redis.call('SREM', KEYS[7], ARGV[2] .. '/' .. p)
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 redis.call('SREM', KEYS[6], ARGV[2])
@@ -215,7 +214,6 @@ return 1
             .key(&rk.guests)
             .key(&rk.guest_state)
             .key(ks.instance_rooms(dead))
-            .key(ks.instance_peers(dead))
             .arg(dead)
             .arg(room)
             .invoke(con)
@@ -233,7 +231,7 @@ return 1
 }
 
 /// Sends one command per room of `keys` (as [`fabricate`] returns them: each room's keys, then
-/// the two index keys as one last group), [`BATCH`] rooms per pipelined round trip.
+/// the room index key as one last group), [`BATCH`] rooms per pipelined round trip.
 fn per_room_pipelined(
     con: &mut Connection,
     keys: &[String],

@@ -40,7 +40,7 @@ fn stamp_another_schema(url: &str) {
         .expect("connect to the test redis");
     let _: () = redis::cmd("SET")
         .arg("sfu:ffi-c-schema:main:{ctl}:schema")
-        .arg("2")
+        .arg("99")
         .query(&mut con)
         .expect("SET the schema stamp");
 }

@@ -161,7 +161,8 @@ fn eight_cpp_threads_hammer_one_node() {
     );
 
     // Redis agrees: every hammer room pinned by this instance, exactly the kept peers' records,
-    // each naming this instance, and indexes that match.
+    // each naming this instance, and a room index that reaches them (key schema version 2:
+    // every record naming the instance lies in a room of its room index).
     let owners = server.keys("sfu:hammer:main:room:{hammer-*}:owner");
     assert_eq!(owners.len(), rooms, "{owners:#?}");
     for k in &owners {
@@ -178,16 +179,23 @@ fn eight_cpp_threads_hammer_one_node() {
             .unwrap();
         assert_eq!(instance.as_deref(), Some(me), "{k}");
     }
-    let indexed: usize = redis::cmd("SCARD")
-        .arg(ks.instance_peers(me))
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(indexed, kept + 1, "peer index of {me}");
-    let indexed_rooms: usize = redis::cmd("SCARD")
+    let indexed_rooms: std::collections::BTreeSet<String> = redis::cmd("SMEMBERS")
         .arg(ks.instance_rooms(me))
         .query(&mut con)
         .unwrap();
-    assert_eq!(indexed_rooms, rooms + 1, "room index of {me}");
+    assert_eq!(indexed_rooms.len(), rooms + 1, "room index of {me}");
+    // Every record naming this instance (the kept ones and the host's own peer in h0) lies in
+    // a room of its room index.
+    let mine = support::records_of(&ks, &server.dump("sfu:hammer:*"), me);
+    assert_eq!(mine.len(), kept + 1, "records naming {me}: {mine:?}");
+    let unreached: Vec<&(String, String)> = mine
+        .iter()
+        .filter(|(room, _)| !indexed_rooms.contains(room))
+        .collect();
+    assert!(
+        unreached.is_empty(),
+        "records of {me} in rooms its room index does not list: {unreached:?}"
+    );
     let shared: usize = redis::cmd("SCARD")
         .arg(ks.room("hammer-shared").peers)
         .query(&mut con)

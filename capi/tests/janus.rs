@@ -6,8 +6,8 @@
 //!
 //! 1. Rooms on both instances, 20 participants, some leaving (leave, kick, handle detach,
 //!    session destroyed), a reconnect with the same `opaque_id`, one room destroyed, one room
-//!    that B creates while A holds it: the keys in Redis (pins, peer records, both indexes,
-//!    guest pointers) match what Janus lists (`list`, `listparticipants`); the Admin API's
+//!    that B creates while A holds it: the keys in Redis (pins, peer records, room indexes,
+//!    guest pointers; each record in a room of its instance's room index) match what Janus lists (`list`, `listparticipants`); the Admin API's
 //!    `where` and `stats` answer; `sfu-redis fsck` is clean.
 //! 2. `kill -9` of A: within the documented bound B's node reaps A's rooms and participants,
 //!    B's are untouched, `where` on B says `null` for A's rooms, fsck is clean. The time from
@@ -44,7 +44,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use sfu_redis::keys::{decode_id, split_peer_member, KeySpace, ParsedKey};
+use sfu_redis::keys::{decode_id, KeySpace, ParsedKey};
 use sfu_redis::Timings;
 
 use ffi_support::{install_command, need, ok, root};
@@ -603,12 +603,19 @@ struct View {
     owners: BTreeMap<String, String>,
     /// instance -> its room index
     instance_rooms: BTreeMap<String, BTreeSet<String>>,
+    /// instance -> its room index as a reap moved it aside (`...:reaping-rooms`)
+    reaping_rooms: BTreeMap<String, BTreeSet<String>>,
     /// room -> its peer set
     room_peers: BTreeMap<String, BTreeSet<String>>,
     /// (room, peer) -> the record
     records: BTreeMap<(String, String), Record>,
-    /// instance -> its peer index (room, peer)
+    /// instance -> the records naming it that its room index reaches, (room, peer): key schema
+    /// version 2 keeps no peer index; an instance's records are found through its room index
+    /// (live or moved aside), derived here from the records
     instance_peers: BTreeMap<String, BTreeSet<(String, String)>>,
+    /// records that no index reaches: (instance, room, peer) of each record whose room is in
+    /// neither its instance's room index nor its moved one (an orphan once it dies)
+    unreached: BTreeSet<(String, String, String)>,
     /// room -> guest -> peer
     guests: BTreeMap<String, BTreeMap<String, String>>,
 }
@@ -635,6 +642,12 @@ impl View {
                 .filter(|(i, _)| i.as_str() == instance)
                 .map(|(i, s)| (i.clone(), s.clone()))
                 .collect(),
+            reaping_rooms: self
+                .reaping_rooms
+                .iter()
+                .filter(|(i, _)| i.as_str() == instance)
+                .map(|(i, s)| (i.clone(), s.clone()))
+                .collect(),
             room_peers: self
                 .room_peers
                 .iter()
@@ -652,6 +665,12 @@ impl View {
                 .iter()
                 .filter(|(i, _)| i.as_str() == instance)
                 .map(|(i, s)| (i.clone(), s.clone()))
+                .collect(),
+            unreached: self
+                .unreached
+                .iter()
+                .filter(|(i, r, _)| i.as_str() == instance || rooms.contains(r))
+                .cloned()
                 .collect(),
             guests: self
                 .guests
@@ -686,21 +705,11 @@ fn redis_view(server: &Server, ks: &KeySpace) -> View {
             Some(ParsedKey::InstanceRooms(i)) => {
                 v.instance_rooms.insert(dec(&i), set(&val));
             }
+            Some(ParsedKey::InstanceReapingRooms(i)) => {
+                v.reaping_rooms.insert(dec(&i), set(&val));
+            }
             Some(ParsedKey::RoomPeers(r)) => {
                 v.room_peers.insert(dec(&r), set(&val));
-            }
-            Some(ParsedKey::InstancePeers(i)) => {
-                let Val::Set(members) = &val else {
-                    panic!("{key}: {val:?}")
-                };
-                let pairs = members
-                    .iter()
-                    .map(|m| {
-                        let (r, p) = split_peer_member(m).expect("room/peer");
-                        (dec(r), dec(p))
-                    })
-                    .collect();
-                v.instance_peers.insert(dec(&i), pairs);
             }
             Some(ParsedKey::Peer(r, p)) => {
                 let Val::Hash(h) = &val else {
@@ -724,6 +733,20 @@ fn redis_view(server: &Server, ks: &KeySpace) -> View {
                     .insert(dec(&r), h.iter().map(|(g, p)| (dec(g), dec(p))).collect());
             }
             _ => {}
+        }
+    }
+    // Each record reached through its instance's room index (live or moved aside), or not.
+    let none = BTreeSet::new();
+    for ((r, p), (i, ..)) in &v.records {
+        let live = v.instance_rooms.get(i).unwrap_or(&none);
+        let moved = v.reaping_rooms.get(i).unwrap_or(&none);
+        if live.contains(r) || moved.contains(r) {
+            v.instance_peers
+                .entry(i.clone())
+                .or_default()
+                .insert((r.clone(), p.clone()));
+        } else {
+            v.unreached.insert((i.clone(), r.clone(), p.clone()));
         }
     }
     v
@@ -797,6 +820,7 @@ fn assert_redis_matches_janus(
             want.room_peers.extend(part.room_peers);
             want.records.extend(part.records);
             want.instance_peers.extend(part.instance_peers);
+            // Janus lists no moved room index and no record that no index reaches.
             want.guests.extend(part.guests);
         }
         let got = redis_view(server, ks);
@@ -1124,7 +1148,12 @@ fn janus_videoroom_keeps_redis_in_step_across_a_crash_and_restarts() {
         v.of(A).owners.is_empty() && !v.instance_rooms.contains_key(A),
         "{v:#?}"
     );
-    assert!(!v.instance_peers.contains_key(A), "{v:#?}");
+    assert!(
+        !v.instance_peers.contains_key(A)
+            && !v.reaping_rooms.contains_key(A)
+            && v.unreached.is_empty(),
+        "{v:#?}"
+    );
     assert_eq!(v.of(B), b_before, "B untouched by A's restart");
     let la = Client::open(&a, None);
     let d = la.request(json!({"request": "create", "room": 1001, "publishers": 30}));
@@ -1165,7 +1194,9 @@ fn janus_videoroom_keeps_redis_in_step_across_a_crash_and_restarts() {
             && !v.room_peers.contains_key("1001")
             && !v.records.keys().any(|(r, _)| r == "1001")
             && !v.instance_rooms.contains_key(A)
-            && !v.instance_peers.contains_key(A),
+            && !v.reaping_rooms.contains_key(A)
+            && !v.instance_peers.contains_key(A)
+            && v.unreached.is_empty(),
         "the earlier life's keys are left: {v:#?}"
     );
     assert_eq!(v.of(B), b_before, "B untouched by A's second restart");

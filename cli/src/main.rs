@@ -76,7 +76,7 @@ enum Command {
     /// unreachable, authentication refused).
     Doctor(doctor::DoctorArgs),
     /// Bring a prefix's keys to the key schema version this release speaks: --dry-run lists
-    /// the steps, --apply runs them (each safe while nodes run). Exit 0 at this release's
+    /// the steps, --apply runs them (step 1 to 2 needs every node stopped). Exit 0 at this release's
     /// version (or the plan was listed), 1 refused (the prefix is in a version this release does
     /// not know; nothing written), 2 bad flags or Redis unreachable.
     Migrate(migrate::MigrateArgs),

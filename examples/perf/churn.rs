@@ -5,8 +5,10 @@
 //!
 //! - the *script floor*: one Lua script call per operation (join: `HINCRBY` of the room's
 //!   generation counter, `HSET` of the record's fields, `SADD` to the room's peers, `HSET` of
-//!   the guest pointer, `SADD` to the instance's peer index; leave: `DEL`, `SREM`, `HDEL` x 2,
-//!   `SREM`), the record's times passed in by the client;
+//!   the guest pointer; leave: `DEL`, `SREM`, `HDEL` x 2), the record's times passed in by the
+//!   client. Key schema version 2 keeps no per-instance peer index (the room index, written
+//!   when the room is pinned, reaches every record), so neither the library nor the floors
+//!   write one per join or leave;
 //! - the *raw floor*: the same commands, one pipelined round trip of plain commands per
 //!   operation.
 //!
@@ -23,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace};
+use sfu_redis::keys::{encode_id, IdKind, KeySpace};
 use sfu_redis::{Node, Timings};
 
 use super::common::*;
@@ -33,23 +35,21 @@ use super::server_cpu_us;
 const CHUNK: usize = 500;
 /// Rooms the pairs spread over.
 const ROOMS: usize = 50;
-/// The host's instance id (also the floors' `instance` field and index).
+/// The host's instance id (also the floors' `instance` field).
 const HOST: &str = "churn-host";
 /// The floor's join and leave scripts (see the module docs).
 const FLOOR_JOIN: &str = r"
 local gen = redis.call('HINCRBY', KEYS[4], 'peer_seq', 1)
 redis.call('HSET', KEYS[1], 'instance', ARGV[1], 'guest', ARGV[3], 'generation', gen,
-  'updated_ms', ARGV[4], 'updated_us', ARGV[5], ARGV[7], ARGV[8])
+  'updated_ms', ARGV[4], 'updated_us', ARGV[5], ARGV[6], ARGV[7])
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[2])
-redis.call('SADD', KEYS[5], ARGV[6])
 return gen";
 const FLOOR_LEAVE: &str = r"
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[2])
 redis.call('HDEL', KEYS[4], ARGV[2])
-redis.call('SREM', KEYS[5], ARGV[3])
 return 1";
 
 /// Per pair: wall time and server CPU, in µs.
@@ -76,10 +76,8 @@ struct Pair {
     guests: String,
     guest_state: String,
     meta: String,
-    index: String,
     peer: String,
     guest: String,
-    member: String,
 }
 
 impl Pair {
@@ -94,8 +92,6 @@ impl Pair {
             guests: rk.guests,
             guest_state: rk.guest_state,
             meta: rk.meta,
-            index: ks.instance_peers(HOST),
-            member: peer_member(&room, &peer),
             peer,
             guest,
         }
@@ -149,13 +145,11 @@ fn script_floor_pairs(con: &mut impl redis::ConnectionLike, ks: &KeySpace, pairs
             .key(&p.peers)
             .key(&p.guests)
             .key(&p.meta)
-            .key(&p.index)
             .arg(HOST)
             .arg(&p.peer)
             .arg(&p.guest)
             .arg(ms)
             .arg(us)
-            .arg(&p.member)
             .arg("name")
             .arg("x")
             .invoke(con)
@@ -165,10 +159,8 @@ fn script_floor_pairs(con: &mut impl redis::ConnectionLike, ks: &KeySpace, pairs
             .key(&p.peers)
             .key(&p.guests)
             .key(&p.guest_state)
-            .key(&p.index)
             .arg(&p.peer)
             .arg(&p.guest)
-            .arg(&p.member)
             .invoke(con)
             .expect("floor leave");
     }
@@ -198,8 +190,6 @@ fn raw_floor_pairs(con: &mut impl redis::ConnectionLike, ks: &KeySpace, pairs: u
             .ignore()
             .hset(&p.guests, &p.guest, &p.peer)
             .ignore()
-            .sadd(&p.index, &p.member)
-            .ignore()
             .query(con)
             .expect("raw join");
         let _: () = redis::pipe()
@@ -210,8 +200,6 @@ fn raw_floor_pairs(con: &mut impl redis::ConnectionLike, ks: &KeySpace, pairs: u
             .hdel(&p.guests, &p.guest)
             .ignore()
             .hdel(&p.guest_state, &p.guest)
-            .ignore()
-            .srem(&p.index, &p.member)
             .ignore()
             .query(con)
             .expect("raw leave");

@@ -15,8 +15,8 @@
 //! rooms the host node pinned first (`examples/perf/churn.rs`, `library_pairs`). One host node
 //! per side (default timings), 300 rooms, the same ids on both sides, chosen so that each
 //! master serves 100 of them (`cluster_churn_rooms_by_master`, also printed); each room's
-//! pairs go to its master, and on a cluster every join and leave also keeps the instance's
-//! peer index on the `{ctl}` master (its own round trip). From one thread: 3,000 pairs per side
+//! pairs go to its master (key schema version 2: a join or a leave is one script call in the
+//! room's slot on every topology, no `{ctl}` round trip). From one thread: 3,000 pairs per side
 //! per run (`--pairs` sets another count) in chunks of 600 (two in every room), the sides
 //! alternating chunk by chunk, server CPU read before and after each chunk
 //! (`churn_pairs`: pairs per side, all runs):

@@ -1,6 +1,6 @@
 //! Control-plane keys: the registry (members of the heartbeat sorted set), the lease, the
-//! epoch, the heartbeat keys' TTLs, and instances with index sets or a heartbeat key but no
-//! entry in the sorted set (`unregistered_instance`).
+//! epoch, the heartbeat keys' TTLs, and instances with a room index (live or moved aside), an
+//! info hash or a heartbeat key but no entry in the sorted set (`unregistered_instance`).
 
 use std::collections::BTreeSet;
 
@@ -49,8 +49,8 @@ impl Scan<'_> {
         Ok(Some(registered))
     }
 
-    /// The lease, the epoch, heartbeat keys' TTLs, and instances with sets but no entry in
-    /// the sorted set.
+    /// The lease, the epoch, heartbeat keys' TTLs, and instances with a room index, an info
+    /// hash or a heartbeat key but no entry in the sorted set.
     pub(super) fn control(
         &mut self,
         seen: &Seen,
@@ -115,17 +115,16 @@ impl Scan<'_> {
         }
     }
 
-    /// Instances with index sets or a heartbeat key but no entry in the sorted set.
+    /// Instances with a room index (live or moved aside), an info hash or a heartbeat key but
+    /// no entry in the sorted set.
     fn unregistered(&mut self, seen: &Seen, registry: &BTreeSet<String>) {
         for (i, s) in &seen.instances {
-            if registry.contains(i) || !(s.hb || s.rooms || s.peers || s.info || s.reaping) {
+            if registry.contains(i) || !(s.hb || s.rooms || s.info || s.reaping) {
                 continue;
             }
             let (detail, fix) = self.unregistered_finding(i, s);
             let key = if s.rooms {
                 self.ks.instance_rooms(i)
-            } else if s.peers {
-                self.ks.instance_peers(i)
             } else if s.reaping && !s.hb {
                 self.ks.instance_reaping_rooms(i)
             } else if s.info && !s.hb {
@@ -147,11 +146,11 @@ impl Scan<'_> {
             );
             return (detail, None);
         }
-        let detail = if s.rooms || s.peers {
-            format!("instance {i} has index sets but no entry in {zset} (sets but no heartbeat)")
+        let detail = if s.rooms {
+            format!("instance {i} has a room index but no entry in {zset} (sets but no heartbeat)")
         } else if s.reaping {
             format!(
-                "instance {i} has indexes an interrupted reap moved aside but no entry in {zset}"
+                "instance {i} has a room index an interrupted reap moved aside but no entry in {zset}"
             )
         } else {
             format!("instance {i} has an info hash but no entry in {zset} (info but no heartbeat)")

@@ -1,10 +1,10 @@
-//! Repair of an orphaned room: `audit_delete_room.lua` with the owner CAS of what both scans
-//! saw, then the index entries of what it deleted.
+//! Repair of an orphaned (or forgotten) room: `audit_delete_room.lua` with the owner CAS of
+//! what both scans saw, then the room's entry in its last owner's room index.
 
 use super::repair::Outcome;
 use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
-use crate::keys::{peer_member, KeySpace};
+use crate::keys::KeySpace;
 use crate::rooms::PEER_BATCH;
 use crate::scripts::SCRIPTS;
 
@@ -16,8 +16,10 @@ pub(super) struct RoomSeenByScan<'a> {
 }
 
 /// Deletes one orphaned room with `audit_delete_room.lua` (records found by the scan first,
-/// then the `peers` set batch by batch, then the room keys), then the deleted records' entries
-/// in their instances' peer indexes and the room in its last owner's room index.
+/// then the `peers` set batch by batch, then the room keys), then the room in its last
+/// owner's room index (index after record). Other instances whose records were in the room
+/// keep it in their room indexes: an entry pointing at nothing, which their own walk, their
+/// reap or a later audit (`dangling_room_index`) settles.
 pub(super) fn delete_room(
     ks: &KeySpace,
     con: &mut Conn,
@@ -52,8 +54,7 @@ pub(super) fn delete_room(
 const DELETE_OP: &str = "audit: delete orphaned room";
 
 /// One call of `audit_delete_room.lua` (the records `peers`, or the `peers` set from
-/// `cursor`), then the removal of the deleted records' peer index entries. Returns the
-/// script's status and next cursor.
+/// `cursor`). Returns the script's status and next cursor.
 fn delete_room_call(
     ks: &KeySpace,
     con: &mut Conn,
@@ -75,22 +76,7 @@ fn delete_room_call(
     for p in peers {
         inv.arg(p);
     }
-    let (status, next, removed): (String, String, Vec<String>) = conn::call(con, DELETE_OP, &inv)?;
-    let mut pipe = redis::pipe();
-    for pair in removed.chunks_exact(2) {
-        if !pair[1].is_empty() {
-            pipe.srem(
-                ks.instance_peers(&pair[1]),
-                peer_member(seen.room, &pair[0]),
-            )
-            .ignore();
-        }
-    }
-    if !pipe.is_empty() {
-        pipe.query::<()>(con)
-            .map_err(|e| Error::redis(DELETE_OP, e))?;
-    }
-    Ok((status, next))
+    conn::call(con, DELETE_OP, &inv)
 }
 
 /// The outcome of a deletion the script refused.

@@ -60,7 +60,8 @@ pub(super) enum Fix {
         guest: String,
         mode: &'static str,
     },
-    /// `SREM set member`, then, after the settle delay, put back if `verify` now holds.
+    /// `SREM set member` unless `verify` holds right before, then, after the settle delay,
+    /// put back if `verify` holds again.
     Unindex {
         set: String,
         member: String,
@@ -77,16 +78,17 @@ pub(super) enum Fix {
     Enqueue { instance: String },
 }
 
-/// What makes a removed control-plane index entry valid again.
+/// What makes a control-plane index entry valid: checked right before it is removed (a valid
+/// one stays) and again after the settle delay (a valid one is put back).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Verify {
-    /// The room's pin (or, with no pin, its metadata) names `instance`.
-    Room { room: String, instance: String },
-    /// The peer record names `instance`.
-    Peer {
+    /// Room index entry `room` of `instance`: the room's pin (or, with no pin, its metadata)
+    /// names `instance`, or a peer record in the room names it (one of `records`, which the
+    /// scan found, or of the room's `peers` set when checked).
+    Room {
         room: String,
-        peer: String,
         instance: String,
+        records: Vec<String>,
     },
     /// The member can never be valid (not an id).
     Never,

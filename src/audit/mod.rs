@@ -15,24 +15,33 @@
 //! | kind | key reported | meaning | repair |
 //! |---|---|---|---|
 //! | `orphaned_room` | the room's `meta` (else its first key) | no pin, and the metadata names no registered instance (or there is no metadata) | room deleted (owner CAS) |
-//! | `dangling_room_index` | `P:{ctl}:instance:<I>:rooms` | a room whose pin (or, with no pin, metadata) does not name I | entry removed |
-//! | `dangling_peer_index` | `P:{ctl}:instance:<I>:peers` | a `<room>/<peer>` whose record is missing or names another instance | entry removed |
+//! | `dangling_room_index` | `P:{ctl}:instance:<I>:rooms` | a room whose pin (or, with no pin, metadata) does not name I and that holds no peer record naming I | entry removed (checked again right before; put back if valid again after the settle delay) |
 //! | `dangling_room_peer` | `P:room:{R}:peers` | a peer id without a record | entry removed |
 //! | `dangling_guest` | `P:room:{R}:guests` | a guest pointing at a missing peer, or at a peer whose record names another guest | pointer (and its guest state) removed |
-//! | `unindexed_peer` | the peer record | missing from its room's `peers`, its instance's peer index, or its guest's pointer | entry added |
+//! | `unindexed_peer` | the peer record | missing from its room's `peers` or its guest's pointer, or its room is in neither its instance's room index nor its moved room index (`...:reaping-rooms`; not checked for the alive metadata owner's records in a room with no pin: see `forgotten_room`) | entry added (the room into the instance's room index) |
 //! | `unindexed_room` | the room's `meta` (else `owner`) | its owner's room index does not list it (a room with no pin whose owner is alive is never added: see `forgotten_room`) | entry added |
 //! | `forgotten_room` | the room's `meta` | no pin in two scans further apart than its metadata owner's heartbeat interval plus command timeout (the owner's own record), while that owner is registered, alive and heartbeated after the first scan: a live owner re-pins every room it holds each interval, so it no longer holds this one. Needs two scans ([`scan`] and a zero settle delay never report it) | room deleted (owner CAS: still no pin, same metadata owner and `pinned_ms`), never added to the owner's indexes |
-//! | `unregistered_instance` | the instance's room index (else peer index, else info hash, else heartbeat key) | index sets, an info hash or a heartbeat key but no sorted-set entry | handed to the reaper (score 0); with empty indexes its info hash deleted |
+//! | `unregistered_instance` | the instance's room index (else its moved room index, else info hash, else heartbeat key) | a room index (live or moved aside), an info hash or a heartbeat key but no sorted-set entry | handed to the reaper (score 0); with empty room indexes its info hash deleted |
 //! | `orphaned_guest_state` | `P:room:{R}:guest-state` | the state of a guest that has no pointer | report only (host data) |
 //! | `wrong_type` | the key | a key of the schema holding another Redis type | report only |
 //! | `malformed_lease` | `P:{ctl}:leader` | the lease value is not an instance id, or it has no TTL | report only |
 //! | `malformed_peer` | the peer record | no `instance` or `generation` field, or unusable values | report only |
 //! | `malformed_value` | the key | another value this crate would not write: an epoch that is not a number, a heartbeat key or pin without TTL, an owner or sorted-set member that is not an id | report only |
-//! | `unknown_key` | the key | a key under the prefix that the schema does not know, or whose ids are not in wire form | report only |
+//! | `unknown_key` | the key | a key under the prefix that the schema does not know, or whose ids are not in wire form; also a key schema version 1 peer index left over (`P:{ctl}:instance:<I>:peers`, `...:reaping-peers`: `sfu-redis migrate --apply` folds it into the room index) | report only |
 //!
 //! The checks protect docs/DESIGN.md's invariants: 2 (a dead instance leaves nothing behind:
-//! `orphaned_room`, `unregistered_instance`, the `dangling_*` kinds), 4 (each index holds
-//! exactly what the peer records say: `dangling_*`, `unindexed_*`) and 5 (one prefix only).
+//! `orphaned_room`, `unregistered_instance`, the `dangling_*` kinds, and `unindexed_*`, since
+//! the reaper reaches a room and the records in it only through the room index), 4 (each
+//! index holds exactly what the peer records say: `dangling_*`, `unindexed_*`) and 5 (one
+//! prefix only).
+//!
+//! Key schema version 2 (`keys::SCHEMA_VERSION`) has no per-instance peer index. Its rule,
+//! which `unindexed_peer` and `dangling_room_index` check from both sides: every peer record
+//! naming instance I is in a room listed in I's room index or in I's moved room index. It
+//! holds because only a room's owner writes records into it, a room goes into its owner's
+//! room index before its pin, and an instance removes a room it lost from its index only
+//! after deleting its own records there. So a room index entry of I whose room I no longer
+//! owns is right while a record of I is left in it.
 //!
 //! # Repair policy ([`AuditOptions::repair`])
 //!
@@ -47,14 +56,19 @@
 //! 2. Each fix re-checks its item right before it writes: atomically in a Lua script where
 //!    the item lives in one hash slot (`audit_room_index.lua`, `audit_delete_room.lua`,
 //!    `audit_enqueue.lua`).
-//! 3. Index entries are added freely (index before record is always safe). Index entries of
-//!    the control plane that point at a room record (another slot) are removed, then re-read
-//!    after the settle delay once more and put back if their record meanwhile names the
-//!    instance (an upsert or pin in flight): a removal can never leave a live record unindexed.
+//! 3. Index entries are added freely (index before record is always safe). Room index
+//!    entries (control plane) that point at a room in another slot are checked once more
+//!    right before their removal (the room's pin or metadata, then every record the scan
+//!    found in it and every member of its `peers` set: none may name the instance), removed,
+//!    then checked again after the settle delay and put back if the room or a record in it
+//!    meanwhile names the instance (a pin in flight): a removal can never leave a live room or
+//!    record out of its instance's room index for longer than the settle delay.
 //! 4. Orphaned rooms are deleted batch by batch by `audit_delete_room.lua`, only while they
-//!    still have no pin and unchanged metadata (owner CAS); records first, then their index
-//!    entries.
-//! 5. An unregistered instance with leftover index sets and no heartbeat key gets score 0 in
+//!    still have no pin and unchanged metadata (owner CAS); records first, then the room's
+//!    entry in its last owner's room index. Other instances whose records were in the room
+//!    keep their entries (pointing at nothing now: their walk, their reap or the next audit
+//!    settles them).
+//! 5. An unregistered instance with a leftover room index and no heartbeat key gets score 0 in
 //!    the sorted set ("being reaped", `audit_enqueue.lua`): the leader's reaper then reaps it
 //!    with its two-phase re-check and owner-CAS scripts. The audit does not reap by itself: it
 //!    holds no lease, and the reaper is the one place that knows how (new lives, takeovers,
@@ -65,8 +79,8 @@
 //!
 //! One scan ([`scan`]) reads the key names first (`snapshot.rs`), then runs one check per
 //! file: `control.rs` (registry, lease, epoch, heartbeat keys, unregistered instances),
-//! `room_indexes.rs`, `peer_indexes.rs`, `rooms.rs` (pins, metadata, orphans, the owner's
-//! room index), `room_peers.rs`, `guests.rs`, `guest_states.rs` and `records.rs`. [`audit`]
+//! `room_indexes.rs`, `rooms.rs` (pins, metadata, orphans, the owner's room index),
+//! `room_peers.rs`, `guests.rs`, `guest_states.rs` and `records.rs`. [`audit`]
 //! runs two scans, keeps what both saw, repairs (`repair.rs`, orphaned rooms in
 //! `delete_room.rs`) and reports (`report.rs`).
 //! Every `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` goes through the crate's one pager, [`crate::scan`].
@@ -76,7 +90,6 @@ mod delete_room;
 mod findings;
 mod guest_states;
 mod guests;
-mod peer_indexes;
 mod problem;
 mod read;
 mod records;
@@ -323,9 +336,8 @@ fn find_reporting(
     let registry = s.registry(&seen)?;
     s.control(&seen, registry.as_ref())?;
     s.room_indexes(&seen)?;
-    s.peer_indexes(&seen)?;
-    let orphans = s.rooms(&seen, registry.as_ref())?;
-    s.records(&seen, &orphans)?;
+    let verdicts = s.rooms(&seen, registry.as_ref())?;
+    s.records(&seen, &verdicts)?;
     Ok(s.out)
 }
 

@@ -11,20 +11,22 @@ pub enum ProblemKind {
     /// that have no metadata at all). Invariant 2. Repaired: deleted.
     OrphanedRoom,
     /// `dangling_room_index`: a room in `P:{ctl}:instance:<I>:rooms` whose pin (or, with no
-    /// pin, metadata) does not name I. Invariants 2, 4. Repaired: removed.
+    /// pin, metadata) does not name I and that holds no peer record naming I (such a record
+    /// keeps the entry right: the room index must reach it). Invariants 2, 4. Repaired:
+    /// removed, after the same check once more; put back if it holds again after the settle
+    /// delay.
     DanglingRoomIndex,
-    /// `dangling_peer_index`: a `<room>/<peer>` in `P:{ctl}:instance:<I>:peers` whose record
-    /// is missing or names another instance. Invariant 4. Repaired: removed.
-    DanglingPeerIndex,
     /// `dangling_room_peer`: a member of a room's `peers` set without a record. Invariant 4.
     /// Repaired: removed.
     DanglingRoomPeer,
     /// `dangling_guest`: a `guests` entry pointing at a missing peer or at a peer whose record
     /// names another guest. Invariant 4. Repaired: removed with its guest state.
     DanglingGuest,
-    /// `unindexed_peer`: a peer record missing from its room's `peers` set, from its
-    /// instance's peer index, or from its guest's pointer. Invariants 2, 4. Repaired: added
-    /// (unless the guest points at another peer: report only).
+    /// `unindexed_peer`: a peer record missing from its room's `peers` set or from its guest's
+    /// pointer, or whose room is in neither its instance's room index nor that instance's
+    /// moved room index (so the reaper could never reach it). Invariants 2, 4. Repaired: the
+    /// entry added, the room into the live room index (unless the guest points at another
+    /// peer: report only).
     UnindexedPeer,
     /// `unindexed_room`: a room whose owner (pin, else metadata) does not list it in its room
     /// index, so the reaper could never reach it. Invariant 2. Repaired: added.
@@ -36,10 +38,10 @@ pub enum ProblemKind {
     /// deleted with the owner CAS (still no pin, same metadata owner and `pinned_ms`); never
     /// added to the live owner's indexes.
     ForgottenRoom,
-    /// `unregistered_instance`: an instance with index sets, an info hash or a heartbeat key
-    /// but no entry in the heartbeat sorted set ("sets but no heartbeat"). Invariant 2.
-    /// Repaired when it has no heartbeat key: handed to the reaper (score 0), or, with empty
-    /// indexes, its info hash deleted.
+    /// `unregistered_instance`: an instance with a room index (live or moved aside by a reap),
+    /// an info hash or a heartbeat key but no entry in the heartbeat sorted set ("sets but no
+    /// heartbeat"). Invariant 2. Repaired when it has no heartbeat key: handed to the reaper
+    /// (score 0), or, with empty room indexes, its info hash deleted.
     UnregisteredInstance,
     /// `orphaned_guest_state`: a `guest-state` field of a guest that has no pointer. Report
     /// only: guest state is the host's data.
@@ -57,16 +59,17 @@ pub enum ProblemKind {
     /// an id, an index member that is not UTF-8). Report only.
     MalformedValue,
     /// `unknown_key`: a key under the prefix that the schema does not know, or whose ids are
-    /// not in wire form. Report only.
+    /// not in wire form; also a key schema version 1 peer index left over
+    /// (`P:{ctl}:instance:<I>:peers`, `...:reaping-peers`: `sfu-redis migrate --apply` folds
+    /// it into the room index). Report only.
     UnknownKey,
 }
 
 impl ProblemKind {
     /// Every kind, in report order.
-    pub const ALL: [ProblemKind; 15] = [
+    pub const ALL: [ProblemKind; 14] = [
         ProblemKind::OrphanedRoom,
         ProblemKind::DanglingRoomIndex,
-        ProblemKind::DanglingPeerIndex,
         ProblemKind::DanglingRoomPeer,
         ProblemKind::DanglingGuest,
         ProblemKind::UnindexedPeer,
@@ -86,7 +89,6 @@ impl ProblemKind {
         match self {
             ProblemKind::OrphanedRoom => "orphaned_room",
             ProblemKind::DanglingRoomIndex => "dangling_room_index",
-            ProblemKind::DanglingPeerIndex => "dangling_peer_index",
             ProblemKind::DanglingRoomPeer => "dangling_room_peer",
             ProblemKind::DanglingGuest => "dangling_guest",
             ProblemKind::UnindexedPeer => "unindexed_peer",

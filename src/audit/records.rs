@@ -1,22 +1,23 @@
-//! Peer records `P:room:{R}:peer:<peer>`: their fields (`malformed_peer`) and their three
-//! indexes, the room's `peers`, the instance's peer index and the guest's pointer
-//! (`unindexed_peer`).
+//! Peer records `P:room:{R}:peer:<peer>`: their fields (`malformed_peer`) and what must reach
+//! them (`unindexed_peer`): the room's `peers`, the guest's pointer, and the room index of the
+//! instance the record names. Key schema version 2 has no per-instance peer index: every
+//! record naming I is in a room listed in I's room index (`P:{ctl}:instance:<I>:rooms`) or in
+//! the one a reap moved aside (`...:reaping-rooms`), so that the reaper, which walks only that
+//! index, reaches it when I dies.
 //!
 //! Each index is read before the record is read (again): an index entry missing while the
 //! record that is read after it exists is a real gap, not an upsert in flight (index first,
 //! record second).
 
-use std::collections::BTreeSet;
-
 use redis::{RedisResult, Value};
 
 use super::findings::Fix;
 use super::read::{get, is_id, Scan};
+use super::rooms::RoomVerdicts;
 use super::snapshot::Seen;
 use super::ProblemKind::{MalformedPeer, UnindexedPeer};
 use super::BATCH;
 use crate::error::Result;
-use crate::keys::peer_member;
 
 /// A record to check: room and peer.
 type RecordRef<'s> = (&'s String, &'s String);
@@ -29,6 +30,9 @@ struct Named<'s> {
     key: String,
     instance: String,
     guest: String,
+    /// The room is a `forgotten_room` candidate of `instance`: not checked against its room
+    /// index.
+    unheld: bool,
 }
 
 /// `instance`, `guest` (`""` if none) and `generation` of an `HMGET` reply.
@@ -75,17 +79,21 @@ fn field_problems(
 }
 
 impl Scan<'_> {
-    /// Every peer record: its fields, and its three indexes (room `peers`, instance peer
-    /// index, guest pointer). Records of orphaned rooms are only checked for their fields:
-    /// they go with their room.
-    pub(super) fn records(&mut self, seen: &Seen, orphans: &BTreeSet<String>) -> Result<()> {
+    /// Every peer record: its fields, and what must reach it (room `peers`, the instance's
+    /// room index, guest pointer). Records of orphaned rooms are only checked for their
+    /// fields: they go with their room. A record of the alive metadata owner of a room with
+    /// no pin (a `forgotten_room` candidate) is not checked against that owner's room index:
+    /// fsck never indexes a room its live owner no longer holds; the room goes as a whole
+    /// (`forgotten_room`), or with the owner's reap once the owner is dead and the room
+    /// checked as its own.
+    pub(super) fn records(&mut self, seen: &Seen, verdicts: &RoomVerdicts) -> Result<()> {
         let all: Vec<RecordRef<'_>> = seen
             .rooms
             .iter()
             .flat_map(|(r, s)| s.records.iter().map(move |p| (r, p)))
             .collect();
         for chunk in all.chunks(BATCH) {
-            let named = self.records_first(chunk, orphans)?;
+            let named = self.records_first(chunk, verdicts)?;
             self.records_second(&named)?;
         }
         Ok(())
@@ -96,7 +104,7 @@ impl Scan<'_> {
     fn records_first<'s>(
         &mut self,
         chunk: &[RecordRef<'s>],
-        orphans: &BTreeSet<String>,
+        verdicts: &RoomVerdicts,
     ) -> Result<Vec<Named<'s>>> {
         let mut pipe = redis::pipe();
         for (room, peer) in chunk {
@@ -124,7 +132,7 @@ impl Scan<'_> {
             let Some(instance) = instance.filter(|i| is_id(i)) else {
                 continue;
             };
-            if orphans.contains(room) {
+            if verdicts.orphans.contains(room) {
                 continue;
             }
             if !in_room {
@@ -134,6 +142,7 @@ impl Scan<'_> {
                 room,
                 peer,
                 key,
+                unheld: verdicts.unheld.get(room) == Some(&instance),
                 instance,
                 guest,
             });
@@ -152,15 +161,15 @@ impl Scan<'_> {
         self.found(UnindexedPeer, key, "room", detail, Some(fix));
     }
 
-    /// Second pass: the instance's peer index and the guest's pointer, then the record again.
+    /// Second pass: the instance's room index (live and moved aside) and the guest's pointer,
+    /// then the record again.
     fn records_second(&mut self, named: &[Named<'_>]) -> Result<()> {
         let mut pipe = redis::pipe();
         for e in named {
-            // An index a reap moved aside counts (the reap deletes the record or puts the
-            // entry back).
-            let member = peer_member(e.room, e.peer);
-            pipe.sismember(self.ks.instance_peers(&e.instance), &member)
-                .sismember(self.ks.instance_reaping_peers(&e.instance), &member)
+            // A room index a reap moved aside counts: that reap walks the room (deletes the
+            // record) or puts the entry back into the live index.
+            pipe.sismember(self.ks.instance_rooms(&e.instance), e.room)
+                .sismember(self.ks.instance_reaping_rooms(&e.instance), e.room)
                 .hget(self.ks.room(e.room).guests, &e.guest);
             read_fields(&mut pipe, &e.key);
         }
@@ -183,12 +192,20 @@ impl Scan<'_> {
         };
         let indexed = live || aside;
         let (now_instance, now_guest, _) = record_fields(f);
-        if !indexed && now_instance.as_ref() == Some(&e.instance) {
-            let set = self.ks.instance_peers(&e.instance);
-            let detail = format!("not in {set}");
+        if !indexed && !e.unheld && now_instance.as_ref() == Some(&e.instance) {
+            // Index first: adding the room is safe whoever owns it. In a room another instance
+            // owns, a reap of this one deletes only its own records, and its live walk sweeps
+            // them.
+            let set = self.ks.instance_rooms(&e.instance);
+            let detail = format!(
+                "room {} is not in {set} (nor in {}): no reap of {} would reach this record",
+                e.room,
+                self.ks.instance_reaping_rooms(&e.instance),
+                e.instance
+            );
             let fix = Fix::Add {
                 set,
-                member: peer_member(e.room, e.peer),
+                member: e.room.clone(),
             };
             self.found(UnindexedPeer, &e.key, "instance", detail, Some(fix));
         }

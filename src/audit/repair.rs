@@ -1,8 +1,10 @@
 //! Repair (module docs, "Repair policy"): the fixes of the findings both scans saw, in a safe
 //! order: index additions, room-slot fixes (each re-checked in a script), control-plane
-//! removals (re-verified after the settle delay and put back if their record meanwhile names
-//! the instance), orphaned rooms, hand-overs to the reaper.
+//! removals (checked right before, and re-verified after the settle delay and put back if
+//! their room or a record in it meanwhile names the instance), orphaned rooms, hand-overs to
+//! the reaper.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redis::{Pipeline, RedisResult, Value};
@@ -10,6 +12,7 @@ use redis::{Pipeline, RedisResult, Value};
 use super::delete_room::{delete_room, RoomSeenByScan};
 use super::findings::{Finding, Fix, Verify};
 use super::read::{exec, get, room_names};
+use super::room_indexes::{records_naming, RecordsOf};
 use super::{BATCH, OP};
 use crate::conn::Redis;
 use crate::conn::{self, Conn};
@@ -47,8 +50,8 @@ impl Entry {
 }
 
 /// Applies the fixes of `entries` in a safe order: index additions, room-slot removals (each
-/// re-checked in a script), control-plane removals (re-verified after `settle`), orphaned
-/// rooms, hand-overs to the reaper.
+/// re-checked in a script), control-plane removals (checked right before, re-verified after
+/// `settle`), orphaned rooms, hand-overs to the reaper.
 pub(super) fn repair(
     ks: &KeySpace,
     redis: &Redis,
@@ -74,9 +77,14 @@ pub(super) fn repair(
                 _ => room_entry_outcome(r),
             },
         )?;
+        if want_add {
+            shared_additions(entries, &idx);
+        }
     }
-    // 2. Control-plane index entries pointing at nothing: removed now, verified later.
+    // 2. Control-plane index entries pointing at nothing: checked once more, removed, verified
+    // again later.
     let unindex = select(entries, |fix| matches!(fix, Fix::Unindex { .. }));
+    let unindex = still_dangling(ks, con, entries, unindex)?;
     batched(con, entries, &unindex, unindex_cmd, |_, r| set_outcome(&r))?;
     // 3. Orphaned rooms.
     delete_rooms(ks, con, entries)?;
@@ -91,6 +99,60 @@ pub(super) fn repair(
     )?;
     // 5. Removed control-plane entries whose record now names their instance go back.
     put_back(ks, redis, entries, unindex, settle)
+}
+
+/// Several findings may need the same `SADD` (records of one instance in one room, or that
+/// room unindexed too): the first one's reply is 1, the others' 0. Each of those problems was
+/// real and is fixed: marked repaired like the first.
+fn shared_additions(entries: &mut [Entry], idx: &[usize]) {
+    let added: BTreeSet<(String, String)> = idx
+        .iter()
+        .filter(|&&i| matches!(entries[i].outcome, Outcome::Repaired))
+        .filter_map(|&i| match &entries[i].f.fix {
+            Some(Fix::Add { set, member }) => Some((set.clone(), member.clone())),
+            _ => None,
+        })
+        .collect();
+    for &i in idx {
+        let e = &mut entries[i];
+        if let (Outcome::Resolved, Some(Fix::Add { set, member })) = (&e.outcome, &e.f.fix) {
+            if added.contains(&(set.clone(), member.clone())) {
+                e.outcome = Outcome::Repaired;
+            }
+        }
+    }
+}
+
+/// Step 2's check right before the removal: entries `idx` whose entry is valid now (its room
+/// or a record in it names its instance: an operation in flight, or the problem went away)
+/// are resolved and not removed; returns the others.
+fn still_dangling(
+    ks: &KeySpace,
+    con: &mut Conn,
+    entries: &mut [Entry],
+    idx: Vec<usize>,
+) -> Result<Vec<usize>> {
+    let mut out = Vec::with_capacity(idx.len());
+    for chunk in idx.chunks(BATCH) {
+        let verifies: Vec<&Verify> = chunk.iter().map(|&i| verify_of(&entries[i])).collect();
+        let valid = valid_now(ks, con, &verifies)?;
+        for (&i, valid) in chunk.iter().zip(valid) {
+            if valid {
+                entries[i].outcome = Outcome::Resolved;
+            } else {
+                out.push(i);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The check of an entry's `Unindex` fix ([`Verify::Never`] for any other).
+fn verify_of(e: &Entry) -> &Verify {
+    match &e.f.fix {
+        Some(Fix::Unindex { verify, .. }) => verify,
+        _ => &Verify::Never,
+    }
 }
 
 /// The indexes of the entries whose fix `want` selects.
@@ -165,10 +227,8 @@ fn enqueue_cmd(ks: &KeySpace, pipe: &mut Pipeline, fix: &Fix) {
         inv.key(ks.heartbeats())
             .key(ks.heartbeat(instance))
             .key(ks.instance_rooms(instance))
-            .key(ks.instance_peers(instance))
             .key(ks.instance_info(instance))
             .key(ks.instance_reaping_rooms(instance))
-            .key(ks.instance_reaping_peers(instance))
             .key(ks.instance_reaping(instance))
             .arg(instance);
         pipe.invoke_script(&inv);
@@ -239,9 +299,10 @@ fn delete_rooms(ks: &KeySpace, con: &mut Conn, entries: &mut [Entry]) -> Result<
     Ok(())
 }
 
-/// Step 5: removed control-plane entries whose record now names their instance (an
-/// operation was in flight after all) go back: a removal never leaves a live record
-/// unindexed. Waits `settle` first, when there is anything to verify.
+/// Step 5: removed control-plane entries that are valid again (an operation was in flight
+/// after all: their room or a record in it names their instance) go back: a removal never
+/// leaves a live room or record out of its instance's room index for longer than the settle
+/// delay. Waits `settle` first, when there is anything to verify.
 fn put_back(
     ks: &KeySpace,
     redis: &Redis,
@@ -252,9 +313,7 @@ fn put_back(
     let removed: Vec<usize> = unindex
         .into_iter()
         .filter(|&i| matches!(entries[i].outcome, Outcome::Repaired))
-        .filter(|&i| {
-            matches!(&entries[i].f.fix, Some(Fix::Unindex { verify, .. }) if *verify != Verify::Never)
-        })
+        .filter(|&i| *verify_of(&entries[i]) != Verify::Never)
         .collect();
     if removed.is_empty() {
         return Ok(());
@@ -267,35 +326,19 @@ fn put_back(
     Ok(())
 }
 
-/// Re-reads what each removed entry of `chunk` points at (two replies per entry) and puts
-/// back the entries that became valid.
+/// Checks each removed entry of `chunk` again and puts back those that became valid.
 fn put_back_chunk(
     ks: &KeySpace,
     con: &mut Conn,
     entries: &mut [Entry],
     chunk: &[usize],
 ) -> Result<()> {
-    let mut pipe = redis::pipe();
-    for &i in chunk {
-        if let Some(Fix::Unindex { verify, .. }) = &entries[i].f.fix {
-            verify_reads(ks, &mut pipe, verify);
-        }
-    }
-    let r = exec(con, &mut pipe)?;
+    let verifies: Vec<&Verify> = chunk.iter().map(|&i| verify_of(&entries[i])).collect();
+    let valid = valid_now(ks, con, &verifies)?;
     let mut back = redis::pipe();
     let mut back_idx = Vec::new();
-    for (n, &i) in chunk.iter().enumerate() {
-        let Some(Fix::Unindex {
-            set,
-            member,
-            verify,
-        }) = &entries[i].f.fix
-        else {
-            continue;
-        };
-        let a = get::<Option<String>>(r.get(2 * n)).flatten();
-        let b = get::<Option<String>>(r.get(2 * n + 1)).flatten();
-        if verified(verify, a.as_deref(), b.as_deref()) {
+    for (&i, valid) in chunk.iter().zip(valid) {
+        if let (true, Some(Fix::Unindex { set, member, .. })) = (valid, &entries[i].f.fix) {
             back.sadd(set, member).ignore();
             back_idx.push(i);
         }
@@ -315,28 +358,52 @@ fn put_back_chunk(
     Ok(())
 }
 
-/// Appends the two reads that tell whether a removed entry is valid again.
-fn verify_reads(ks: &KeySpace, pipe: &mut Pipeline, verify: &Verify) {
-    match verify {
-        Verify::Room { room, .. } => {
+/// Whether each entry checked by `verifies` is valid now: for [`Verify::Room`], its room's pin
+/// (or, with no pin, metadata) names the instance, or a peer record in the room does
+/// ([`records_naming`]); a pin or metadata that cannot be read (another type) counts as
+/// valid, so that nothing is removed on a guess. [`Verify::Never`]: never valid.
+fn valid_now(ks: &KeySpace, con: &mut Conn, verifies: &[&Verify]) -> Result<Vec<bool>> {
+    let mut valid = vec![false; verifies.len()];
+    let mut pipe = redis::pipe();
+    let mut rooms = Vec::new();
+    for (n, v) in verifies.iter().enumerate() {
+        if let Verify::Room { room, .. } = v {
             let rk = ks.room(room);
             pipe.get(&rk.owner).hget(&rk.meta, "owner");
-        }
-        Verify::Peer { room, peer, .. } => {
-            let rec = ks.peer(room, peer);
-            pipe.hget(&rec, "instance").hget(&rec, "instance");
-        }
-        Verify::Never => {
-            pipe.cmd("PING").cmd("PING");
+            rooms.push(n);
         }
     }
-}
-
-/// Whether the two reads of [`verify_reads`] make the removed entry valid again.
-fn verified(verify: &Verify, a: Option<&str>, b: Option<&str>) -> bool {
-    match verify {
-        Verify::Room { instance, .. } => room_names(a, b, instance),
-        Verify::Peer { instance, .. } => a == Some(instance.as_str()),
-        Verify::Never => false,
+    if rooms.is_empty() {
+        return Ok(valid);
     }
+    let r = exec(con, &mut pipe)?;
+    let mut ask = Vec::new();
+    let mut questions = Vec::new();
+    for (k, &n) in rooms.iter().enumerate() {
+        let Verify::Room {
+            room,
+            instance,
+            records,
+        } = verifies[n]
+        else {
+            continue;
+        };
+        let pin = get::<Option<String>>(r.get(2 * k));
+        let meta = get::<Option<String>>(r.get(2 * k + 1));
+        match (pin, meta) {
+            (Some(pin), Some(meta)) if !room_names(pin.as_deref(), meta.as_deref(), instance) => {
+                ask.push(n);
+                questions.push(RecordsOf {
+                    room,
+                    instance,
+                    known: records,
+                });
+            }
+            _ => valid[n] = true,
+        }
+    }
+    for (n, named) in ask.into_iter().zip(records_naming(ks, con, &questions)?) {
+        valid[n] = named;
+    }
+    Ok(valid)
 }

@@ -2,7 +2,7 @@
 //! (`orphaned_room`), the owner's room index (`unindexed_room`); then the room's `peers`,
 //! `guests` and `guest-state` (their own files).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use redis::{RedisResult, Value};
 
@@ -21,6 +21,17 @@ const EXISTS_RECORDS: usize = 8;
 
 /// A room with what the scan saw of it.
 type RoomRef<'s> = (&'s String, &'s RoomSeen);
+
+/// What the room check found for the record check ([`Scan::records`]).
+#[derive(Debug, Default)]
+pub(super) struct RoomVerdicts {
+    /// Orphaned rooms: their records go with them.
+    pub(super) orphans: BTreeSet<String>,
+    /// Rooms with no pin whose metadata names an alive instance (`forgotten_room`
+    /// candidates), with that instance: its records there are not indexed by the audit
+    /// either (fsck never indexes a room its live owner no longer holds).
+    pub(super) unheld: BTreeMap<String, String>,
+}
 
 /// A room with no pin whose metadata names a registered instance, with the metadata's
 /// `pinned_ms`: forgotten if that instance is alive ([`Scan::unpinned`]), else left to the
@@ -51,27 +62,28 @@ impl RoomRead {
 
 impl Scan<'_> {
     /// Per room: pin and metadata values, orphaned rooms, the owner's room index, the room's
-    /// `peers`, `guests` and `guest-state`. Returns the orphaned rooms.
+    /// `peers`, `guests` and `guest-state`. Returns the orphaned rooms and the
+    /// `forgotten_room` candidates.
     pub(super) fn rooms(
         &mut self,
         seen: &Seen,
         registry: Option<&BTreeSet<String>>,
-    ) -> Result<BTreeSet<String>> {
-        let mut orphans = BTreeSet::new();
+    ) -> Result<RoomVerdicts> {
+        let mut v = RoomVerdicts::default();
         let rooms: Vec<RoomRef<'_>> = seen.rooms.iter().collect();
         for chunk in rooms.chunks(BATCH) {
-            let (mut owned, unpinned) = self.room_chunk(chunk, registry, &mut orphans)?;
-            owned.extend(self.unpinned(unpinned)?);
+            let (mut owned, unpinned) = self.room_chunk(chunk, registry, &mut v.orphans)?;
+            owned.extend(self.unpinned(unpinned, &mut v.unheld)?);
             self.owner_indexes(&owned)?;
         }
         let live: Vec<RoomRef<'_>> = rooms
             .into_iter()
-            .filter(|(r, _)| !orphans.contains(*r))
+            .filter(|(r, _)| !v.orphans.contains(*r))
             .collect();
         self.room_peers(&live)?;
         self.guests(&live)?;
         self.guest_states(&live)?;
-        Ok(orphans)
+        Ok(v)
     }
 
     /// Reads a chunk of rooms, checks their values and finds the orphans (added to
@@ -118,9 +130,15 @@ impl Scan<'_> {
     /// score, heartbeat key and record's timings, and the server clock, in one round trip).
     /// A room of an alive owner is a `forgotten_room` candidate (confirmed only by a second
     /// scan, [`Evidence`]) and is not checked against the owner's index (fsck must never
-    /// index a room its live owner no longer holds); the others are returned to be checked
-    /// as owned rooms (a dead instance's room must be in its index for the reaper).
-    fn unpinned<'s>(&mut self, rooms: Vec<Unpinned<'s>>) -> Result<Vec<(RoomRef<'s>, String)>> {
+    /// index a room its live owner no longer holds: that owner's walk of its index would close
+    /// the room, racing the audit's own deletion); it goes into `unheld` with its owner. The
+    /// others are returned to be checked as owned rooms (a dead instance's room must be in its
+    /// index for the reaper).
+    fn unpinned<'s>(
+        &mut self,
+        rooms: Vec<Unpinned<'s>>,
+        unheld: &mut BTreeMap<String, String>,
+    ) -> Result<Vec<(RoomRef<'s>, String)>> {
         if rooms.is_empty() {
             return Ok(Vec::new());
         }
@@ -147,7 +165,7 @@ impl Scan<'_> {
         let defaults = Timings::default();
         let default_gap =
             (defaults.heartbeat_interval + defaults.command_timeout).as_millis() as i64;
-        let mut alive = std::collections::BTreeMap::new();
+        let mut alive = BTreeMap::new();
         for (n, o) in owners.iter().enumerate() {
             let score = get::<f64>(r.get(1 + 3 * n));
             let hb = get::<Option<String>>(r.get(2 + 3 * n)).flatten();
@@ -173,6 +191,7 @@ impl Scan<'_> {
                 rest.push(((room, rs), owner));
                 continue;
             };
+            unheld.insert(room.clone(), owner.clone());
             let rk = ks.room(room);
             let detail = format!(
                 "room {room}: no pin, while its metadata names {owner}, which is alive (last heartbeat at server ms {owner_heartbeat_ms}) and re-pins every room it holds within {min_gap_ms} ms: it no longer holds this one"

@@ -1,7 +1,7 @@
 //! The first step of a scan: `SCAN MATCH P:*` with a pipelined `TYPE` per page, which keys of
 //! the schema exist and with which type ([`Seen`]). Keys outside the schema are reported
-//! (`unknown_key`), keys of the wrong type too (`wrong_type`) and are then left out of every
-//! other check.
+//! (`unknown_key`, key schema version 1's peer indexes among them), keys of the wrong type too
+//! (`wrong_type`) and are then left out of every other check.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,11 +46,10 @@ impl RoomSeen {
 pub(super) struct InstanceSeen {
     pub(super) hb: bool,
     pub(super) rooms: bool,
-    pub(super) peers: bool,
     /// Its self-description (`P:{ctl}:instance:<I>:info`).
     pub(super) info: bool,
-    /// Indexes moved aside by a reap under way or interrupted
-    /// (`P:{ctl}:instance:<I>:reaping-rooms`, `:reaping-peers`, `:reaping`).
+    /// A room index moved aside by a reap under way or interrupted
+    /// (`P:{ctl}:instance:<I>:reaping-rooms`), or that reap's token (`:reaping`).
     pub(super) reaping: bool,
 }
 
@@ -77,7 +76,8 @@ impl Seen {
             .collect()
     }
 
-    /// Notes one key of the schema: present with the right type (`ok`), or wrong-typed.
+    /// Notes one key of the schema: present with the right type (`ok`), or wrong-typed. Key
+    /// schema version 1's peer indexes are not keys of this schema ([`v1_peer_index`]).
     fn note(&mut self, parsed: ParsedKey, ok: bool) {
         match parsed {
             ParsedKey::Heartbeats => self.heartbeats = Some(ok),
@@ -86,13 +86,11 @@ impl Seen {
             ParsedKey::Dataset | ParsedKey::Schema | ParsedKey::ShardDataset(_) => {}
             ParsedKey::Heartbeat(i) => self.instances.entry(i).or_default().hb |= ok,
             ParsedKey::InstanceRooms(i) => self.instances.entry(i).or_default().rooms |= ok,
-            ParsedKey::InstancePeers(i) => self.instances.entry(i).or_default().peers |= ok,
             ParsedKey::InstanceInfo(i) => self.instances.entry(i).or_default().info |= ok,
-            ParsedKey::InstanceReapingRooms(i)
-            | ParsedKey::InstanceReapingPeers(i)
-            | ParsedKey::InstanceReaping(i) => {
+            ParsedKey::InstanceReapingRooms(i) | ParsedKey::InstanceReaping(i) => {
                 self.instances.entry(i).or_default().reaping |= ok;
             }
+            ParsedKey::V1InstancePeers(_) | ParsedKey::V1InstanceReapingPeers(_) => {}
             ParsedKey::RoomOwner(r) => self.room_flag(r, ok, |s| &mut s.owner),
             ParsedKey::RoomMeta(r) => self.room_flag(r, ok, |s| &mut s.meta),
             ParsedKey::RoomPeers(r) => self.room_flag(r, ok, |s| &mut s.peers),
@@ -116,7 +114,22 @@ impl Seen {
     }
 }
 
-/// The Redis type the schema gives a key.
+/// What to say about a key schema version 1 peer index (`None`: `k` is not one). Version 2
+/// dropped them (`keys::SCHEMA_VERSION`): the room index reaches every record.
+fn v1_peer_index(k: &ParsedKey) -> Option<&'static str> {
+    match k {
+        ParsedKey::V1InstancePeers(_) => Some(
+            "a key schema version 1 peer index (`<room>/<peer>` members), which version 2 does not use; `sfu-redis migrate --apply` folds it into the instance's room index; left alone",
+        ),
+        ParsedKey::V1InstanceReapingPeers(_) => Some(
+            "a key schema version 1 peer index moved aside by a reap, which version 2 does not use; `sfu-redis migrate --apply` folds it into the instance's room index; left alone",
+        ),
+        _ => None,
+    }
+}
+
+/// The Redis type the schema gives a key (key schema version 1's peer indexes: a set, as
+/// they were).
 fn expected_type(k: &ParsedKey) -> &'static str {
     match k {
         ParsedKey::Heartbeats => "zset",
@@ -129,9 +142,9 @@ fn expected_type(k: &ParsedKey) -> &'static str {
         | ParsedKey::InstanceReaping(_)
         | ParsedKey::RoomOwner(_) => "string",
         ParsedKey::InstanceRooms(_)
-        | ParsedKey::InstancePeers(_)
+        | ParsedKey::V1InstancePeers(_)
         | ParsedKey::InstanceReapingRooms(_)
-        | ParsedKey::InstanceReapingPeers(_)
+        | ParsedKey::V1InstanceReapingPeers(_)
         | ParsedKey::RoomPeers(_) => "set",
         ParsedKey::InstanceInfo(_)
         | ParsedKey::RoomMeta(_)
@@ -146,10 +159,10 @@ fn ids_of(parsed: &ParsedKey) -> Vec<&String> {
     match parsed {
         ParsedKey::Heartbeat(i)
         | ParsedKey::InstanceRooms(i)
-        | ParsedKey::InstancePeers(i)
+        | ParsedKey::V1InstancePeers(i)
         | ParsedKey::InstanceInfo(i)
         | ParsedKey::InstanceReapingRooms(i)
-        | ParsedKey::InstanceReapingPeers(i)
+        | ParsedKey::V1InstanceReapingPeers(i)
         | ParsedKey::InstanceReaping(i) => vec![i],
         ParsedKey::RoomOwner(r)
         | ParsedKey::RoomMeta(r)
@@ -201,6 +214,9 @@ impl Scan<'_> {
             let detail = format!("a {t} that is not a key of the schema; left alone");
             return self.unknown(&key, detail);
         };
+        if let Some(why) = v1_peer_index(&parsed) {
+            return self.unknown(&key, why.to_owned());
+        }
         if let Some(bad) = ids_of(&parsed).into_iter().find(|i| !is_id(i)) {
             let detail = format!("{bad:?} in the key name is not an id in wire form; left alone");
             return self.unknown(&key, detail);

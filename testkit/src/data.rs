@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use redis::{ConnectionLike, RedisResult};
-use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace};
+use sfu_redis::keys::{encode_id, IdKind, KeySpace};
 
 /// Rooms per pipelined round trip when fabricating, and keys per pipelined round trip when
 /// dumping.
@@ -58,20 +58,17 @@ pub struct DeadInstance<'a> {
     pub score_ms: i64,
     /// `Some(px)`: each room's pin, with that TTL (ms); `None`: the pins have expired.
     pub pin_px: Option<u64>,
-    /// Mark each room `solo` (as `pin_room.lua` does for a room pinned while empty).
-    pub solo: bool,
     /// The value of the `name` host field of each peer record (`None`: `host field of <peer>`).
     pub peer_field: Option<&'a str>,
 }
 
 impl<'a> DeadInstance<'a> {
-    /// A dead instance `id` whose last heartbeat was at `score_ms`, pins expired, no solo mark.
+    /// A dead instance `id` whose last heartbeat was at `score_ms`, pins expired.
     pub fn new(id: &'a str, score_ms: i64) -> Self {
         DeadInstance {
             id,
             score_ms,
             pin_px: None,
-            solo: false,
             peer_field: None,
         }
     }
@@ -81,16 +78,16 @@ fn wire(kind: IdKind, id: &str) -> String {
     encode_id(kind, id).expect("a valid id")
 }
 
-/// Writes, following the key schema, the data a dead instance left: for each room its pin (if
-/// [`DeadInstance::pin_px`]), metadata (`owner`, `pinned_ms` a second before the score,
-/// `peer_seq`, `solo` if asked), peer records (`instance`, `guest`, `generation` 1.., and
-/// `updated_ms` half a second before the score, plus a `name` host field), the room's peer
-/// set, guest pointers and guest states, and both instance indexes (index first, record
-/// second, as the library writes); then its sorted-set entry with no heartbeat key. [`BATCH`]
-/// rooms per pipeline (not atomic: on a cluster the rooms are on several masters; the
-/// sorted-set entry that makes the instance a candidate is written last, apart). Returns the keys written, each room's five room
-/// keys and then its peer records, room after room, and last the two index keys (the shape
-/// the benchmarks' floors expect).
+/// Writes, following the key schema (version 2), the data a dead instance left: for each room
+/// its pin (if [`DeadInstance::pin_px`]), metadata (`owner`, `pinned_ms` a second before the
+/// score, `peer_seq`), peer records (`instance`, `guest`, `generation` 1.., and `updated_ms`
+/// half a second before the score, plus a `name` host field), the room's peer set, guest
+/// pointers and guest states, and the instance's room index, which reaches every one of those
+/// records (index first, record second, as the library writes); then its sorted-set entry with
+/// no heartbeat key. [`BATCH`] rooms per pipeline (not atomic: on a cluster the rooms are on
+/// several masters; the sorted-set entry that makes the instance a candidate is written last,
+/// apart). Returns the keys written, each room's five room keys and then its peer records,
+/// room after room, and last the room index key (the shape the benchmarks' floors expect).
 pub fn fabricate_dead(
     con: &mut impl ConnectionLike,
     ks: &KeySpace,
@@ -102,13 +99,8 @@ pub fn fabricate_dead(
     for chunk in rooms.chunks(BATCH) {
         let mut pipe = redis::pipe();
         for room in chunk {
-            let r = wire(IdKind::Room, &room.id);
-            pipe.sadd(ks.instance_rooms(&i), &r).ignore();
-            for (peer, _) in &room.peers {
-                let p = wire(IdKind::Peer, peer);
-                pipe.sadd(ks.instance_peers(&i), peer_member(&r, &p))
-                    .ignore();
-            }
+            pipe.sadd(ks.instance_rooms(&i), wire(IdKind::Room, &room.id))
+                .ignore();
         }
         for room in chunk {
             write_room(&mut pipe, ks, dead, &i, room, &mut keys);
@@ -121,7 +113,6 @@ pub fn fabricate_dead(
         .arg(&i)
         .query::<()>(con)?;
     keys.push(ks.instance_rooms(&i));
-    keys.push(ks.instance_peers(&i));
     Ok(keys)
 }
 
@@ -144,19 +135,15 @@ fn write_room(
             .arg(px)
             .ignore();
     }
-    let meta = pipe
-        .cmd("HSET")
+    pipe.cmd("HSET")
         .arg(&rk.meta)
         .arg("owner")
         .arg(i)
         .arg("pinned_ms")
         .arg(dead.score_ms - 1000)
         .arg("peer_seq")
-        .arg(room.peers.len());
-    if dead.solo {
-        meta.arg("solo").arg(i);
-    }
-    meta.ignore();
+        .arg(room.peers.len())
+        .ignore();
     keys.extend([
         rk.owner.clone(),
         rk.meta.clone(),

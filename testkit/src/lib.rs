@@ -13,6 +13,8 @@
 //!   sentinels' answers translated to the proxies' addresses), for faults under failovers.
 //! - [`data`]: a dead instance's data written as the library writes it, dumps of every key,
 //!   and the places a dump still names something.
+//! - [`fixture`]: a prefix dumped as JSON by a release's own processes (`tests/fixtures/`),
+//!   loaded into a test server (a Redis Cluster too).
 //!
 //! Depending on this crate enables the `testing` feature of `sfu-redis` (test hooks on `Node`).
 
@@ -24,5 +26,6 @@ pub mod data;
 pub mod devserver;
 pub mod faultproxy;
 pub mod faultroute;
+pub mod fixture;
 pub mod sentinel;
 pub mod tls;

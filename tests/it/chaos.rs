@@ -83,8 +83,9 @@
 //! least two full reap windows, then polling until the fleet has converged. The checker:
 //!
 //! 1. every live node owns every room it did not report lost: pin and metadata name it, peer
-//!    set, guest map and peer records complete, its two indexes hold exactly that (the index
-//!    part is the audit's one consistency scan, `sfu_redis::audit::scan`). Nobody takes a
+//!    set, guest map and peer records complete, its room index holds exactly that and reaches
+//!    every record naming it (the index part is the audit's one consistency scan,
+//!    `sfu_redis::audit::scan`). Nobody takes a
 //!    fixed room over or closes one, so the only legal loss of one is a zombie's (`reaped_self`,
 //!    then `room_lost` for each of its rooms); a `room_lost` of a fixed room outside such a
 //!    report is a live instance's room lost (pool rooms may be lost: they move). A room
@@ -100,14 +101,22 @@
 //!    reports no problem;
 //! 4. every killed instance id appears nowhere (no key, member, field or value) and is not in
 //!    the heartbeat sorted set; for a killed life whose id a later, live life reuses: none of
-//!    the old life's fixed rooms appears anywhere (the new life's are checked by 1);
+//!    the old life's fixed rooms appears anywhere (the new life's are checked by 1); and for
+//!    every live instance (a reused id, or a zombie that registered again), nothing of an
+//!    earlier registration of its id is left: no peer record naming it written, and no room
+//!    whose metadata names it pinned, before its current registration (`started_ms` of its
+//!    info hash; `earlier_life_problems`);
 //! 5. every live node is registered and alive in `fleet_status`, nothing else is registered,
 //!    and a live leader holds the lease;
 //! 6. invariant 4 exactly, for every live instance, from the dump (`index_problems`): every
-//!    member of its room index is a room whose pin and metadata name it, every member of its
-//!    peer index has a record naming it, every room whose pin or metadata names it and every
-//!    record naming it is indexed. The audit (checks 1 and 2) finds the same four directions
-//!    (`dangling_room_index`, `dangling_peer_index`, `unindexed_room`, `unindexed_peer`,
+//!    member of its room index is a room whose pin and metadata name it, every room whose pin
+//!    or metadata names it is in its room index, every peer record naming it lies in a room of
+//!    its room index (key schema version 2: the room index is an instance's one index and
+//!    reaches its records), and it has no room index moved aside by a reap. Besides, for every
+//!    record in the dump, whichever instance it names, live or dead: its room is in that
+//!    instance's room index or moved room index (`support::unreached_records`). The audit
+//!    (checks 1 and 2) finds the same directions (`dangling_room_index`, `unindexed_room`,
+//!    `unindexed_peer`,
 //!    judging a room by its pin, else its metadata, and a pin and metadata naming two
 //!    instances as `malformed_value`); this check is independent of it and names the instance;
 //! 7. the workload ran: at least 5 churn calls per node-second, every kind of churn call
@@ -134,13 +143,13 @@ use std::time::{Duration, Instant};
 use redis::Connection;
 use serde_json::{json, Value};
 use sfu_redis::audit::{self, audit, AuditOptions, Problem, ProblemKind};
-use sfu_redis::keys::{split_peer_member, KeySpace, ParsedKey};
+use sfu_redis::keys::{KeySpace, ParsedKey};
 use sfu_redis::status::fleet_status;
 use sfu_redis::{Config, Timings};
 use sfu_redis_testkit::faultroute::FaultRoute;
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 use support::procs::{NodeProc, FAST};
-use support::{config_for, references, Direction, FaultProxy, Server, Val};
+use support::{config_for, references, unreached_records, Direction, FaultProxy, Server, Val};
 
 const STAGE: &str = "chaos";
 /// Node processes kept running (five "live-ish" nodes most of the time).
@@ -637,11 +646,11 @@ fn fast_flag(name: &str) -> Duration {
 /// guests, the room's peer set holds exactly those peers; the records naming it are exactly
 /// those (no other room's). Ids here are plain `[a-z0-9-]`: wire form = id.
 ///
-/// Whether its indexes, guest pointers and sets agree with those records (invariant 4) is the
-/// audit's one consistency scan (`scan`, [`sfu_redis::audit::scan`]): every problem it found
-/// at this life's keys (heartbeat key, two indexes, its rooms' keys) is one here. With the
-/// ownership above, a clean scan means its two indexes hold exactly its rooms and peers and
-/// each guest points at its peer.
+/// Whether its room index, guest pointers and sets agree with those records (invariant 4) is
+/// the audit's one consistency scan (`scan`, [`sfu_redis::audit::scan`]): every problem it
+/// found at this life's keys (heartbeat key, room index, its rooms' keys) is one here. With the
+/// ownership above, a clean scan means its room index holds exactly its rooms and reaches its
+/// records, and each guest points at its peer.
 fn owned_problems(
     ks: &KeySpace,
     dump: &BTreeMap<String, Val>,
@@ -676,20 +685,22 @@ fn owned_problems(
     p
 }
 
-/// Invariant 4, exactly, for live instance `id`, from the dump alone (besides the audit):
-/// every member of its room index is a room whose pin AND metadata name it; every member
-/// `r/p` of its peer index has a record naming it; every room whose pin or metadata names it
-/// is in its room index; every peer record naming it is in its peer index. (The audit's
-/// `dangling_room_index` / `unindexed_room` judge a room by its pin, else its metadata, and
-/// report a pin and metadata that disagree as `malformed_value`; here both must name it.)
-/// Ids here are plain: wire form = id.
+/// Invariant 4, exactly, for live instance `id`, from the dump alone (besides the audit), with
+/// key schema version 2's one index per instance: every member of its room index is a room
+/// whose pin AND metadata name it; every room whose pin or metadata names it is in its room
+/// index; every peer record naming it lies in a room of its room index (so, with the first
+/// rule, in a room it owns: only a room's owner writes records into it, and an instance that
+/// lost a room deletes its records there before the room leaves its index); and no room index
+/// of it is moved aside (a reap of a live instance ends `alive`, its registration merged the
+/// moved index back). (The audit's `dangling_room_index` / `unindexed_room` judge a room by its
+/// pin, else its metadata, and report a pin and metadata that disagree as `malformed_value`;
+/// here both must name it.) Ids here are plain: wire form = id.
 fn index_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<String> {
     let set = |k: &str| match dump.get(k) {
         Some(Val::Set(v)) => v.clone(),
         _ => BTreeSet::new(),
     };
     let room_index = set(&ks.instance_rooms(id));
-    let peer_index = set(&ks.instance_peers(id));
     let mut p = Vec::new();
     let mut owned = BTreeSet::new();
     let mut named = BTreeSet::new();
@@ -706,7 +717,7 @@ fn index_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<
             (Some(ParsedKey::Peer(r, peer)), Val::Hash(h))
                 if h.get("instance").map(String::as_str) == Some(id) =>
             {
-                named.insert(format!("{r}/{peer}"));
+                named.insert((r, peer));
             }
             _ => {}
         }
@@ -727,25 +738,66 @@ fn index_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<
             ));
         }
     }
-    for m in &peer_index {
-        if !named.contains(m) {
-            let rec = split_peer_member(m)
-                .and_then(|(r, peer)| dump.get(&ks.peer(r, peer)))
-                .map(|v| format!("{v:?}"));
-            p.push(format!(
-                "invariant 4: {id}'s peer index holds {m}, whose record is {}",
-                rec.unwrap_or_else(|| "missing".into())
-            ));
-        }
-    }
     for r in owned.difference(&room_index) {
         p.push(format!(
             "invariant 4: room {r} (pin or metadata names {id}) is not in {id}'s room index"
         ));
     }
-    for m in named.difference(&peer_index) {
+    for (r, peer) in &named {
+        if !room_index.contains(r) {
+            p.push(format!(
+                "invariants 2 and 4: peer record {r}/{peer} names {id}, but room {r} is not in {id}'s room index (no reap of {id} would reach it)"
+            ));
+        }
+    }
+    let moved = set(&ks.instance_reaping_rooms(id));
+    if !moved.is_empty() || dump.contains_key(&ks.instance_reaping(id)) {
         p.push(format!(
-            "invariant 4: peer record {m} names {id} but is not in {id}'s peer index"
+            "{id} is live, yet a reap's moved room index {moved:?} (or its token) is left"
+        ));
+    }
+    p
+}
+
+/// What an earlier registration of live instance `id` (an earlier life of a reused id, or the
+/// same process before it was reaped as a zombie and registered again) left behind, from the
+/// dump: a peer record naming `id` written (`updated_ms`), or a room whose metadata names `id`
+/// pinned (`pinned_ms`), before the current registration (`started_ms` of its info hash,
+/// server ms; a registration comes before any write of its life, and a restore after data
+/// loss keeps `started_ms` and writes its records and pins anew). After a reap, or the new
+/// registration's clean-up of its earlier life, nothing may name that earlier life (invariant
+/// 2). Empty when the info hash (or its `started_ms`) is missing: `registration_problems`
+/// and the audit report that.
+fn earlier_life_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, id: &str) -> Vec<String> {
+    let Some(started) = (match dump.get(&ks.instance_info(id)) {
+        Some(Val::Hash(h)) => h.get("started_ms").and_then(|v| v.parse::<i64>().ok()),
+        _ => None,
+    }) else {
+        return Vec::new();
+    };
+    let before = |h: &BTreeMap<String, String>, f: &str| {
+        h.get(f)
+            .and_then(|v| v.parse::<i64>().ok())
+            .map_or(true, |t| t < started)
+    };
+    let mut p = Vec::new();
+    for (k, v) in dump {
+        let Val::Hash(h) = v else { continue };
+        let what = match ks.parse(k) {
+            Some(ParsedKey::Peer(..))
+                if h.get("instance").map(String::as_str) == Some(id) && before(h, "updated_ms") =>
+            {
+                "written"
+            }
+            Some(ParsedKey::RoomMeta(_))
+                if h.get("owner").map(String::as_str) == Some(id) && before(h, "pinned_ms") =>
+            {
+                "pinned"
+            }
+            _ => continue,
+        };
+        p.push(format!(
+            "invariant 2: {k} names {id} and was {what} before its registration at {started} ms (an earlier life's): {h:?}"
         ));
     }
     p
@@ -815,8 +867,8 @@ fn room_problems(ks: &KeySpace, dump: &BTreeMap<String, Val>, life: &Life, r: &s
     p
 }
 
-/// True for a key of instance `id` (heartbeat key, room or peer index) or of one of its
-/// `rooms` (any room key, peer records included).
+/// True for a key of instance `id` (heartbeat key, room index live or moved aside, reap token,
+/// info hash) or of one of its `rooms` (any room key, peer records included).
 fn at_life_key(ks: &KeySpace, key: &str, id: &str, rooms: &BTreeSet<String>) -> bool {
     ks.parse(key)
         .is_some_and(|k| k.instance() == Some(id) || k.room().is_some_and(|r| rooms.contains(r)))
@@ -1603,19 +1655,19 @@ impl Chaos {
         };
         let late = self.restore_deadline.is_some_and(|d| now > d);
         // What must be back is what the node holds: its registration, pins, metadata, records
-        // and their index entries (`unindexed_*`). Extra entries (`dangling_*`: an index entry
-        // whose record never landed, from a churn call around the restart or the switch, index
-        // first, its record's reply lost with the connection) are the index walk's to remove,
-        // a rotating eighth of the node's stripes per tick (up to 8 ticks, more than the
-        // restore's limit on a loaded machine: a loaded run once saw one 1.8 s after a
-        // restart): invariant 4, checked exactly after quiescence.
+        // and the room index entries that reach them (`unindexed_*`). Extra entries
+        // (`dangling_*`: a room index entry whose pin never landed, from a churn pin around the
+        // restart or the switch, index first, its pin's reply lost with the connection; a
+        // room's peer or guest entry whose record went) are the index walk's to remove, one
+        // page of the room index per tick (more than the restore's limit on a loaded machine:
+        // a loaded run once saw one 1.8 s after a restart): invariant 4, checked exactly after
+        // quiescence.
         let scan: Vec<Problem> = scan
             .into_iter()
             .filter(|p| {
                 !matches!(
                     p.kind,
                     ProblemKind::DanglingRoomIndex
-                        | ProblemKind::DanglingPeerIndex
                         | ProblemKind::DanglingRoomPeer
                         | ProblemKind::DanglingGuest
                 )
@@ -2189,10 +2241,12 @@ impl Chaos {
         live == registered
             && st.instances.iter().all(|i| i.alive)
             && st.leader_alive
+            && unreached_records(&self.ks, &dump).is_empty()
             && self.lives.iter().enumerate().all(|(li, l)| {
                 if l.live() {
                     owned_problems(&self.ks, &dump, &scan, l).is_empty()
                         && index_problems(&self.ks, &dump, &l.id).is_empty()
+                        && earlier_life_problems(&self.ks, &dump, &l.id).is_empty()
                 } else {
                     self.dead_leftovers(&dump, li).is_empty()
                 }
@@ -2304,6 +2358,10 @@ impl Chaos {
                 for p in index_problems(&self.ks, &dump, id) {
                     found.push((li, p));
                 }
+                // (4) nothing of an earlier registration of its id is left.
+                for p in earlier_life_problems(&self.ks, &dump, id) {
+                    found.push((li, p));
+                }
                 let lost: Vec<String> = l.lost.iter().cloned().collect();
                 let back = references(&dump, &lost);
                 if !back.is_empty() {
@@ -2377,6 +2435,11 @@ impl Chaos {
                     ));
                 }
             }
+        }
+        // (6) every record in the dump, whichever instance it names (live or dead, reaped or
+        // not yet): its room is in that instance's room index, live or moved aside.
+        for p in unreached_records(&self.ks, &dump) {
+            found.push((usize::MAX, format!("invariants 2 and 4: {p}")));
         }
         // (4/5) nothing else registered.
         let zset: Vec<String> = match dump.get(&self.ks.heartbeats()) {

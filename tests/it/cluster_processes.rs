@@ -22,7 +22,7 @@ fn expected_keys(node: &NodeProc) -> BTreeSet<String> {
     let mut k = BTreeSet::from([
         format!("{p}:{{ctl}}:hb:{}", node.id),
         format!("{p}:{{ctl}}:instance:{}:rooms", node.id),
-        format!("{p}:{{ctl}}:instance:{}:peers", node.id),
+        format!("{p}:{{ctl}}:instance:{}:info", node.id),
     ]);
     for r in &node.rooms {
         for suffix in ["owner", "meta", "peers", "guests"] {

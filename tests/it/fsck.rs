@@ -20,10 +20,10 @@ use support::*;
 
 const STAGE: &str = "f";
 
-/// Report-only audits: two scans 500 ms apart. An in-flight state (an upsert's index entry
-/// written in its own round trip just before the record) lasts as long as the node's thread
-/// is descheduled between the two: 100 ms was once not enough on a loaded CI machine (stop 25:
-/// `live_churn_is_never_a_problem...` reported a peer index entry whose record came later).
+/// Report-only audits: two scans 500 ms apart. An in-flight state (an index entry written in
+/// its own round trip just before its record) lasts as long as the node's thread is
+/// descheduled between the two: 100 ms was once not enough on a loaded CI machine (stop 25:
+/// `live_churn_is_never_a_problem...` reported an index entry whose record came later).
 const REPORT_SETTLE: Duration = Duration::from_millis(500);
 /// Repairs: longer than `Timings::fast()`'s 400 ms command timeout.
 const REPAIR_SETTLE: Duration = Duration::from_millis(500);
@@ -383,13 +383,13 @@ fn orphaned_rooms_are_found_and_deleted() {
     assert_clean(&run(&s, STAGE, false));
 }
 
-// Index entries pointing at nothing, next to a live node's real entries: a peer-index member
-// without record, one whose record names another instance, room-index members whose room is
-// pinned by another instance or does not exist, a room `peers` member without record, a guest
-// pointing at a missing peer (with its guest state) and one pointing at a peer whose record
-// names another guest. Each is reported with its kind at its index key; --repair removes
-// exactly those entries (the live ones stay), and a second audit is clean. Fails if a
-// dangling check is missing or if the repair touches a live entry.
+// Index entries pointing at nothing, next to live nodes' real entries: room-index members of
+// inst-a whose room is pinned by inst-b and holds no record of inst-a, or does not exist at
+// all; a room `peers` member without record; a guest pointing at a missing peer (with its guest
+// state) and one pointing at a peer whose record names another guest. Each is reported with its
+// kind at its index key; --repair removes exactly those entries (the live ones stay), and a
+// second audit is clean. Fails if a dangling check is missing or if the repair touches a live
+// entry.
 #[test]
 fn dangling_index_entries_are_found_and_removed() {
     let s = Server::start();
@@ -398,10 +398,8 @@ fn dangling_index_entries_are_found_and_removed() {
     let b = s.node_with(STAGE, "inst-b", quiet());
     populate(&a, "r", &[("p1", Some("g1"))]);
     populate(&b, "rb", &[("pb", None)]);
-    let a_peers = ks.instance_peers("inst-a");
     let a_rooms = ks.instance_rooms("inst-a");
     let r = ks.room("r");
-    raw(&s, &["SADD", &a_peers, "r/ghost-peer", "rb/pb"]);
     raw(&s, &["SADD", &a_rooms, "rb", "nowhere"]);
     raw(&s, &["SADD", &r.peers, "ghost"]);
     raw(
@@ -414,7 +412,6 @@ fn dangling_index_entries_are_found_and_removed() {
     assert_eq!(
         found(&rep),
         expect(&[
-            (ProblemKind::DanglingPeerIndex, &a_peers, 2),
             (ProblemKind::DanglingRoomIndex, &a_rooms, 2),
             (ProblemKind::DanglingRoomPeer, &r.peers, 1),
             (ProblemKind::DanglingGuest, &r.guests, 2),
@@ -424,9 +421,8 @@ fn dangling_index_entries_are_found_and_removed() {
     );
 
     let rep = run(&s, STAGE, true);
-    assert_eq!(rep.repaired, 7, "{:#?}", rep.problems);
+    assert_eq!(rep.repaired, 5, "{:#?}", rep.problems);
     assert!(rep.clean());
-    assert_eq!(smembers(&s, &a_peers), ["r/p1".to_owned()].into());
     assert_eq!(smembers(&s, &a_rooms), ["r".to_owned()].into());
     assert_eq!(smembers(&s, &r.peers), ["p1".to_owned()].into());
     assert_eq!(
@@ -435,10 +431,11 @@ fn dangling_index_entries_are_found_and_removed() {
     );
     assert!(!exists(&s, &r.guest_state), "state goes with its pointer");
     assert_eq!(
-        smembers(&s, &ks.instance_peers("inst-b")),
-        ["rb/pb".to_owned()].into()
+        smembers(&s, &ks.instance_rooms("inst-b")),
+        ["rb".to_owned()].into()
     );
     assert_eq!(b.room_owner("rb").unwrap().as_deref(), Some("inst-b"));
+    assert!(exists(&s, &ks.peer("rb", "pb")));
     assert!(s.index_problems(&ks).is_empty());
     assert_clean(&run(&s, STAGE, false));
     // The live node still works on its repaired room.
@@ -446,13 +443,95 @@ fn dangling_index_entries_are_found_and_removed() {
     assert_clean(&run(&s, STAGE, false));
 }
 
+/// Writes a peer record `peer` naming `instance` into `room` and the room's `peers` set,
+/// updated long ago (`updated_ms` 1: any reap that starts now counts it as written before).
+fn plant_record(s: &Server, ks: &KeySpace, room: &str, peer: &str, instance: &str) {
+    raw(
+        s,
+        &[
+            "HSET",
+            &ks.peer(room, peer),
+            "instance",
+            instance,
+            "guest",
+            "",
+            "generation",
+            "1",
+            "updated_ms",
+            "1",
+        ],
+    );
+    raw(s, &["SADD", &ks.room(room).peers, peer]);
+}
+
+// Key schema version 2's rule from the room index's side: inst-a's room index lists a room that
+// inst-b owns now, while a record of inst-a is still in it (inst-a lost the room and its walk
+// has not swept its records yet). That entry is right: it is how the reaper would reach the
+// record. Not reported, and --repair leaves it. Once the record is gone, the entry reaches
+// nothing: `dangling_room_index` (its detail says no record names inst-a), and --repair
+// removes it without touching inst-b's room. Fails if the check ignores the records (the entry,
+// the record's only way in, would be removed) or if it never reports the entry once they are
+// gone.
+#[test]
+fn a_room_index_entry_is_kept_while_a_record_of_its_instance_is_left_in_the_room() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let _a = s.node_with(STAGE, "inst-a", quiet());
+    let b = s.node_with(STAGE, "inst-b", quiet());
+    populate(&b, "taken", &[("bp", None)]);
+    let a_rooms = ks.instance_rooms("inst-a");
+    raw(&s, &["SADD", &a_rooms, "taken"]);
+    plant_record(&s, &ks, "taken", "ap", "inst-a");
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+
+    assert_clean(&run(&s, STAGE, false));
+    assert_clean(&run(&s, STAGE, true));
+    assert!(smembers(&s, &a_rooms).contains("taken"));
+    assert!(exists(&s, &ks.peer("taken", "ap")));
+
+    // inst-a's records there are gone (as its walk's sweep deletes them).
+    raw(&s, &["DEL", &ks.peer("taken", "ap")]);
+    raw(&s, &["SREM", &ks.room("taken").peers, "ap"]);
+    let rep = run(&s, STAGE, false);
+    assert_eq!(
+        found(&rep),
+        expect(&[(ProblemKind::DanglingRoomIndex, &a_rooms, 1)]),
+        "{:#?}",
+        rep.problems
+    );
+    assert!(
+        rep.problems[0].detail.contains("taken")
+            && rep.problems[0].detail.contains("no peer record"),
+        "{}",
+        rep.problems[0].detail
+    );
+    let rep = run(&s, STAGE, true);
+    assert_eq!(rep.repaired, 1, "{:#?}", rep.problems);
+    assert!(!smembers(&s, &a_rooms).contains("taken"));
+    assert_eq!(b.room_owner("taken").unwrap().as_deref(), Some("inst-b"));
+    assert_eq!(
+        smembers(&s, &ks.room("taken").peers),
+        ["bp".to_owned()].into()
+    );
+    assert!(exists(&s, &ks.peer("taken", "bp")));
+    assert!(smembers(&s, &ks.instance_rooms("inst-b")).contains("taken"));
+    assert_clean(&run(&s, STAGE, false));
+}
+
 // One scan (`audit::scan`, what `Server::index_problems` and the chaos checker call) finds each
-// gap the tests' former index checker looked for, at the right key: a record missing from its
-// instance's peer index, from its room's `peers` or from its guest's pointer; a `peers` member
-// without a record; a guest pointing at a record of another guest; guest state without a
-// pointer; a peer index entry whose record names another instance; a room its owner does not
-// index; a key outside the schema. Data written by hand for a registered, live instance (no
-// node runs, so nothing repairs it meanwhile). Fails if the scan misses one of them.
+// gap the tests' index checker looks for, at the right key: a record whose room its instance's
+// room index does not list (also in a room its owner does not index), a record missing from
+// its room's `peers` or from its guest's pointer; a `peers` member without a record; a guest
+// pointing at a record of another guest; guest state without a pointer; a room index entry
+// whose room is another instance's and holds no record of the indexing instance; a room its
+// owner does not index; a key outside the schema. A record of inst-b left in a room of inst-a,
+// which inst-b's room index lists, is consistent. Data written by hand for registered, live
+// instances (no node runs, so nothing repairs it meanwhile). The support's own reach check
+// (records no room index reaches) agrees with the audit. Fails if the scan misses one of them.
 #[test]
 fn one_scan_finds_every_gap_the_index_checker_looked_for() {
     let s = Server::start();
@@ -471,7 +550,8 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
         );
         raw(&s, &["SADD", &ks.instance_rooms("inst-a"), r]);
     }
-    // A consistent record `p` (guest `guest`) of `instance` in room `r`, with its indexes.
+    // A consistent record `p` (guest `guest`) of `instance` in room `r`, with what reaches it:
+    // the room's `peers`, the guest's pointer, the room in the instance's room index.
     let record = |r: &str, p: &str, instance: &str, guest: &str| {
         let rk = ks.room(r);
         raw(
@@ -488,10 +568,7 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
             ],
         );
         raw(&s, &["SADD", &rk.peers, p]);
-        raw(
-            &s,
-            &["SADD", &ks.instance_peers(instance), &format!("{r}/{p}")],
-        );
+        raw(&s, &["SADD", &ks.instance_rooms(instance), r]);
         if !guest.is_empty() {
             raw(&s, &["HSET", &rk.guests, guest, p]);
         }
@@ -501,17 +578,22 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
     }
     record("r3", "p3", "inst-a", "g3");
     record("r5", "p5", "inst-a", "g5");
+    // inst-b's record left in r7, a room of inst-a: inst-b's room index keeps r7.
     record("r7", "p7", "inst-b", "");
     let start = audit::scan(&ks, &mut s.con()).unwrap();
     assert!(start.is_empty(), "consistent to start with: {start:#?}");
+    assert!(s.index_problems(&ks).is_empty());
 
-    raw(&s, &["SREM", &ks.instance_peers("inst-a"), "r1/p1"]);
+    // r1's record now names inst-b, whose room index does not list r1.
+    raw(&s, &["HSET", &ks.peer("r1", "p1"), "instance", "inst-b"]);
     raw(&s, &["SREM", &ks.room("r2").peers, "p1"]);
     raw(&s, &["HDEL", &ks.room("r3").guests, "g3"]);
     raw(&s, &["SADD", &ks.room("r4").peers, "ghost"]);
     raw(&s, &["HSET", &ks.room("r5").guests, "g-other", "p5"]);
     raw(&s, &["HSET", &ks.room("r6").guest_state, "g6", "left"]);
-    raw(&s, &["SADD", &ks.instance_peers("inst-a"), "r7/p7"]);
+    // r6 holds no record of inst-b.
+    raw(&s, &["SADD", &ks.instance_rooms("inst-b"), "r6"]);
+    // No index of inst-a reaches r8 nor its record p1 any more.
     raw(&s, &["SREM", &ks.instance_rooms("inst-a"), "r8"]);
     // The metadata names another owner than the pin (the old checker: the metadata's owner
     // does not list the room in its index).
@@ -529,28 +611,52 @@ fn one_scan_finds_every_gap_the_index_checker_looked_for() {
         (ProblemKind::DanglingRoomPeer, ks.room("r4").peers),
         (ProblemKind::DanglingGuest, ks.room("r5").guests),
         (ProblemKind::OrphanedGuestState, ks.room("r6").guest_state),
-        (ProblemKind::DanglingPeerIndex, ks.instance_peers("inst-a")),
+        (ProblemKind::DanglingRoomIndex, ks.instance_rooms("inst-b")),
         (ProblemKind::UnindexedRoom, ks.room("r8").meta),
+        (ProblemKind::UnindexedPeer, ks.peer("r8", "p1")),
         (ProblemKind::MalformedValue, ks.room("r9").meta),
         (ProblemKind::UnknownKey, unknown.clone()),
     ]
     .into();
     assert_eq!(got, want, "{problems:#?}");
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
     assert!(problems.iter().all(|p| !p.repaired));
-    // The tests' checker is the same scan as lines.
+    let r1 = problems
+        .iter()
+        .find(|p| p.key == ks.peer("r1", "p1"))
+        .unwrap();
+    assert!(
+        r1.detail.contains(&ks.instance_rooms("inst-b")),
+        "{}",
+        r1.detail
+    );
+    // The tests' checker is the same scan as lines, plus its own reach check, which finds the
+    // two records no room index reaches.
     let lines = s.index_problems(&ks);
-    assert_eq!(lines.len(), problems.len(), "{lines:#?}");
-    for p in &problems {
-        let line = format!("{} at {}: {}", p.kind, p.key, p.detail);
-        assert!(lines.contains(&line), "{line} not in {lines:#?}");
+    let mine: Vec<String> = problems
+        .iter()
+        .map(|p| format!("{} at {}: {}", p.kind, p.key, p.detail))
+        .collect();
+    for line in &mine {
+        assert!(lines.contains(line), "{line} not in {lines:#?}");
+    }
+    let extra: Vec<&String> = lines.iter().filter(|l| !mine.contains(l)).collect();
+    assert_eq!(extra.len(), 2, "{extra:#?}");
+    for rec in [ks.peer("r1", "p1"), ks.peer("r8", "p1")] {
+        assert!(
+            extra.iter().any(|l| l.contains(&format!(" at {rec}:"))),
+            "{rec} not in {extra:#?}"
+        );
     }
 }
 
-// A live node's records and room lose index entries (instance peer index, room peers set,
-// guest pointer, the owner's room index). Each gap is reported (unindexed_peer at the record,
-// unindexed_room at the room's metadata); --repair adds the entries back (index-first direction)
-// and afterwards the indexes hold exactly what the records say. Fails if an unindexed check is
-// missing (a record the reaper could never reach).
+// A live node's records and room lose index entries (room peers set, guest pointer, the owner's
+// room index, which also reaches the records in the room). Each gap is reported
+// (unindexed_peer at the record: its room's `peers`, its guest's pointer, its instance's room
+// index; unindexed_room at the room's metadata); --repair adds the entries back (index-first
+// direction; the three findings that need the room in the room index share one `SADD` and are
+// each reported repaired) and afterwards the indexes hold exactly what the records say. Fails
+// if an unindexed check is missing (a record the reaper could never reach).
 // The owner runs with `quiet()` timings: a ticking owner puts back the entries of what it holds
 // (8 lock stripes a tick, all of them every 8 ticks: 1.6 s with `Timings::fast()`), so on a
 // loaded machine, where the audits took longer than that, it closed the gaps before the second
@@ -562,7 +668,6 @@ fn unindexed_records_and_rooms_are_found_and_reindexed() {
     let a = s.node_with(STAGE, "inst-a", quiet());
     populate(&a, "r", &[("p1", Some("g1")), ("p2", None)]);
     let r = ks.room("r");
-    raw(&s, &["SREM", &ks.instance_peers("inst-a"), "r/p1"]);
     raw(&s, &["SREM", &r.peers, "p2"]);
     raw(&s, &["HDEL", &r.guests, "g1"]);
     raw(&s, &["SREM", &ks.instance_rooms("inst-a"), "r"]);
@@ -572,8 +677,8 @@ fn unindexed_records_and_rooms_are_found_and_reindexed() {
     assert_eq!(
         found(&rep),
         expect(&[
-            (ProblemKind::UnindexedPeer, &p1, 2), // peer index and guest pointer
-            (ProblemKind::UnindexedPeer, &p2, 1), // room peers set
+            (ProblemKind::UnindexedPeer, &p1, 2), // room index and guest pointer
+            (ProblemKind::UnindexedPeer, &p2, 2), // room index and room peers set
             (ProblemKind::UnindexedRoom, &r.meta, 1),
         ]),
         "{:#?}",
@@ -581,58 +686,81 @@ fn unindexed_records_and_rooms_are_found_and_reindexed() {
     );
 
     let rep = run(&s, STAGE, true);
-    assert_eq!(rep.repaired, 4, "{:#?}", rep.problems);
+    assert_eq!(rep.repaired, 5, "{:#?}", rep.problems);
+    assert!(rep.clean(), "{:#?}", rep.problems);
     assert!(
         s.index_problems(&ks).is_empty(),
         "{:#?}",
         s.index_problems(&ks)
     );
-    assert!(smembers(&s, &ks.instance_rooms("inst-a")).contains("r"));
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        ["r".to_owned()].into()
+    );
     assert_clean(&run(&s, STAGE, false));
 }
 
-// The reap's solo shortcut (pin_room.lua marks a room pinned while its peers set was empty;
-// reap_room.lua then takes every record in it for the owner's) must not outlive a repair that
-// puts back a record of another instance: add_peer drops the mark. Fails if it does not (a
-// later reap of the owner would leave inst-x's index entry pointing at a deleted record).
+// Key schema version 2's rule from the record's side, end to end: a record of inst-x (not
+// registered) left in a room that live inst-a owns, while no room index of inst-x lists that
+// room: no reap of inst-x could ever reach it. `unindexed_peer`, whose detail names inst-x's
+// room index; --repair adds the room there (index first). A later audit then sees inst-x's
+// room index without registration (`unregistered_instance`) and hands inst-x to the reaper,
+// whose leader deletes only inst-x's record: inst-a's room and record stay, and the prefix
+// audits clean. Fails if the record's reach is not checked, if the repair does not add the
+// room, or if the reaper cannot then reach the record.
 #[test]
-fn reindexing_another_instances_record_drops_the_solo_mark() {
+fn a_record_no_room_index_reaches_is_indexed_and_then_reaped() {
     let s = Server::start();
     let ks = ks(STAGE);
-    let a = s.node(STAGE, "inst-a");
-    populate(&a, "sr", &[("ap", None)]);
-    let r = ks.room("sr");
-    let solo = || -> Option<String> {
-        redis::cmd("HGET")
-            .arg(&r.meta)
-            .arg("solo")
-            .query(&mut s.con())
-            .unwrap()
-    };
-    assert_eq!(solo().as_deref(), Some("inst-a"));
-    // A stray record of inst-x in the room, indexed by inst-x but missing from the room's set.
-    raw(&s, &["SADD", &ks.instance_peers("inst-x"), "sr/xp"]);
-    raw(
-        &s,
-        &[
-            "HSET",
-            &ks.peer("sr", "xp"),
-            "instance",
-            "inst-x",
-            "guest",
-            "",
-            "generation",
-            "1",
-            "updated_ms",
-            "1",
-        ],
+    let (_lead, _log) = s.leader(STAGE, "lead", Timings::fast());
+    let a = s.node_with(STAGE, "inst-a", quiet());
+    populate(&a, "r", &[("p1", None)]);
+    plant_record(&s, &ks, "r", "xp", "inst-x");
+    let xp = ks.peer("r", "xp");
+    let x_rooms = ks.instance_rooms("inst-x");
+
+    let rep = run(&s, STAGE, false);
+    assert_eq!(
+        found(&rep),
+        expect(&[(ProblemKind::UnindexedPeer, &xp, 1)]),
+        "{:#?}",
+        rep.problems
     );
-    run(&s, STAGE, true);
-    assert!(smembers(&s, &r.peers).contains("xp"));
-    assert_eq!(solo(), None);
+    assert!(
+        rep.problems[0].detail.contains(&x_rooms),
+        "{}",
+        rep.problems[0].detail
+    );
+
+    let rep = run(&s, STAGE, true);
+    assert_eq!(rep.repaired, 1, "{:#?}", rep.problems);
+    assert_eq!(smembers(&s, &x_rooms), ["r".to_owned()].into());
+
+    let rep = run(&s, STAGE, false);
+    assert_eq!(
+        found(&rep),
+        expect(&[(ProblemKind::UnregisteredInstance, &x_rooms, 1)]),
+        "{:#?}",
+        rep.problems
+    );
+    let rep = run(&s, STAGE, true);
+    assert_eq!(rep.repaired, 1, "{:#?}", rep.problems);
+    wait_for(LONG, "the leader reaps inst-x's record", || {
+        let gone = !exists(&s, &xp) && !exists(&s, &x_rooms);
+        (gone && zscore(&s, &ks.heartbeats(), "inst-x").is_none()).then_some(())
+    });
+    assert_eq!(a.room_owner("r").unwrap().as_deref(), Some("inst-a"));
+    assert_eq!(smembers(&s, &ks.room("r").peers), ["p1".to_owned()].into());
+    assert!(exists(&s, &ks.peer("r", "p1")));
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+    assert_clean(&run(&s, STAGE, false));
 }
 
-// An instance that left index sets but has no sorted-set entry (its reap ended incomplete, or
+// An instance that left a room index but has no sorted-set entry (its reap ended incomplete, or
 // the entry was deleted) is reported as unregistered_instance at its room index; --repair hands
 // it to the reaper (score 0 = being reaped), and a leader then reaps everything it left. An
 // unregistered instance whose heartbeat key still exists is reported but never handed over.
@@ -797,7 +925,6 @@ fn malformed_values_are_reported_not_repaired() {
     let no_gen = ks.peer("r", "p-nogen");
     raw(&s, &["HSET", &no_gen, "instance", "i1", "guest", ""]);
     raw(&s, &["SADD", &r.peers, "p-noinst", "p-nogen"]);
-    raw(&s, &["SADD", &ks.instance_peers("i1"), "r/p-nogen"]);
     raw(&s, &["SET", &ks.leader(), "not:an id", "PX", "60000"]);
     raw(&s, &["SET", &ks.epoch(), "abc"]);
 
@@ -831,7 +958,9 @@ fn malformed_values_are_reported_not_repaired() {
 }
 
 // Keys under the prefix that the schema does not know, or whose ids are not in wire form, are
-// reported as unknown_key and left alone; guest state of a guest without a pointer (host data)
+// reported as unknown_key and left alone, and so are key schema version 1's peer indexes left
+// over (live and moved aside), whose detail says what they are and that `sfu-redis migrate
+// --apply` folds them into the room index; guest state of a guest without a pointer (host data)
 // is reported as orphaned_guest_state and left alone too. Fails if such keys are ignored or
 // deleted.
 #[test]
@@ -846,6 +975,10 @@ fn unknown_keys_and_orphaned_guest_state_are_reported_only() {
     raw(&s, &["HSET", &not_wire, "owner", "x"]);
     let gs = ks.room("r").guest_state;
     raw(&s, &["HSET", &gs, "g1", "ok", "g-none", "stale"]);
+    let v1_peers = ks.v1_instance_peers("inst-a");
+    let v1_moved = ks.v1_instance_reaping_peers("inst-gone");
+    raw(&s, &["SADD", &v1_peers, "r/p1"]);
+    raw(&s, &["SADD", &v1_moved, "r/p-old"]);
 
     let rep = run(&s, STAGE, true);
     assert_eq!(
@@ -853,13 +986,25 @@ fn unknown_keys_and_orphaned_guest_state_are_reported_only() {
         expect(&[
             (ProblemKind::UnknownKey, &unknown, 1),
             (ProblemKind::UnknownKey, &not_wire, 1),
+            (ProblemKind::UnknownKey, &v1_peers, 1),
+            (ProblemKind::UnknownKey, &v1_moved, 1),
             (ProblemKind::OrphanedGuestState, &gs, 1),
         ]),
         "{:#?}",
         rep.problems
     );
     assert_eq!(rep.repaired, 0);
+    for key in [&v1_peers, &v1_moved] {
+        let p = rep.problems.iter().find(|p| &p.key == key).unwrap();
+        assert!(
+            p.detail.contains("version 1 peer index") && p.detail.contains("migrate --apply"),
+            "{}",
+            p.detail
+        );
+    }
     assert!(exists(&s, &unknown) && exists(&s, &not_wire));
+    assert_eq!(smembers(&s, &v1_peers), ["r/p1".to_owned()].into());
+    assert_eq!(smembers(&s, &v1_moved), ["r/p-old".to_owned()].into());
     assert_eq!(hgetall(&s, &gs).len(), 2);
 }
 
@@ -935,74 +1080,82 @@ fn audit_while(
     t.join().expect("audit thread").expect("audit")
 }
 
-// The settle rule: an index entry that appears between the two scans (an upsert whose index
-// step has landed and whose record step has not) is seen by the second scan only, so it is
-// neither reported nor repaired, and the entry is still there when the audit returns. Fails if
-// a single scan's finding were repaired (the entry of an operation in flight would be removed).
+// The settle rule: an index entry that appears between the two scans (a pin whose index step
+// has landed and whose pin step has not) is seen by the second scan only, so it is neither
+// reported nor repaired, and the entry is still there when the audit returns. Fails if a single
+// scan's finding were repaired (the entry of an operation in flight would be removed).
 #[test]
 fn a_state_seen_in_one_scan_only_is_not_repaired() {
     let s = Server::start();
     let ks = ks(STAGE);
     let a = s.node_with(STAGE, "inst-a", quiet());
     populate(&a, "r", &[("p1", None)]);
-    let index = ks.instance_peers("inst-a");
+    let index = ks.instance_rooms("inst-a");
     // Scans take a few ms on this data set; the entry lands well inside the 1 s settle delay.
     let rep = audit_while(
         &s,
         Duration::from_millis(1000),
         Duration::from_millis(400),
         || {
-            raw(&s, &["SADD", &index, "r/p-late"]);
+            raw(&s, &["SADD", &index, "r-late"]);
         },
     );
     assert_clean(&rep);
     assert!(
-        smembers(&s, &index).contains("r/p-late"),
+        smembers(&s, &index).contains("r-late"),
         "in-flight entry removed"
     );
 }
 
-// The put-back step: a peer-index entry without record, seen in both scans, is removed; its
-// record then appears (a very late record step) before the re-check one settle delay later, so
-// the entry is put back and not reported. Fails without the re-check (a live record would be
-// left unindexed, out of the reaper's reach).
+// The put-back step: two room index entries of inst-a reaching nothing, seen in both scans, are
+// removed. Right after the removal (the test waits until it sees them gone), what makes each
+// valid again lands: for r-late, inst-a's pin and metadata (a pin whose index step came long
+// before its pin step); for r-lost, a record naming inst-a in a room inst-b owns now (inst-a
+// wrote it while it held the room, then lost it). The re-check one settle delay later puts
+// both back, and neither is reported. Fails without the re-check (a pinned room or a record
+// would be left out of inst-a's room index, out of the reaper's reach), or if the re-check
+// only looks at the pin (r-lost).
 #[test]
 fn a_removed_entry_whose_record_appears_is_put_back() {
     let s = Server::start();
     let ks = ks(STAGE);
     let a = s.node_with(STAGE, "inst-a", quiet());
+    let _b = s.node_with(STAGE, "inst-b", quiet());
     populate(&a, "r", &[("p1", None)]);
-    let index = ks.instance_peers("inst-a");
-    raw(&s, &["SADD", &index, "r/p-late"]);
-    // Second scan and removal at ~600 ms, re-check at ~1200 ms; the record lands at 900 ms.
-    let rep = audit_while(
-        &s,
-        Duration::from_millis(600),
-        Duration::from_millis(900),
-        || {
-            let rec = ks.peer("r", "p-late");
-            raw(
-                &s,
-                &[
-                    "HSET",
-                    &rec,
-                    "instance",
-                    "inst-a",
-                    "guest",
-                    "",
-                    "generation",
-                    "99",
-                ],
-            );
-            raw(&s, &["SADD", &ks.room("r").peers, "p-late"]);
-        },
-    );
+    let index = ks.instance_rooms("inst-a");
+    raw(&s, &["SADD", &index, "r-late", "r-lost"]);
+    let rep = audit_while(&s, Duration::from_millis(1000), Duration::ZERO, || {
+        wait_for(LONG, "the repair removes both entries", || {
+            let m = smembers(&s, &index);
+            (!m.contains("r-late") && !m.contains("r-lost")).then_some(())
+        });
+        let now = s.server_ms().to_string();
+        let late = ks.room("r-late");
+        raw(&s, &["SET", &late.owner, "inst-a", "PX", "60000"]);
+        raw(
+            &s,
+            &["HSET", &late.meta, "owner", "inst-a", "pinned_ms", &now],
+        );
+        let lost = ks.room("r-lost");
+        raw(&s, &["SADD", &ks.instance_rooms("inst-b"), "r-lost"]);
+        raw(&s, &["SET", &lost.owner, "inst-b", "PX", "60000"]);
+        raw(
+            &s,
+            &["HSET", &lost.meta, "owner", "inst-b", "pinned_ms", &now],
+        );
+        plant_record(&s, &ks, "r-lost", "ap", "inst-a");
+    });
     assert_clean(&rep);
+    let m = smembers(&s, &index);
     assert!(
-        smembers(&s, &index).contains("r/p-late"),
-        "entry not put back"
+        m.contains("r-late") && m.contains("r-lost"),
+        "entries not put back: {m:?}"
     );
-    assert!(s.index_problems(&ks).is_empty());
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
 }
 
 // The repair needs a settle delay longer than the command timeout (an operation in flight
@@ -1139,7 +1292,8 @@ fn cli_errors_exit_2() {
 }
 
 /// Writes a room as a node that later forgot it would leave it: metadata naming `owner`, one
-/// peer record of `owner`, no pin.
+/// peer record of `owner`, no pin, and the room in no room index (a room in its live owner's
+/// index would be closed by that owner's walk).
 fn unpinned_room(s: &Server, ks: &KeySpace, room: &str, owner: &str) {
     let rk = ks.room(room);
     raw(
@@ -1167,16 +1321,13 @@ fn unpinned_room(s: &Server, ks: &KeySpace, room: &str, owner: &str) {
             "1",
         ],
     );
-    raw(
-        s,
-        &["SADD", &ks.instance_peers(owner), &format!("{room}/fp")],
-    );
 }
 
 // Issue 14 item 5: a room whose metadata names a live instance but that has no pin in two scans
 // further apart than that instance's heartbeat interval plus command timeout (its own record:
 // 200 + 400 ms) is a room the instance no longer holds: `forgotten_room`, deleted by --repair
-// with the owner CAS and never added to the live instance's room index. A room the owner pins
+// with the owner CAS and never added to the live instance's room index (neither for the room nor
+// for the owner's record in it: no `unindexed_room`, no `unindexed_peer`). A room the owner pins
 // again between the scans is kept. Scans closer than that gap (or a single scan) never report it.
 #[test]
 fn forgotten_rooms_are_deleted_and_a_repinned_one_is_kept() {
@@ -1225,9 +1376,10 @@ fn forgotten_rooms_are_deleted_and_a_repinned_one_is_kept() {
         forgotten[0].detail
     );
     assert!(
-        !r.problems
-            .iter()
-            .any(|p| p.kind == ProblemKind::UnindexedRoom),
+        !r.problems.iter().any(|p| matches!(
+            p.kind,
+            ProblemKind::UnindexedRoom | ProblemKind::UnindexedPeer
+        )),
         "{:#?}",
         r.problems
     );
@@ -1236,7 +1388,6 @@ fn forgotten_rooms_are_deleted_and_a_repinned_one_is_kept() {
         assert!(!exists(&s, key), "{key} left");
     }
     assert!(!smembers(&s, &ks.instance_rooms("live")).contains("forgot"));
-    assert!(!smembers(&s, &ks.instance_peers("live")).contains("forgot/fp"));
     // The re-pinned room and the held one are untouched.
     assert!(exists(&s, &again.meta) && exists(&s, &ks.peer("again", "fp")));
     assert_eq!(live.room_owner("again").unwrap().as_deref(), Some("live"));

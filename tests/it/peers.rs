@@ -1,7 +1,9 @@
 //! The peer store on a real redis-server: `upsert_peer` removes stale index entries first
 //! (guest reconnects, guest changes, peers moving between instances), `remove_peer` is a no-op
 //! for an older generation, and after any sequence the indexes hold exactly what the records
-//! say (invariant 4).
+//! say (invariant 4). Key schema version 2: an instance keeps no peer index; every record
+//! naming it lies in a room of its room index (`P:{ctl}:instance:<I>:rooms`), and only a room's
+//! owner writes records into it.
 
 use crate::support;
 
@@ -31,6 +33,11 @@ fn map(items: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The rooms of `instance`'s room index.
+fn room_index(s: &Server, instance: &str) -> BTreeSet<String> {
+    smembers(s, &ks(STAGE).instance_rooms(instance))
+}
+
 fn assert_consistent(s: &Server) {
     let problems = s.index_problems(&ks(STAGE));
     assert!(problems.is_empty(), "index problems: {problems:#?}");
@@ -38,9 +45,9 @@ fn assert_consistent(s: &Server) {
 
 // Protects invariant 4 / pitfall "upsert_peer without removing old index entries leaves stale
 // mappings forever": a guest that reconnects with a new peer id replaces its old connection.
-// Afterwards the old peer record is gone, the guest points at the new peer, and the room's
-// peer set and the instance's peer index hold exactly the new peer. Without the supersede step
-// the old record, its room-set member and its `<room>/<peer>` index entry would stay forever.
+// Afterwards the old peer record is gone, the guest points at the new peer, the room's peer set
+// holds exactly the new peer, and the room (which reaches the record) is in the instance's room
+// index. Without the supersede step the old record and its room-set member would stay forever.
 #[test]
 fn guest_reconnect_with_new_peer_id_leaves_no_stale_mapping() {
     let s = Server::start();
@@ -64,10 +71,7 @@ fn guest_reconnect_with_new_peer_id_leaves_no_stale_mapping() {
     assert!(hgetall(&s, &ks.peer("room", "conn-1")).is_empty());
     assert_eq!(hgetall(&s, &rk.guests), map(&[("alice", "conn-2")]));
     assert_eq!(smembers(&s, &rk.peers), set(&["conn-2"]));
-    assert_eq!(
-        smembers(&s, &ks.instance_peers("inst-a")),
-        set(&["room/conn-2"])
-    );
+    assert_eq!(room_index(&s, "inst-a"), set(&["room"]));
     let rec = hgetall(&s, &ks.peer("room", "conn-2"));
     assert_eq!(rec["instance"], "inst-a");
     assert_eq!(rec["guest"], "alice");
@@ -124,9 +128,10 @@ fn peer_changing_guest_drops_the_old_guest_pointer() {
 
 // Protects invariant 4 "a delayed remove of an old connection (older generation) is a no-op":
 // a reconnect with the same peer id gets a new generation; removing with the old generation
-// changes nothing (record, room set, guest pointer and state, instance index intact); removing
-// with the current generation cleans every index. Without the generation check the stale
-// remove would delete the live connection's record and indexes.
+// changes nothing (record, room set, guest pointer and state, room index intact); removing
+// with the current generation cleans every index of the room, and the room, still pinned, stays
+// in the instance's room index. Without the generation check the stale remove would delete the
+// live connection's record and indexes.
 #[test]
 fn remove_peer_is_a_no_op_for_an_older_generation() {
     let s = Server::start();
@@ -148,9 +153,12 @@ fn remove_peer_is_a_no_op_for_an_older_generation() {
         .unwrap();
     assert_ne!(old, cur);
     let snapshot = s.dump(&ks.scan_pattern());
+    // The instance's info hash is left out: every tick writes its peer count there.
     let room_keys = |d: &BTreeMap<String, Val>| -> BTreeMap<String, Val> {
         d.iter()
-            .filter(|(k, _)| k.contains(":room:") || k.contains(":instance:"))
+            .filter(|(k, _)| {
+                k.contains(":room:") || (k.contains(":instance:") && !k.ends_with(":info"))
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
@@ -164,7 +172,7 @@ fn remove_peer_is_a_no_op_for_an_older_generation() {
     assert!(smembers(&s, &rk.peers).is_empty());
     assert!(hgetall(&s, &rk.guests).is_empty());
     assert!(hgetall(&s, &rk.guest_state).is_empty());
-    assert!(smembers(&s, &ks.instance_peers("inst-a")).is_empty());
+    assert_eq!(room_index(&s, "inst-a"), set(&["room"]));
     assert_eq!(a.stats().peers, 0);
     // Removing twice is harmless.
     assert!(!a.remove_peer("room", "conn", cur).unwrap());
@@ -174,12 +182,14 @@ fn remove_peer_is_a_no_op_for_an_older_generation() {
 }
 
 // Protects invariant 4 across instances: when a room moves to a live instance B (its owner A
-// died) and B upserts a peer id that A had (or a guest whose pointer names A's peer), the
-// `<room>/<peer>` entries leave A's peer index, index after record. Without the
-// previous-instance / superseded-instance cleanup in peers.rs, A's index would keep entries
-// whose records now say B (or are gone), which the checker reports.
+// died) and B upserts a peer id that A had, or a guest whose pointer names A's peer, B's record
+// replaces A's and A's superseded record goes with the guest's old pointer, in the one script
+// call. A's record that B did not touch stays, and so does the room's entry in A's room index:
+// it is what lets the reaper reach that record once A is reaped (invariant 2). Fails if the
+// superseded record or the old guest pointer survives, if B's upsert left A's record naming A,
+// or if the room left A's index while a record of A is in it.
 #[test]
-fn peer_moving_to_another_instance_leaves_the_old_index() {
+fn peer_moving_to_another_instance_leaves_no_stale_mapping() {
     let s = Server::start();
     let ks = ks(STAGE);
     // Slow reaper so that A's data stays while B takes over: B is the only other node and
@@ -204,26 +214,35 @@ fn peer_moving_to_another_instance_leaves_the_old_index() {
         }
     );
     b.upsert_peer("room", "same-id", None, &[]).unwrap();
-    b.upsert_peer("room", "b-conn", Some("dora"), &[]).unwrap();
+    let up = b
+        .upsert_peer_detailed("room", "b-conn", Some("dora"), &[])
+        .unwrap();
+    assert_eq!(up.replaced.as_deref(), Some("a-conn"));
+    let rk = ks.room("room");
     assert_eq!(
-        smembers(&s, &ks.instance_peers("inst-a")),
-        set(&["room/a-stays"])
+        hgetall(&s, &ks.peer("room", "same-id"))["instance"],
+        "inst-b"
+    );
+    assert!(hgetall(&s, &ks.peer("room", "a-conn")).is_empty());
+    assert_eq!(hgetall(&s, &rk.guests), map(&[("dora", "b-conn")]));
+    assert_eq!(
+        hgetall(&s, &ks.peer("room", "a-stays"))["instance"],
+        "inst-a"
     );
     assert_eq!(
-        smembers(&s, &ks.instance_peers("inst-b")),
-        set(&["room/same-id", "room/b-conn"])
-    );
-    assert_eq!(
-        smembers(&s, &ks.room("room").peers),
+        smembers(&s, &rk.peers),
         set(&["same-id", "b-conn", "a-stays"])
     );
+    assert_eq!(room_index(&s, "inst-a"), set(&["room"]));
+    assert_eq!(room_index(&s, "inst-b"), set(&["room"]));
     assert_consistent(&s);
 }
 
-// Protects owner CAS on upsert and invariant 4: a node that does not own the room gets
-// NotOwner (naming the owner) and nothing is written: no record, no room-set member and no
-// stale `<room>/<peer>` entry in its own peer index (the pipeline adds it before the script
-// runs, so it must be taken back). Without that cleanup the index would point at nothing.
+// Protects owner CAS on upsert and invariants 2 and 4: a node that does not own the room gets
+// NotOwner (naming the owner) and nothing is written: no record, no room-set member, no guest
+// pointer, and no room in its own room index. Only a room's owner writes records into it, so
+// every record naming an instance lies in a room of that instance's room index; a record
+// written here would be one that no index of B reaches (an orphan once B dies).
 #[test]
 fn upsert_into_a_room_owned_elsewhere_is_refused_and_writes_nothing() {
     let s = Server::start();
@@ -242,16 +261,12 @@ fn upsert_into_a_room_owned_elsewhere_is_refused_and_writes_nothing() {
         hgetall(&s, &ks.peer("room", "a-peer"))["instance"],
         "inst-a"
     );
-    // A room nobody pinned. A stale entry of B's for the peer (left by an earlier call whose
-    // outcome was unknown) goes with the refusal, as no record of B's backs it.
-    let _: () = redis::cmd("SADD")
-        .arg(ks.instance_peers("inst-b"))
-        .arg("free-room/b-peer")
-        .query(&mut s.con())
-        .unwrap();
-    let e = b.upsert_peer("free-room", "b-peer", None, &[]).unwrap_err();
+    // A room nobody pinned: refused too, and nothing of it is written.
+    let e = b
+        .upsert_peer("free-room", "b-peer", Some("b-guest"), &[])
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotOwner);
-    assert!(smembers(&s, &ks.instance_peers("inst-b")).is_empty());
+    assert!(room_index(&s, "inst-b").is_empty());
     assert!(hgetall(&s, &ks.peer("room", "b-peer")).is_empty());
     assert_eq!(smembers(&s, &ks.room("room").peers), set(&["a-peer"]));
     assert!(s
@@ -341,8 +356,8 @@ fn indexes_match_records_after_a_long_sequence() {
 // issue 32: with that check removed, every test of `peers::` and `regress_races::` passed). The
 // room's owner A hosts a peer; B, another live instance of the fleet, removes it with the right
 // generation: `Error::NotPeerOwner` naming A (kind `NotOwner`, the C API's
-// `SFU_ERR_NOT_OWNER`), and A's record, the room's peer set, the guest pointer and state and A's
-// peer index are exactly as before. A's own remove then works: the guard refused B only.
+// `SFU_ERR_NOT_OWNER`), and A's record, the room's peer set, the guest pointer and state and
+// both room indexes are exactly as before. A's own remove then works: the guard refused B only.
 #[test]
 fn remove_of_another_instances_peer_is_refused_and_touches_nothing() {
     let s = Server::start();
@@ -382,7 +397,10 @@ fn remove_of_another_instances_peer_is_refused_and_touches_nothing() {
 
     assert!(a.remove_peer("shared", "pa", generation).unwrap());
     assert!(hgetall(&s, &ks.peer("shared", "pa")).is_empty());
-    assert!(smembers(&s, &ks.instance_peers("host-a")).is_empty());
+    assert!(smembers(&s, &rk.peers).is_empty());
+    assert!(hgetall(&s, &rk.guests).is_empty());
+    assert_eq!(room_index(&s, "host-a"), set(&["shared"]));
+    assert!(room_index(&s, "host-b").is_empty());
     assert_consistent(&s);
 }
 

@@ -15,12 +15,23 @@ fn stage_keys(s: &Server, prefix: &str) -> BTreeMap<String, Val> {
     s.dump(&format!("{prefix}:*"))
 }
 
-/// The content of `keys` that belongs to rooms and indexes (heartbeat values, the lease and
-/// the sorted-set scores move on their own).
+/// The content of `keys` that belongs to rooms and indexes (heartbeat values, the lease, the
+/// sorted-set scores and the `peers` count each heartbeat writes into an instance's record
+/// move on their own).
 fn stable(keys: &BTreeMap<String, Val>) -> BTreeMap<String, Val> {
     keys.iter()
         .filter(|(k, _)| k.contains(":room:") || k.contains(":instance:"))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| {
+            let v = match v {
+                Val::Hash(h) if k.ends_with(":info") => {
+                    let mut h = h.clone();
+                    h.remove("peers");
+                    Val::Hash(h)
+                }
+                v => v.clone(),
+            };
+            (k.clone(), v)
+        })
         .collect()
 }
 

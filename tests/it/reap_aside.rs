@@ -1,10 +1,11 @@
-//! A reap moves the dead instance's indexes aside (`reap_begin.lua`: `P:{ctl}:instance:<D>:
-//! reaping-rooms` / `-peers`, with the reap's token in `...:reaping`) and deletes them whole when
-//! it ends (`reap_finish.lua`). What must hold around that move:
+//! A reap moves the dead instance's room index aside (`reap_begin.lua`: `P:{ctl}:instance:<D>:
+//! reaping-rooms`, with the reap's token in `...:reaping`) and deletes it whole when it ends
+//! (`reap_finish.lua`). Key schema version 2: that room index reaches every peer record naming
+//! the instance. What must hold around that move:
 //! - a reap interrupted half way (its leader died) is taken over by the next reap, and what a
 //!   zombie indexed after the move (in the fresh live index) is reaped by the round after;
-//! - an instance that registers again while its indexes are moved aside gets them back (merged
-//!   into its live indexes by `heartbeat.lua`), and its clean-up of its earlier life removes
+//! - an instance that registers again while its room index is moved aside gets it back (merged
+//!   into its live index by `heartbeat.lua`), and its clean-up of its earlier life removes
 //!   what that life left;
 //! - members the reap could not reap (bad data) are put back into the live index for the
 //!   audit, and nothing is left moved aside.
@@ -19,15 +20,26 @@ use support::*;
 const RA: &str = "aside";
 
 /// The keys of instance `i` in the control plane that a finished reap leaves none of.
-fn control_keys(ks: &KeySpace, i: &str) -> [String; 6] {
+fn control_keys(ks: &KeySpace, i: &str) -> [String; 4] {
     [
         ks.instance_rooms(i),
-        ks.instance_peers(i),
         ks.instance_reaping_rooms(i),
-        ks.instance_reaping_peers(i),
         ks.instance_reaping(i),
         ks.instance_info(i),
     ]
+}
+
+/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
+/// record by record from the keys (not from any index).
+fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
+    s.dump(&ks.scan_pattern())
+        .into_iter()
+        .filter(|(k, v)| {
+            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
+                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
+        })
+        .map(|(k, _)| k)
+        .collect()
 }
 
 fn existing(s: &Server, keys: &[String]) -> Vec<String> {
@@ -44,8 +56,9 @@ fn existing(s: &Server, keys: &[String]) -> Vec<String> {
 }
 
 /// A reap interrupted after its first step, then a zombie's room indexed in the fresh live
-/// index: the leader's reap takes the moved indexes over, finds the live one not empty
-/// ('retry', the entry keeps score 0), and the next round reaps the zombie's room too.
+/// index: the leader's reap takes the moved index over, finds the live one not empty
+/// ('retry', the entry keeps score 0), and the next round reaps the zombie's room too. No
+/// record naming the instance is left.
 #[test]
 fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() {
     let s = Server::start();
@@ -67,10 +80,12 @@ fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() 
         .query(&mut s.con())
         .unwrap();
     assert_eq!(aside, 40, "the fabricated interrupted reap");
-    // `status` counts what the reap moved aside with the live index (40 + "late").
+    // `status` counts what the reap moved aside with the live index (40 + "late"). Its peer
+    // count is what the instance's own heartbeat last wrote into its record: it has none.
     let st = sfu_redis::status::fleet_status(&s.config(RA, "reader")).expect("status");
     let d = st.instances.iter().find(|i| i.id == "d").expect("d listed");
-    assert_eq!((d.rooms, d.peers), (41, 81), "{d:?}");
+    assert_eq!((d.rooms, d.peers_known), (41, false), "{d:?}");
+    assert_eq!(records_naming(&s, &ks, "d").len(), 81);
 
     let leader = s.node(RA, "leader");
     wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
@@ -91,6 +106,7 @@ fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() 
         (left.is_empty() && score.is_none()).then_some(left)
     });
     assert!(left.is_empty());
+    assert_eq!(records_naming(&s, &ks, "d"), Vec::<String>::new());
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
@@ -104,9 +120,10 @@ fn interrupt_score(s: &Server, ks: &KeySpace, i: &str) {
         .unwrap();
 }
 
-/// An instance that registers again while a reap has its indexes moved aside: its
-/// registration merges them back, its clean-up of its earlier life deletes the old rooms, and
-/// nothing stays moved aside; a room it pins meanwhile is kept and indexed.
+/// An instance that registers again while a reap has its room index moved aside: its
+/// registration merges it back, its clean-up of its earlier life deletes the old rooms with
+/// their records, and nothing stays moved aside; a room it pins meanwhile, and a record it
+/// writes there, are kept and indexed.
 #[test]
 fn registering_again_takes_the_moved_indexes_back() {
     let s = Server::start();
@@ -122,6 +139,7 @@ fn registering_again_takes_the_moved_indexes_back() {
 
     let node = s.node(RA, "back");
     node.pin_room("fresh").unwrap();
+    node.upsert_peer("fresh", "p", None, &[]).unwrap();
     wait_for(LONG, "the earlier life's rooms gone", || {
         let metas: Vec<String> = names.iter().map(|r| ks.room(r).meta).collect();
         existing(&s, &metas).is_empty().then_some(())
@@ -130,7 +148,6 @@ fn registering_again_takes_the_moved_indexes_back() {
         &s,
         &[
             ks.instance_reaping_rooms("back"),
-            ks.instance_reaping_peers("back"),
             ks.instance_reaping("back"),
         ],
     );
@@ -140,6 +157,7 @@ fn registering_again_takes_the_moved_indexes_back() {
         .query(&mut s.con())
         .unwrap();
     assert_eq!(live, vec!["fresh".to_owned()]);
+    assert_eq!(records_naming(&s, &ks, "back"), vec![ks.peer("fresh", "p")]);
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
@@ -189,4 +207,5 @@ fn a_member_that_cannot_be_reaped_goes_back_to_the_live_index() {
     assert_eq!(live, vec!["broken".to_owned()]);
     let gone = existing(&s, &[ks.room("ok1").meta, ks.room("ok2").meta]);
     assert_eq!(gone, Vec::<String>::new());
+    assert_eq!(records_naming(&s, &ks, "bad"), Vec::<String>::new());
 }

@@ -32,11 +32,34 @@ fn exists(s: &Server, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(&mut s.con()).unwrap()
 }
 
+fn sismember(s: &Server, key: &str, member: &str) -> bool {
+    redis::cmd("SISMEMBER")
+        .arg(key)
+        .arg(member)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
+/// record by record from the keys (not from any index), as `key`.
+fn records_naming(s: &Server, instance: &str) -> Vec<String> {
+    let ks = ks(STAGE);
+    s.dump(&ks.scan_pattern())
+        .into_iter()
+        .filter(|(k, v)| {
+            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
+                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
+        })
+        .map(|(k, _)| k)
+        .collect()
+}
+
 // Protects invariant 2 (a dead instance leaves nothing behind) end to end: a node with rooms,
 // peers, guests and guest states is killed (no cleanup); the leader reaps it and afterwards no
 // key, set member, hash field or sorted-set entry names it, its rooms or its peers, while the
-// leader's own room is untouched. Fails if any reap step (rooms, peers, guest pointers, either
-// index, the heartbeat entry) were skipped, or if the reap touched the live leader's data.
+// leader's own room is untouched. Fails if any reap step (rooms, peer records, guest pointers,
+// the room index, the heartbeat entry) were skipped, or if the reap touched the live leader's
+// data.
 #[test]
 fn crashed_instance_is_fully_reaped() {
     let s = Server::start();
@@ -200,10 +223,13 @@ fn two_phase_recheck_spares_an_instance_that_came_back() {
 // Protects the owner CAS of the reap (pitfall "without the owner check, the reaper deletes
 // rooms another instance already took over"). A room of a crashed instance D is taken over by
 // a live instance H (`pin_room` after D's heartbeat key is gone -> `TookOver`), which re-homes
-// one of D's guests and adds a peer of its own. The reap must delete D's other room whole, and
-// in the taken-over room only D's own leftover peer (and its guest pointer and state), keeping
-// H's pin, metadata, peers, guest pointer and index entries. Without the owner CAS the reap
-// would delete the whole taken-over room: `rooms: 2, skipped_rooms: 0` and H's keys gone.
+// one of D's guests and adds a peer of its own. The taken-over room stays in D's room index (D's
+// record there is reached through it, key schema version 2). The reap must delete D's other
+// room whole, and in the taken-over room only D's own leftover peer (and its guest pointer and
+// state), keeping H's pin, metadata, peers, guest pointer and room index entry: afterwards no
+// record names D anywhere. Without the owner CAS the reap would delete the whole taken-over
+// room: `rooms: 2, skipped_rooms: 0` and H's keys gone; without the per-record instance check
+// it would delete H's records too.
 #[test]
 fn owner_cas_keeps_a_room_taken_over_by_a_live_instance() {
     let s = Server::start();
@@ -252,6 +278,18 @@ fn owner_cas_keeps_a_room_taken_over_by_a_live_instance() {
         .unwrap();
     h.upsert_peer("shared-room", "h-peer-2", None, &[("f", "h2")])
         .unwrap();
+    // D's record left in the taken-over room is reached through D's room index (or the one
+    // a reap under way moved aside; read in this order, a record still there was reachable).
+    let indexed = [
+        ks.instance_rooms("doomed"),
+        ks.instance_reaping_rooms("doomed"),
+    ]
+    .iter()
+    .any(|k| sismember(&s, k, "shared-room"));
+    assert!(
+        indexed || !exists(&s, &ks.peer("shared-room", "d-peer-2")),
+        "D's record in the taken-over room is reached by no index of D"
+    );
 
     let e = log.wait(LONG, "doomed reaped", |e| reaped(e, "doomed"));
     assert_eq!(
@@ -297,13 +335,9 @@ fn owner_cas_keeps_a_room_taken_over_by_a_live_instance() {
         assert_eq!(hget(&rec, "f").as_deref(), Some(f));
     }
     assert_eq!(
-        smembers(&ks.instance_peers("heir")),
-        BTreeSet::from([
-            "shared-room/h-peer-1".to_owned(),
-            "shared-room/h-peer-2".to_owned()
-        ])
+        smembers(&ks.instance_rooms("heir")),
+        BTreeSet::from(["shared-room".to_owned()])
     );
-    assert!(smembers(&ks.instance_rooms("heir")).contains("shared-room"));
     let left = references(
         &s.dump("*"),
         &[
@@ -400,87 +434,6 @@ fn dead_instance_whose_pins_expired_is_still_fully_reaped() {
         ],
     );
     assert!(left.is_empty(), "leftovers of the dead instance: {left:#?}");
-}
-
-// Protects invariant 2 and invariant 4 for the reap's `solo` shortcut (pin_room.lua,
-// reap_room.lua): a room pinned while it already held a record of another instance ("other",
-// with its index entry) is deleted whole when its owner dies, and the other instance's index
-// entry for that record goes with it. A room pinned empty is marked solo and reaped without
-// reading each record. Fails if pin_room marked every room solo (the other instance's index
-// entry would be left pointing at a deleted record) or if the reap ignored the mark's owner.
-#[test]
-fn whole_room_reap_removes_other_instances_index_entries() {
-    let s = Server::start();
-    let ks = ks(STAGE);
-    let (_leader, mut log) = s.leader(STAGE, "leader", Timings::fast());
-    let d = s.node(STAGE, "solo-d");
-    // "other" left a record in mixed-room (say it owned the room before and its pin lapsed).
-    let other = wire(IdKind::Instance, "other");
-    let mixed = ks.room("mixed-room");
-    let _: () = redis::pipe()
-        .sadd(ks.instance_peers(&other), "mixed-room/o-peer")
-        .ignore()
-        .hset_multiple(
-            ks.peer("mixed-room", "o-peer"),
-            &[
-                ("instance", other.as_str()),
-                ("guest", ""),
-                ("generation", "1"),
-                ("updated_ms", "1"),
-            ],
-        )
-        .ignore()
-        .sadd(&mixed.peers, "o-peer")
-        .ignore()
-        .query(&mut s.con())
-        .unwrap();
-    assert_eq!(d.pin_room("mixed-room").unwrap(), PinOutcome::Pinned);
-    assert_eq!(d.pin_room("empty-room").unwrap(), PinOutcome::Pinned);
-    let solo = |room: &str| -> Option<String> {
-        redis::cmd("HGET")
-            .arg(ks.room(room).meta)
-            .arg("solo")
-            .query(&mut s.con())
-            .unwrap()
-    };
-    assert_eq!(
-        solo("mixed-room"),
-        None,
-        "a room holding another's record is not solo"
-    );
-    assert_eq!(solo("empty-room").as_deref(), Some("solo-d"));
-    d.upsert_peer("mixed-room", "d-peer-1", None, &[]).unwrap();
-    d.upsert_peer("empty-room", "d-peer-2", Some("d-guest"), &[])
-        .unwrap();
-    d.simulate_crash();
-    let e = log.wait(LONG, "solo-d reaped", |e| reaped(e, "solo-d"));
-    assert_eq!(
-        e,
-        Event::InstanceReaped {
-            dead: "solo-d".into(),
-            rooms: 2,
-            peers: 3,
-            skipped_rooms: 0,
-            forced: false
-        }
-    );
-    let left = references(
-        &s.dump("*"),
-        &[
-            "solo-d".into(),
-            "mixed-room".into(),
-            "empty-room".into(),
-            "o-peer".into(),
-            "d-peer".into(),
-            "d-guest".into(),
-        ],
-    );
-    assert!(left.is_empty(), "left behind: {left:#?}");
-    assert!(
-        s.index_problems(&ks).is_empty(),
-        "{:#?}",
-        s.index_problems(&ks)
-    );
 }
 
 // Protects "an instance never reaps itself". The leader's own heartbeat key is deleted and its
@@ -740,8 +693,8 @@ fn a_live_heartbeat_key_or_a_fresh_score_alone_spares_an_instance() {
 // Protects reap_begin.lua's fencing (invariant 3: the lease in Redis, not the caller's belief,
 // decides): a node that still believes it leads (its local deadline has not passed) while the
 // lease in Redis names another holder (Redis lost the lease and another node took it) starts
-// no reap: `Error::NotLeader`, and the dead instance keeps its score and its indexes where they
-// are (the re-check's first step would set the score to 0 and move the indexes aside). Issue
+// no reap: `Error::NotLeader`, and the dead instance keeps its score and its room index where it
+// is (the re-check's first step would set the score to 0 and move the index aside). Issue
 // 32: the per-batch leadership check caught the reap later, so no test saw the fence go.
 #[test]
 fn a_leader_whose_lease_another_holds_starts_no_reap() {
@@ -803,7 +756,7 @@ fn a_leader_whose_lease_another_holds_starts_no_reap() {
 // Protects heartbeat.lua's zombie rule for a reap under way (score 0, set by reap_begin.lua):
 // an instance that resumes while it is being reaped learns it was reaped (`reaped_self` with its
 // rooms) instead of writing a fresh score over the 0 and going on as if alive. Here the reap
-// died right after its first step (score 0, indexes moved aside): no leader runs, so the
+// died right after its first step (score 0, room index moved aside): no leader runs, so the
 // instance's own heartbeat is all that can notice. Issue 32: with the score-0 check removed,
 // the zombie tests still passed through the other path (the entry gone after a completed reap).
 #[test]
@@ -832,14 +785,16 @@ fn an_instance_resuming_mid_reap_learns_it_was_reaped() {
     assert_eq!(rooms, 2, "{e:?}");
 }
 
-// Protects the reap's owner CAS and reap_peer.lua's re-homed-peer check, with reap_now (no
-// timing): a dead instance's room taken over by a live instance B, which then hosts a peer under
-// the same peer id as the dead one's; and a second taken-over room that had left the dead
-// one's room index while it lived, whose `<room>/<peer>` entry is still in its peer index (B's
-// clean-up of it lost). The reap skips the first room (its pin and metadata name B); its
-// peer-index pass finds the second room's entry with the record naming B (`moved`): B's rooms,
-// records and indexes stay exactly as they were, and everything else of the dead instance goes.
-// Issue 32: the owner CAS had one killing test; reap_peer's check none.
+// Protects the reap's owner CAS and reap_room.lua's per-record instance check in a room kept,
+// with reap_now (no timing): two rooms of a dead instance taken over by a live instance B, which
+// then hosts a peer under the same peer id as the dead one's (its record now names B). In the
+// first room the dead instance also left a record of its own ("old-peer"); in the second, B's
+// re-homed peer replaced the only one. Both rooms stay in the dead instance's room index (key
+// schema version 2: that is how the reap reaches the dead instance's records there). The reap
+// skips both rooms (pin and metadata name B) and deletes only the record naming the dead
+// instance: B's rooms, records and room index stay exactly as they were, and nothing else of
+// the dead instance is left. Fails if the reap deletes a room B took over (owner CAS) or a
+// record under a re-homed id (instance check), or leaves the dead instance's record behind.
 #[test]
 fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
     let s = Server::start();
@@ -862,14 +817,7 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
             ("rehome-gone", &[("gone-peer", None)]),
         ],
     );
-    // rehome-lost left the dead instance's room index while it lived (it saw the room lost and
-    // dropped the entry): only the peer-index pass meets its peer.
     let dead = wire(IdKind::Instance, "rehome-dead");
-    let _: () = redis::cmd("SREM")
-        .arg(ks.instance_rooms(&dead))
-        .arg("rehome-lost")
-        .query(&mut s.con())
-        .unwrap();
     let mut records = BTreeMap::new();
     for (room, peer) in [
         ("rehome-taken", "shared-peer"),
@@ -885,15 +833,17 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
         assert_eq!(hget(&s, &key, "instance").as_deref(), Some("rehome-b"));
         records.insert(key.clone(), s.dump(&key));
     }
-    // B's upsert took `<room>/<peer>` out of the dead instance's peer index (index after
-    // record); as if that last step was lost (B crashed or its reply was lost), put it back.
-    let _: () = redis::cmd("SADD")
-        .arg(ks.instance_peers(&dead))
-        .arg("rehome-lost/lost-peer")
-        .query(&mut s.con())
-        .unwrap();
+    assert_eq!(
+        records_naming(&s, &dead),
+        vec![
+            ks.peer("rehome-gone", "gone-peer"),
+            ks.peer("rehome-taken", "old-peer")
+        ],
+        "fabricated: the dead instance's records left"
+    );
+    let b_index = s.dump(&ks.instance_rooms("rehome-b"));
     if let Some(c) = leader.reap_now("rehome-dead").expect("reap_now") {
-        assert_eq!((c.rooms, c.skipped_rooms), (1, 1), "{c:?}");
+        assert_eq!((c.rooms, c.skipped_rooms, c.peers), (1, 2, 2), "{c:?}");
     } // None: the reaper thread reaped it first; the state below says the same
     wait_for(LONG, "rehome-dead reaped", || {
         zscore(&s, "rehome-dead").is_none().then_some(())
@@ -920,10 +870,14 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
             .unwrap();
         assert_eq!(peers, BTreeSet::from([peer.to_string()]), "{room}");
     }
+    assert_eq!(s.dump(&ks.instance_rooms("rehome-b")), b_index);
     assert!(
         !exists(&s, &ks.room("rehome-gone").meta),
         "the dead one's own room reaped"
     );
+    assert_eq!(records_naming(&s, &dead), Vec::<String>::new());
+    let left = references(&s.dump(&ks.scan_pattern()), &[dead]);
+    assert!(left.is_empty(), "leftovers of the dead instance: {left:#?}");
     assert!(
         s.index_problems(&ks).is_empty(),
         "{:#?}",
@@ -940,15 +894,17 @@ fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
 }
 
 // Protects the reap's new-life checks (issue 32: each survived the suite, whose new lives
-// register first, which merges the moved indexes back and ends the reap before it meets their
+// register first, which merges the moved index back and ends the reap before it meets their
 // writes): reap_room.lua's status (`new_life`: a room pinned again after the reap began is
-// kept), its per-peer check (a record written after t0 is kept) and reap_peer.lua's (`new_life`
-// in the peer-index pass). A slow reap (batches of 2 rooms, pace 10) of a dead instance's 400
-// rooms runs in `reap_now`; once it has moved the indexes aside, the same instance id writes
-// again without registering (a zombie, or a new life between its first write and its
-// registration), through the data itself: ten rooms still present are pinned again with the
-// server's time and one peer record of each is rewritten. The reap reports them `kept` and
-// leaves exactly them, each with its rewritten peer; the rest of the instance is gone.
+// kept) and its per-record check in such a room (a record of the same id written after t0 is
+// kept, one written before t0 is the dead life's and goes). A slow reap (batches of 2 rooms,
+// pace 10) of a dead instance's 400 rooms runs in `reap_now`; once it has moved the room index
+// aside, the same instance id writes again without registering (a zombie, or a new life between
+// its first write and its registration), through the data itself: ten rooms still present are
+// pinned again with the server's time and one peer record of each (p1) is rewritten. The reap
+// reports them `kept` and leaves exactly them, each with its rewritten p1 and without its old
+// p2, back in the instance's live room index (so a later round, or the new life, reaches
+// them); the rest of the instance is gone.
 #[test]
 fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
     let s = Server::start();
@@ -986,7 +942,7 @@ fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
     );
     let rewritten = std::thread::scope(|scope| {
         let reap = scope.spawn(|| leader.reap_now("later"));
-        wait_for(LONG, "the indexes moved aside", || {
+        wait_for(LONG, "the room index moved aside", || {
             exists(&s, &ks.instance_reaping_rooms(&dead)).then_some(())
         });
         let mut rewritten = Vec::new();
@@ -1024,10 +980,24 @@ fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
             assert!(meta, "{room}, pinned again after t0, was reaped");
             let p1 = ks.peer(room, "p1");
             assert!(exists(&s, &p1), "{room}'s rewritten peer p1 was reaped");
+            let p2 = ks.peer(room, "p2");
+            assert!(!exists(&s, &p2), "{room}'s p2, written before t0, stays");
+            assert!(
+                sismember(&s, &ks.instance_rooms(&dead), room),
+                "{room}, kept, is not back in the live room index"
+            );
         } else {
             assert!(!meta, "{room} of the dead life stays");
         }
     }
+    let mut kept_records = records_naming(&s, &dead);
+    kept_records.sort();
+    let mut want: Vec<String> = rewritten.iter().map(|r| ks.peer(r, "p1")).collect();
+    want.sort();
+    assert_eq!(
+        kept_records, want,
+        "the records naming the instance after the reap"
+    );
 }
 
 // Protects reap_room.lua's guest-pointer guard (issue 32): in a room another instance took
@@ -1067,16 +1037,16 @@ fn a_reap_keeps_a_guest_pointer_that_names_a_live_peer() {
         .upsert_peer_detailed(room, new_peer, Some("g1"), &[("k", "b")])
         .unwrap();
     assert_eq!(up.replaced.as_deref(), Some(old_peer));
-    // The dead instance's record of the old peer, back as it was (with its index entries).
+    // The dead instance's record of the old peer, back as it was (in the room's peers set;
+    // the room is still in the dead instance's room index, which reaches it).
     let _: () = redis::pipe()
         .hset_multiple(&old_key, &old_record)
         .ignore()
         .sadd(&ks.room(room).peers, old_peer)
         .ignore()
-        .sadd(ks.instance_peers(&dead), format!("{room}/{old_peer}"))
-        .ignore()
         .query(&mut s.con())
         .unwrap();
+    assert!(sismember(&s, &ks.instance_rooms(&dead), room));
     let guests = ks.room(room).guests;
     assert_eq!(hget(&s, &guests, "g1").as_deref(), Some(new_peer));
     let new_key = ks.peer(room, new_peer);
@@ -1098,6 +1068,7 @@ fn a_reap_keeps_a_guest_pointer_that_names_a_live_peer() {
         new_record,
         "the live peer's record untouched"
     );
+    assert_eq!(records_naming(&s, &dead), Vec::<String>::new());
     assert!(
         s.index_problems(&ks).is_empty(),
         "{:#?}",

@@ -1,6 +1,7 @@
 //! Review of the move-aside reap (commit 8593406: `reap_begin.lua` / `reap_force_begin.lua`
-//! RENAME a dead instance's indexes to `...:reaping-rooms` / `-peers`, `reap_finish.lua` UNLINKs
-//! them, `heartbeat.lua` merges them back at registration). Each test states what must hold;
+//! RENAME a dead instance's room index to `...:reaping-rooms`, `reap_finish.lua` UNLINKs it,
+//! `heartbeat.lua` merges it back at registration; key schema version 2 keeps no peer index,
+//! the room index reaches every record naming the instance). Each test states what must hold;
 //! the ones that fail prove a break (see the review report).
 use crate::support;
 
@@ -37,6 +38,40 @@ fn set_string(s: &Server, key: &str) {
         .unwrap();
 }
 
+/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
+/// record by record from the keys (not from any index).
+fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
+    s.dump(&ks.scan_pattern())
+        .into_iter()
+        .filter(|(k, v)| {
+            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
+                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
+        })
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// The records naming `instance` (wire form) that lie in no room of its room index (live or
+/// moved aside): key schema version 2's index rule (invariants 2 and 4) says there are none.
+fn unindexed_records(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
+    let mut rooms: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for key in [
+        ks.instance_rooms(instance),
+        ks.instance_reaping_rooms(instance),
+    ] {
+        if let Some(Val::Set(members)) = s.dump(&key).remove(&key) {
+            rooms.extend(members);
+        }
+    }
+    records_naming(s, ks, instance)
+        .into_iter()
+        .filter(|k| match ks.parse(k) {
+            Some(sfu_redis::keys::ParsedKey::Peer(room, _)) => !rooms.contains(&room),
+            _ => true,
+        })
+        .collect()
+}
+
 fn rooms_of(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|k| format!("{prefix}{k}")).collect()
 }
@@ -47,32 +82,21 @@ fn fake<'a>(names: &'a [String], peers: &'a [(&'a str, Option<&'a str>)]) -> Vec
 
 /// Bad data: a moved room index that is a string (not a set). The dead instance's real rooms
 /// are in its live index. The reap must not stop on it for ever (bad data skips what it
-/// concerns, it does not stop the reaper): the live rooms are reaped and the instance leaves
-/// the sorted set.
+/// concerns, it does not stop the reaper): the live rooms are reaped with their records and the
+/// instance leaves the sorted set.
 ///
 /// Found: `reap_begin.lua` sees the key EXISTS and leaves the live indexes where they are
 /// ("take over the moved ones"), then the room phase SSCANs the string: WRONGTYPE, the reap
 /// fails, the instance keeps score 0 and the next round does the same, for ever.
 #[test]
 fn a_moved_room_index_of_the_wrong_type_does_not_stop_the_reap() {
-    wrong_typed_moved_index_is_reaped_past("wt", KeySpace::instance_reaping_rooms);
-}
-
-/// The same with the moved peer index a string (the room index moved aside is fine).
-#[test]
-fn a_moved_peer_index_of_the_wrong_type_does_not_stop_the_reap() {
-    wrong_typed_moved_index_is_reaped_past("wp", KeySpace::instance_reaping_peers);
-}
-
-/// Dead instance `dead` with 5 rooms in its live index and its moved index `moved` a string:
-/// a leader reaps the rooms and takes `dead` out of the sorted set.
-fn wrong_typed_moved_index_is_reaped_past(dead: &str, moved: fn(&KeySpace, &str) -> String) {
     let s = Server::start();
     let ks = ks(RG);
+    let dead = "wt";
     let old = s.server_ms() - 60_000;
     let names = rooms_of(dead, 5);
     s.fabricate_dead(&ks, dead, old, None, &fake(&names, &[("p", None)]));
-    set_string(&s, &moved(&ks, dead));
+    set_string(&s, &ks.instance_reaping_rooms(dead));
 
     let leader = s.node(RG, "leader");
     wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
@@ -84,6 +108,7 @@ fn wrong_typed_moved_index_is_reaped_past(dead: &str, moved: fn(&KeySpace, &str)
             (!left && score(&s, &ks, dead).is_none()).then_some(())
         },
     );
+    assert_eq!(records_naming(&s, &ks, dead), Vec::<String>::new());
 }
 
 /// An unregistered instance whose only leftover is a moved index (an interrupted reap whose
@@ -120,16 +145,17 @@ fn only_moved_indexes_left_are_enqueued_by_the_audit_and_reaped() {
     wait_for(LONG, "un reaped whole", || {
         let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
             || exists(&s, &ks.instance_reaping_rooms("un"))
-            || exists(&s, &ks.instance_reaping_peers("un"))
             || exists(&s, &ks.instance_reaping("un"));
         (!left && score(&s, &ks, "un").is_none()).then_some(())
     });
+    assert_eq!(records_naming(&s, &ks, "un"), Vec::<String>::new());
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
 /// A real leader killed mid-reap (shut down while reaping a big instance in small batches),
-/// another leader takes the moved indexes over; what a zombie of the dead instance indexes
-/// after the move is reaped too. Nothing is left moved aside, the audit is clean.
+/// another leader takes the moved index over; what a zombie of the dead instance indexes
+/// after the move is reaped too. Nothing is left moved aside, no record names the instance,
+/// the audit is clean.
 /// (Expected to hold.)
 #[test]
 fn a_leader_stopped_mid_reap_is_taken_over_by_the_next() {
@@ -182,12 +208,11 @@ fn a_leader_stopped_mid_reap_is_taken_over_by_the_next() {
             .chain([&"late".to_owned()])
             .any(|r| exists(&s, &ks.room(r).meta))
             || exists(&s, &ks.instance_reaping_rooms("big"))
-            || exists(&s, &ks.instance_reaping_peers("big"))
             || exists(&s, &ks.instance_reaping("big"))
-            || exists(&s, &ks.instance_rooms("big"))
-            || exists(&s, &ks.instance_peers("big"));
+            || exists(&s, &ks.instance_rooms("big"));
         (!left && score(&s, &ks, "big").is_none()).then_some(())
     });
+    assert_eq!(records_naming(&s, &ks, "big"), Vec::<String>::new());
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
@@ -212,12 +237,8 @@ fn reap_ended(lead: &sfu_redis::Node) {
     });
 }
 
-fn aside_keys(ks: &KeySpace, i: &str) -> [String; 3] {
-    [
-        ks.instance_reaping_rooms(i),
-        ks.instance_reaping_peers(i),
-        ks.instance_reaping(i),
-    ]
+fn aside_keys(ks: &KeySpace, i: &str) -> [String; 2] {
+    [ks.instance_reaping_rooms(i), ks.instance_reaping(i)]
 }
 
 /// The same instance id started again (a new life, in process) while a slow leader's reap of
@@ -327,16 +348,16 @@ fn an_operator_reap_racing_the_leader_reaps_whole() {
             .chain([&"op-late".to_owned()])
             .any(|r| exists(&s, &ks.room(r).meta))
             || aside_keys(&ks, "op").iter().any(|k| exists(&s, k))
-            || exists(&s, &ks.instance_rooms("op"))
-            || exists(&s, &ks.instance_peers("op"));
+            || exists(&s, &ks.instance_rooms("op"));
         (!left && score(&s, &ks, "op").is_none()).then_some(())
     });
+    assert_eq!(records_naming(&s, &ks, "op"), Vec::<String>::new());
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
 /// A zombie: a node process with rooms and peers is SIGSTOPped, its heartbeat lapses, a slow
-/// leader begins reaping it (indexes moved aside), then it is SIGCONTed mid-reap: it finds it
-/// was reaped, registers again (merging the moved indexes back) and goes on. Once settled:
+/// leader begins reaping it (room index moved aside), then it is SIGCONTed mid-reap: it finds
+/// it was reaped, registers again (merging the moved index back) and goes on. Once settled:
 /// nothing stays moved aside, every record naming it is indexed (audit clean), it is
 /// registered. (Expected to hold.)
 #[test]
@@ -386,6 +407,11 @@ fn a_zombie_resumed_mid_reap_leaves_indexes_exact() {
     );
     // Settle: the leader's reap ends, the zombie's re-pins are done.
     reap_ended(&lead);
+    wait_for(
+        LONG,
+        "every record naming zomb in a room of its index",
+        || unindexed_records(&s, &ks, "zomb").is_empty().then_some(()),
+    );
     wait_for(LONG, "audit clean", || {
         let p = s.index_problems(&ks);
         p.is_empty().then_some(())
@@ -433,7 +459,7 @@ fn an_operator_reap_with_a_moved_index_of_the_wrong_type_reaps_the_rest() {
 }
 
 /// `fsck --repair` (library audit) run repeatedly while a slow leader reaps a big instance
-/// (moved indexes with room entries of already deleted rooms, a moved peer index shrinking):
+/// (a moved room index with entries of already deleted rooms):
 /// the repair never puts anything back that makes the reap leave an orphan, the instance is
 /// reaped whole, the audit ends clean. (Expected to hold.)
 #[test]
@@ -465,10 +491,10 @@ fn fsck_repair_during_a_reap_leaves_nothing_behind() {
     wait_for(Duration::from_secs(120), "fk reaped whole", || {
         let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
             || aside_keys(&ks, "fk").iter().any(|k| exists(&s, k))
-            || exists(&s, &ks.instance_rooms("fk"))
-            || exists(&s, &ks.instance_peers("fk"));
+            || exists(&s, &ks.instance_rooms("fk"));
         (!left && score(&s, &ks, "fk").is_none()).then_some(())
     });
+    assert_eq!(records_naming(&s, &ks, "fk"), Vec::<String>::new());
     assert_eq!(s.index_problems(&ks), Vec::<String>::new());
 }
 
@@ -512,8 +538,8 @@ fn a_moved_index_of_the_wrong_type_is_reported_and_blocks_no_other_reap() {
 /// A zombie of a dead instance pins its rooms again while a (slow, paced) leader reaps it: the
 /// leader keeps what it meets from then on (pinned after t0: `Reap::keep`, held in memory until
 /// `finish`). Then the id registers again (a new life): `heartbeat.lua` merges the moved
-/// indexes back and the new life's clean-up of its earlier life deletes those rooms (it does
-/// not hold them) and their index entries. When the leader's reap ends, nothing may be
+/// room index back and the new life's clean-up of its earlier life deletes those rooms (it
+/// does not hold them) and their index entries. When the leader's reap ends, nothing may be
 /// indexed that does not exist: the live instance's room index must be exact.
 ///
 /// Passes in the runs made. Aimed at a race it does not hit reliably: `reaper::finish` SADDs
@@ -584,9 +610,9 @@ fn a_zombie_repin_then_a_new_life_mid_reap_leaves_the_live_index_exact() {
     drop(again);
 }
 
-/// Redis killed -9 mid-reap (a slow leader reaping a big instance, indexes moved aside) and
+/// Redis killed -9 mid-reap (a slow leader reaping a big instance, room index moved aside) and
 /// started again: with `appendonly yes` (AOF, fsync always) it comes back as it was at the
-/// kill; the leader's reap breaks off and a later round takes the moved indexes over. Without
+/// kill; the leader's reap breaks off and a later round takes the moved index over. Without
 /// persistence it comes back empty. Either way: the instance is reaped whole, nothing stays
 /// moved aside, the audit is clean. Standalone only (a server's process). (Expected to hold.)
 #[test]
@@ -623,11 +649,11 @@ fn redis_killed_mid_reap_with_and_without_persistence_converges() {
             || {
                 let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
                     || aside_keys(&ks, "rk").iter().any(|k| exists(&s, k))
-                    || exists(&s, &ks.instance_rooms("rk"))
-                    || exists(&s, &ks.instance_peers("rk"));
+                    || exists(&s, &ks.instance_rooms("rk"));
                 (!left && score(&s, &ks, "rk").is_none()).then_some(())
             },
         );
+        assert_eq!(records_naming(&s, &ks, "rk"), Vec::<String>::new());
         wait_for(LONG, "audit clean", || {
             s.index_problems(&ks).is_empty().then_some(())
         });

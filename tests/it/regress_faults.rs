@@ -643,8 +643,10 @@ fn run_and_lose_the_reply<T: Send + 'static>(
 }
 
 /// Waits (up to 30 heartbeat intervals) until one consistency scan of `ks` finds every index
-/// exact (invariant 4: each index holds exactly what the records say); panics with the last
-/// problems otherwise. For the lost-reply tests: "the node then converges by itself" (README).
+/// exact (invariant 4: each index holds exactly what the records say; key schema version 2:
+/// every record naming an instance lies in a room of its room index, see
+/// `support::unreached_records`); panics with the last problems otherwise. For the lost-reply
+/// tests: "the node then converges by itself" (README).
 fn wait_for_exact_indexes(s: &Server, ks: &sfu_redis::keys::KeySpace) {
     let bound = Timings::fast().heartbeat_interval * 30;
     let deadline = Instant::now() + bound;
@@ -697,17 +699,24 @@ fn close_room_with_a_lost_reply_is_not_resent_and_the_room_ends_closed() {
             .all(|e| !matches!(e, Event::RoomLost { .. })),
         "a closed room was reported lost"
     );
-    // Invariant 4: the peer's index entry went with its record, whatever the lost reply said.
+    // Invariant 4: the room's index entry went after its records, whatever the lost reply
+    // said (key schema version 2: no record is left for it to reach).
     wait_for_exact_indexes(&s, &ks);
+    assert!(
+        s.smembers(&ks.instance_rooms("a")).is_empty(),
+        "the closed room is still in the node's room index"
+    );
 }
 
 // Protects: invariant 4 with the room lock and the "unless the node holds it again" rule of the
-// lost-reply clean-up: it removes only index entries of peers the node does not hold.
+// lost-reply clean-up: it settles only rooms the node does not hold. (Key schema version 2:
+// the entry that reaches the new peer's record is its room's, in the room index.)
 // Fault: close_room's reply is lost (the close ran); the host then pins the room again and
 // upserts the same peer id before or after the next tick.
-// Protection: the tick skips the peer the node holds again (its entry is the new record's).
-// Removing every entry the close knew of, unconditionally, would strip the new record's entry:
-// a record that no index reaches, never reaped.
+// Protection: the tick leaves the room the node holds again alone. Settling it as the close
+// knew it, unconditionally (closing it again, sweeping this instance's records there, or
+// removing its index entry), would delete the new record or strip the entry that reaches it: a
+// record that no index reaches, never reaped.
 #[test]
 fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
@@ -724,14 +733,15 @@ fn close_room_with_a_lost_reply_then_repinned_keeps_the_new_peers_entry() {
     a.upsert_peer("r", "p", None, &[]).unwrap();
     std::thread::sleep(Timings::fast().heartbeat_interval * 5);
     wait_for_exact_indexes(&s, &ks);
-    let index: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ks.instance_peers("w"))
-        .query(&mut s.con())
-        .unwrap();
     assert_eq!(
-        index,
-        vec!["r/p".to_owned()],
-        "the new p stays indexed, q is gone"
+        s.smembers(&ks.instance_rooms("w")),
+        ["r".to_owned()].into(),
+        "the room of the new p stays indexed"
+    );
+    assert_eq!(
+        records_of(&ks, &s.dump(&ks.scan_pattern()), "w"),
+        [("r".to_owned(), "p".to_owned())].into(),
+        "the new p is the one record of w, q is gone"
     );
     let records = s.keys(&format!("{}:room:{{r}}:peer:*", ks.prefix()));
     assert_eq!(records, vec![ks.peer("r", "p")]);
@@ -764,19 +774,22 @@ fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
         "remove_peer was re-sent: {out:?}"
     );
     assert_eq!(a.stats().peers, 0, "the node forgot the peer");
-    // Invariant 4: the re-sent remove finds no record (a no-op), yet the index entry must go.
+    // Invariant 4: the re-sent remove finds no record (a no-op); the room stays indexed (the
+    // node holds it) and reaches no record of the peer.
     wait_for_exact_indexes(&s, &ks);
+    assert!(records_of(&ks, &s.dump(&ks.scan_pattern()), "b").is_empty());
+    assert_eq!(s.smembers(&ks.instance_rooms("b")), ["r".to_owned()].into());
 }
 
 // Protects: invariant 4 and the README's "a request whose reply never came is not re-sent; the
 // node then converges by itself", for upsert_peer.
-// Fault: upsert_peer's first request runs on the server, then its reply is held by the proxy
-// and the connection reset: the call fails after it landed. On one server that request is the
-// whole upsert (record and index entry, one script); on a cluster it is the index entry alone
-// (written before the record).
+// Fault: upsert_peer's request (one script call on every topology, key schema version 2) runs
+// on the server, then its reply is held by the proxy and the connection reset: the call fails
+// after it landed.
 // Protection: the upsert is marked uncertain; the next tick, finding the peer not held by the
-// node, deletes a record naming this instance and then the index entry. Without it the record
-// `p` (or on a cluster the entry `r/p` with no record) stays, until a reap or fsck.
+// node, deletes a record naming this instance. Without it the record `p` stays (in a room of
+// the node's index, so reachable, but written although the host was told the call failed),
+// until a reap or fsck.
 #[test]
 fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
@@ -797,21 +810,23 @@ fn upsert_peer_with_a_lost_reply_leaves_exact_indexes() {
     let records = s.keys(&pattern);
     assert_eq!(records, vec![ks.peer("r", "kept")]);
     assert_eq!(a.stats().peers, records.len());
-    let index: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ks.instance_peers("u"))
-        .query(&mut s.con())
-        .unwrap();
-    assert_eq!(index, vec!["r/kept".to_owned()]);
+    // What reaches the records: the room index lists the room, and the one record naming u
+    // is the kept peer's.
+    assert_eq!(s.smembers(&ks.instance_rooms("u")), ["r".to_owned()].into());
+    assert_eq!(
+        records_of(&ks, &s.dump(&ks.scan_pattern()), "u"),
+        [("r".to_owned(), "kept".to_owned())].into()
+    );
 }
 
-// Protects: the same as above, when the upsert's record did land.
-// Fault: upsert_peer's index entry is written and acknowledged, then its script runs on the
-// server (record written, generation drawn) and that reply alone is lost (connection closed).
+// Protects: the same as above, with the reply lost on its own (the connection closed as it
+// came back, the proxy's marker being the record's key).
+// Fault: upsert_peer's script runs on the server (record written, generation drawn) and that
+// reply alone is lost (connection closed).
 // Protection: the tick finds a record naming this instance for a peer the node does not hold
-// (the host was told the upsert failed): it deletes the record by its generation, then the
-// index entry. Without it the record stays written although the host was told the call failed
-// (stats().peers != records), and with only an index clean-up it would be a record no index
-// reaches.
+// (the host was told the upsert failed): it deletes the record by its generation. Without it
+// the record stays written although the host was told the call failed (stats().peers !=
+// records).
 #[test]
 fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
@@ -820,7 +835,7 @@ fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
     let a = Node::start(config_for(&proxy.url(), RT, "v", Timings::fast())).unwrap();
     a.pin_room("r").unwrap();
     a.upsert_peer("r", "kept", None, &[]).unwrap();
-    // The script's keys name the record; the index write before it only names "r/landed".
+    // The script's keys name the record (and no other request of the call does).
     proxy.lose_reply_of(b":peer:landed");
     let out = a.upsert_peer("r", "landed", None, &[("k", "v")]);
     assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
@@ -836,6 +851,10 @@ fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
     });
     assert_eq!(a.stats().peers, 1, "the host's view: only the kept peer");
     wait_for_exact_indexes(&s, &ks);
+    assert_eq!(
+        records_of(&ks, &s.dump(&ks.scan_pattern()), "v"),
+        [("r".to_owned(), "kept".to_owned())].into()
+    );
 }
 
 // Protects: invariant 4 and the README's "nothing the host was told failed is ever written
@@ -951,25 +970,34 @@ fn data_loss_with_the_restored_reply_lost_still_restores_everything() {
     );
 }
 
-// Protects: invariant 4 for entries another instance owed this one (issue 11, item 1: "a
-// guest's superseded peer on upsert" with its reply lost).
-// Fault: instance "e" held room r with peer pe of guest g, then lost the room to "d" (its
-// owner rewritten, as after a takeover); e's record stays (it names e, e's index lists it:
-// consistent). d upserts a new peer pd for guest g (the guest reconnected through d): the
-// script deletes pe's record and the reply, which would have told d to remove "r/pe" from e's
-// index, is lost.
-// Protection: each tick walks a page of the node's own indexes and hands members it does not
-// hold to the record check (`unindex_gone_records`): e removes "r/pe" itself, from durable
-// state. Before, the entry stayed in e's index until e died (the audit reported it).
+// Protects: key schema version 2's reach rule (invariants 2 and 4: every record naming an
+// instance lies in a room of its room index) and "no clean-up that only a reply knows", when a
+// room is lost to a takeover. (It replaces a test of an entry another instance owed this one
+// in its peer index, which key schema version 2 no longer has.)
+// Fault: instance "e" holds room r with peer pe; "d" takes r over (pin and metadata rewritten,
+// as after a takeover) and a peer pd joins through d. e's tick reports r lost, deletes its own
+// records there (src/rooms.rs `sweep_own`), then removes r from its room index; the reply of
+// that deletion is lost (it ran: pe is gone), so the tick ends before the removal.
+// Protection: each tick walks a page of e's room index and settles every room e does not hold
+// (record first, index second): r leaves e's index from durable state. Without the walk r
+// stays in e's index for ever (dangling); removing the entry before the records, or without
+// deleting them, leaves pe a record that no index reaches (an orphan once e dies); a sweep
+// that deleted the room whole would delete d's room and pd.
 #[test]
-fn a_superseded_peer_of_another_instance_leaves_its_index_after_a_lost_reply() {
+fn a_room_lost_to_a_takeover_leaves_the_index_after_its_records_despite_a_lost_reply() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RT);
-    let e = s.node(RT, "e");
-    e.pin_room("r").unwrap();
-    e.upsert_peer("r", "pe", Some("g"), &[]).unwrap();
     let proxy = s.proxy();
-    let d = Node::start(config_for(&proxy.url(), RT, "d", Timings::fast())).unwrap();
+    let e = Node::start(config_for(&proxy.url(), RT, "e", Timings::fast())).unwrap();
+    let mut elog = EventLog::new(&e);
+    e.pin_room("r").unwrap();
+    e.upsert_peer("r", "pe", Some("ge"), &[]).unwrap();
+    e.pin_room("kept").unwrap();
+    e.upsert_peer("kept", "pk", None, &[]).unwrap();
+    let d = s.node(RT, "d");
+    // The deletion of e's own records in a room it lost is the one call carrying t0 = 2^53 - 1
+    // (src/rooms.rs `SWEEP_ALL`).
+    proxy.lose_reply_of(b"9007199254740991");
     let rk = ks.room("r");
     let _: () = redis::pipe()
         .cmd("SET")
@@ -985,85 +1013,109 @@ fn a_superseded_peer_of_another_instance_leaves_its_index_after_a_lost_reply() {
         .ignore()
         .query(&mut s.con())
         .unwrap();
-    // d takes up the room it owns now (a room in its index that it does not hold would be
-    // released by its own walk: a forgotten room).
     assert_eq!(d.pin_room("r").unwrap(), sfu_redis::PinOutcome::AlreadyOurs);
-    wait_for(LONG, "e notices it lost the room", || {
-        (e.stats().rooms == 0).then_some(())
-    });
-    // e checks its entries of the lost room on its next tick (the record still names e:
-    // kept); the supersede comes well after that.
-    std::thread::sleep(Timings::fast().heartbeat_interval * 5);
-    proxy.lose_reply_of(b":peer:pd");
-    let out = d.upsert_peer("r", "pd", Some("g"), &[]);
-    assert!(out.is_err(), "the upsert's reply was lost: {out:?}");
-    assert!(
-        !proxy.reply_loss_pending(),
-        "the upsert script was never sent"
+    d.upsert_peer("r", "pd", Some("gd"), &[]).unwrap();
+    elog.wait(
+        LONG,
+        "e reports r lost",
+        |ev| matches!(ev, Event::RoomLost { room, .. } if room == "r"),
     );
-    // The host retries and succeeds (the usual answer to a failed call).
-    d.upsert_peer("r", "pd", Some("g"), &[]).unwrap();
-    let e_peers = ks.instance_peers("e");
-    wait_for(LONG, "e's index loses the superseded peer", || {
-        let m: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(&e_peers)
-            .query(&mut s.con())
-            .unwrap();
-        (!m.contains(&"r/pe".to_owned())).then_some(())
+    wait_for(LONG, "the sweep's reply lost", || {
+        (!proxy.reply_loss_pending()).then_some(())
+    });
+    wait_for(LONG, "r leaves e's room index", || {
+        (!s.smembers(&ks.instance_rooms("e")).contains("r")).then_some(())
     });
     wait_for_exact_indexes(&s, &ks);
-    assert!(!s
-        .keys(&format!("{}:room:{{r}}:peer:pe", ks.prefix()))
-        .iter()
-        .any(|_| true));
+    let dump = s.dump(&ks.scan_pattern());
+    assert_eq!(
+        records_of(&ks, &dump, "e"),
+        [("kept".to_owned(), "pk".to_owned())].into(),
+        "e's record in the lost room is deleted, its other room's kept"
+    );
+    assert_eq!(
+        records_of(&ks, &dump, "d"),
+        [("r".to_owned(), "pd".to_owned())].into(),
+        "d's room and record are untouched"
+    );
+    assert_eq!(
+        s.smembers(&ks.instance_rooms("e")),
+        ["kept".to_owned()].into()
+    );
+    assert_eq!(s.smembers(&ks.instance_rooms("d")), ["r".to_owned()].into());
+    assert_eq!((e.stats().rooms, e.stats().peers), (1, 1));
+    assert_eq!(d.room_owner("r").unwrap().as_deref(), Some("d"));
 }
 
 // Protects: invariant 4 and "no orphans" (issue 11, items 1 and 2: clean-ups that raced with a
-// new write, or whose reply was lost, on this node's own indexes).
-// Fault: entries of rooms and peers the node holds are removed from its indexes behind its
-// back (as a reaper's deferred clean-up racing a re-pin would), and entries naming nothing are
-// added (as a lost clean-up would leave).
+// new write, or whose reply was lost, on this node's own index), with key schema version 2's
+// reach rule (every record naming the node lies in a room of its room index).
+// Fault: entries of rooms the node holds are removed from its room index behind its back (as a
+// clean-up racing a re-pin would), and entries of rooms it does not hold are added: one naming
+// nothing, and one of a room another live instance owns in which a record of this node was
+// left (as a room lost to a takeover whose clean-up's replies were lost leaves it).
 // Protection: each tick puts what the node holds in one eighth of its room lock stripes back
-// into its indexes (under those locks), and walks a page of its indexes, handing members it
-// does not hold to the settlements: all converge within a few dozen ticks, with no host call.
+// into its room index (under those locks), and walks a page of the index, handing rooms it
+// does not hold to the settlements, which delete this node's records there before removing
+// the entry: all converge within a few dozen ticks, with no host call.
 #[test]
 fn a_node_puts_back_its_stripped_entries_and_drops_dangling_ones() {
     let s = Server::start();
     let ks = ks(RT);
     let a = s.node(RT, "a");
+    let b = s.node(RT, "b");
     let rooms: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
     for r in &rooms {
         a.pin_room(r).unwrap();
         a.upsert_peer(r, "p1", Some("g1"), &[]).unwrap();
     }
-    let (ri, pi) = (ks.instance_rooms("a"), ks.instance_peers("a"));
-    let stripped_peers: Vec<String> = rooms.iter().map(|r| format!("{r}/p1")).collect();
-    let _: () = redis::pipe()
-        .cmd("SREM")
+    b.pin_room("elsewhere").unwrap();
+    b.upsert_peer("elsewhere", "bp", None, &[]).unwrap();
+    let ri = ks.instance_rooms("a");
+    let _: () = redis::cmd("SREM")
         .arg(&ri)
         .arg(&rooms)
+        .query(&mut s.con())
+        .unwrap();
+    // A record of a left in b's room (the room's key slot), then the entries a does not hold
+    // (the {ctl} slot): record before entry, as the library writes.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(ks.peer("elsewhere", "ghost"))
+        .arg("instance")
+        .arg("a")
+        .arg("generation")
+        .arg(1)
         .ignore()
-        .cmd("SREM")
-        .arg(&pi)
-        .arg(&stripped_peers)
-        .ignore()
-        .cmd("SADD")
-        .arg(&ri)
-        .arg("nowhere")
-        .ignore()
-        .cmd("SADD")
-        .arg(&pi)
-        .arg("r0/ghost")
-        .arg("elsewhere/ghost")
+        .sadd(ks.room("elsewhere").peers, "ghost")
         .ignore()
         .query(&mut s.con())
         .unwrap();
+    let _: () = redis::cmd("SADD")
+        .arg(&ri)
+        .arg(&["nowhere", "elsewhere"][..])
+        .query(&mut s.con())
+        .unwrap();
     wait_for_exact_indexes(&s, &ks);
-    let members = |key: &str| -> std::collections::BTreeSet<String> {
-        redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
-    };
-    assert_eq!(members(&ri), rooms.iter().cloned().collect());
-    assert_eq!(members(&pi), stripped_peers.iter().cloned().collect());
+    let members = |key: &str| s.smembers(key);
+    wait_for(LONG, "a's room index holds exactly its rooms", || {
+        (members(&ri) == rooms.iter().cloned().collect()).then_some(())
+    });
+    let dump = s.dump(&ks.scan_pattern());
+    assert_eq!(
+        records_of(&ks, &dump, "a"),
+        rooms.iter().map(|r| (r.clone(), "p1".to_owned())).collect(),
+        "a's records: one per room it holds, the one left in b's room deleted"
+    );
+    assert_eq!(
+        records_of(&ks, &dump, "b"),
+        [("elsewhere".to_owned(), "bp".to_owned())].into(),
+        "b's room keeps its own record"
+    );
+    assert_eq!(
+        members(&ks.instance_rooms("b")),
+        ["elsewhere".to_owned()].into()
+    );
     assert_eq!(a.stats().rooms, 40, "the host's rooms are untouched");
     for r in &rooms {
         assert_eq!(a.room_owner(r).unwrap().as_deref(), Some("a"));

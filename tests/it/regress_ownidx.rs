@@ -1,8 +1,10 @@
-//! Regression tests: a node keeps its own indexes exact by itself (the tick's re-assertion and
-//! walk, heartbeat.rs `Reassert`), without ever holding host calls up, whatever bad data sits in
-//! them; a reap's index clean-ups work at the largest batch size and their failures are never
+//! Regression tests: a node keeps its own room index exact by itself (the tick's re-assertion
+//! and walk, heartbeat.rs `Reassert`), without ever holding host calls up, whatever bad data
+//! sits in it; a reap works at the largest batch size, reaches every record through the dead
+//! instance's room index (key schema version 2: no peer index), and its failures are never
 //! swallowed. Each test was first written by an adversarial review of issue 11's change and
-//! failed on it.
+//! failed on it (the record-reach test replaced, with key schema version 2, one written against
+//! the peer index's clean-up).
 //!
 //! Promises covered: docs/DESIGN.md invariant 4 (indexes exact), invariant 2 (a dead instance is
 //! reaped whole), "no orphans", the rule "no clean-up that only a reply knows", and bounded host
@@ -40,24 +42,40 @@ fn a_non_utf8_member_in_a_nodes_own_index_does_not_fail_its_ticks() {
     let a = s.node(RB, "a");
     a.pin_room("r1").unwrap();
     let mut log = EventLog::new(&a);
-    std::thread::sleep(Duration::from_secs(1));
-    let before = a.stats();
+    wait_for(LONG, "a first tick", || {
+        (a.stats().heartbeats > 0).then_some(())
+    });
     let _: () = redis::cmd("SADD")
         .arg(ks.instance_rooms("a"))
         .arg(&b"\xff\xfe not utf-8"[..])
         .query(&mut s.con())
         .unwrap();
-    std::thread::sleep(Duration::from_secs(4));
-    let mid = a.stats();
+    // Ticks keep succeeding with the garbage in the index: at least six more (a full walk of
+    // the index at one page per tick) within 20 heartbeat intervals.
+    let before = a.stats();
+    let bound = Timings::fast().heartbeat_interval * 20;
+    let deadline = std::time::Instant::now() + bound;
+    let mut mid = a.stats();
+    while mid.heartbeats <= before.heartbeats + 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        mid = a.stats();
+    }
     eprintln!(
-        "before: heartbeats={} failures={} | after 4 s: heartbeats={} failures={} last_error={:?}",
+        "before: heartbeats={} failures={} | after: heartbeats={} failures={} last_error={:?}",
         before.heartbeats,
         before.heartbeat_failures,
         mid.heartbeats,
         mid.heartbeat_failures,
         mid.last_error
     );
-    // Another instance takes r1 over (as after a takeover): the node must report room_lost.
+    assert!(
+        mid.heartbeats > before.heartbeats + 5,
+        "ticks stopped succeeding once a non-UTF-8 member sat in the node's own room index: {} -> {} ok within {bound:?}, failures {} -> {} ({:?})",
+        before.heartbeats, mid.heartbeats, before.heartbeat_failures, mid.heartbeat_failures, mid.last_error
+    );
+    // Another instance takes r1 over (as after a takeover): the node must report room_lost,
+    // and its room index lets the room go (key schema version 2: after its own records there
+    // are swept, none here); the garbage member is left for fsck.
     let rk = ks.room("r1");
     let _: () = redis::pipe()
         .cmd("SET")
@@ -73,28 +91,25 @@ fn a_non_utf8_member_in_a_nodes_own_index_does_not_fail_its_ticks() {
         .ignore()
         .query(&mut s.con())
         .unwrap();
-    let lost = log.try_wait(Duration::from_secs(5), |e| {
-        matches!(e, Event::RoomLost { .. })
+    log.wait(
+        Duration::from_secs(5),
+        "room_lost of r1",
+        |e| matches!(e, Event::RoomLost { room, .. } if room == "r1"),
+    );
+    wait_for(LONG, "r1 leaves a's room index", || {
+        let members: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+            .arg(ks.instance_rooms("a"))
+            .query(&mut s.con())
+            .unwrap();
+        (!members.contains(&b"r1".to_vec())).then_some(())
     });
-    let end = a.stats();
-    eprintln!(
-        "end: heartbeats={} failures={} rooms={} room_lost seen: {}",
-        end.heartbeats,
-        end.heartbeat_failures,
-        end.rooms,
-        lost.is_some()
-    );
-    assert!(
-        mid.heartbeats > before.heartbeats + 5,
-        "ticks stopped succeeding once a non-UTF-8 member sat in the node's own room index: {} -> {} ok, failures {} -> {} ({:?})",
-        before.heartbeats, mid.heartbeats, before.heartbeat_failures, mid.heartbeat_failures, mid.last_error
-    );
-    assert!(lost.is_some(), "room_lost never reported");
+    assert_eq!(a.stats().rooms, 0);
 }
 
-/// The same garbage in the LEADER's own peer index: every tick fails, each failure counts as a
-/// Redis error, and the leader skips every reap round in which its error count grew: a dead
-/// instance is never reaped (invariant 2).
+/// The same garbage in the LEADER's own index (its room index, the one index of key schema
+/// version 2; written against its peer index before): every tick fails, each failure counts
+/// as a Redis error, and the leader skips every reap round in which its error count grew: a
+/// dead instance is never reaped (invariant 2).
 /// Protection: as above; the tick succeeds, so no error count grows and reap rounds run.
 #[test]
 fn a_non_utf8_member_in_the_leaders_own_index_does_not_stop_reaping() {
@@ -102,11 +117,15 @@ fn a_non_utf8_member_in_the_leaders_own_index_does_not_stop_reaping() {
     let ks = ks(RB);
     let (leader, mut log) = s.leader(RB, "leader", Timings::fast());
     let _: () = redis::cmd("SADD")
-        .arg(ks.instance_peers("leader"))
+        .arg(ks.instance_rooms("leader"))
         .arg(&b"\xff\xfe not utf-8"[..])
         .query(&mut s.con())
         .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    // The walk reads the garbage within a few ticks (one page per tick, one page here).
+    let beats = leader.stats().heartbeats;
+    wait_for(LONG, "three ticks over the garbage", || {
+        (leader.stats().heartbeats >= beats + 3).then_some(())
+    });
     let now = s.server_ms();
     s.fabricate_dead(
         &ks,
@@ -128,6 +147,11 @@ fn a_non_utf8_member_in_the_leaders_own_index_does_not_stop_reaping() {
         reaped.is_some(),
         "the dead instance was never reaped within 20 s (fast timings: ~2.5 s)"
     );
+    wait_for(LONG, "nothing names the reaped instance", || {
+        references(&s.dump(&ks.scan_pattern()), &["dead".into()])
+            .is_empty()
+            .then_some(())
+    });
 }
 
 /// A zombie's own clean-up (`register` -> `clean_own_leftovers`) races a host re-pin of one of
@@ -195,12 +219,13 @@ fn zombie_clean_up_racing_a_re_pin_leaves_no_orphan() {
 
 /// A guest reconnect on the SAME node whose upsert reply is lost: the script deleted the
 /// superseded peer's record, the node never learns it (`replaced` came in the lost reply; a
-/// retry finds the guest already pointing at the new peer), keeps holding the old peer, and
-/// the tick's re-assertion keeps its entry in the index (the walk skips held peers): an index
-/// member with no record for as long as the host holds the old peer.
+/// retry finds the guest already pointing at the new peer) and keeps holding the old peer: it
+/// counts a peer whose record is gone, and would write that record back after a data loss.
+/// (Under key schema version 1 the tick's re-assertion also kept the old peer's entry in the
+/// peer index: an index member with no record.)
 /// Protection: an upsert with an unknown outcome marks the node's other peers of the same
-/// guest as suspects; the next tick reads their records and forgets (and unindexes) those
-/// whose record no longer names this instance.
+/// guest as suspects; the next tick reads their records and forgets those whose record no
+/// longer names this instance.
 #[test]
 fn an_own_peer_superseded_by_an_upsert_with_a_lost_reply_is_forgotten() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
@@ -212,11 +237,28 @@ fn an_own_peer_superseded_by_an_upsert_with_a_lost_reply_is_forgotten() {
     proxy.lose_reply_of(b":peer:p2");
     let out = a.upsert_peer_detailed("r", "p2", Some("g"), &[]);
     assert!(out.is_err(), "{out:?}");
+    assert!(
+        !proxy.reply_loss_pending(),
+        "the upsert script was never sent"
+    );
     let retry = a.upsert_peer_detailed("r", "p2", Some("g"), &[]).unwrap();
     eprintln!("retry: {retry:?}; node holds {} peers", a.stats().peers);
-    std::thread::sleep(Duration::from_secs(5));
+    // The fault happened: p1's record went with the lost call.
+    let pattern = format!("{}:room:{{r}}:peer:*", ks.prefix());
+    assert_eq!(s.keys(&pattern), vec![ks.peer("r", "p2")]);
+    let bound = Timings::fast().heartbeat_interval * 25;
+    let deadline = std::time::Instant::now() + bound;
+    while a.stats().peers != 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        a.stats().peers,
+        1,
+        "after {bound:?} (25 ticks) the node still holds the superseded peer p1, whose record is gone"
+    );
+    assert_eq!(s.keys(&pattern), vec![ks.peer("r", "p2")]);
     let problems = s.index_problems(&ks);
-    assert!(problems.is_empty(), "after 25 ticks: {problems:#?}");
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 /// Host calls wait for the tick's round trip when their room's stripe is in the tick's
@@ -310,14 +352,18 @@ fn the_largest_reap_batch_reaps_every_room() {
     );
 }
 
-/// The peer-index variant (written against reap_unindex.lua): `reap_peers` sent it through `conn::exec` and never
-/// looks at the per-command result, so the "too many results to unpack" error is swallowed;
-/// reap_finish then finds the index non-empty, reports 'incomplete' and drops the instance
-/// from the sorted set: its peer index stays forever (invariant 2).
-/// Protection: the peer phase checks every clean-up reply (a failure fails the reap, which is
-/// redone), and chunks like the room phase.
+/// Key schema version 2's reap reaches every record through the dead instance's room index,
+/// at the largest batch size: a room the dead instance owns with thousands of peers (deleted
+/// whole, in several calls of the script's work bound), and a room a live instance took over
+/// in which the dead one left thousands of records (each read, and deleted as written before
+/// the reap began). (It replaces a test of the peer index's clean-up at this batch size,
+/// written against reap_unindex.lua, whose swallowed "too many results to unpack" error left
+/// the index for ever.) A failed or truncated call that the reaper swallowed would leave
+/// records naming the dead instance (`references` below) or end the reap early (its sorted-set
+/// entry stays); a reap that deleted the taken room whole would delete the live owner's room.
 #[test]
-fn the_largest_reap_batch_empties_the_peer_index() {
+fn the_largest_reap_batch_deletes_every_record_the_room_index_reaches() {
+    const PEERS: usize = 6000;
     let s = Server::start();
     let ks = ks(RB);
     let t = Timings::fast();
@@ -332,37 +378,78 @@ fn the_largest_reap_batch_empties_the_peer_index() {
     .unwrap();
     let mut log = EventLog::new(&leader);
     wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
+    let names: Vec<String> = (0..PEERS).map(|i| format!("p{i:05}")).collect();
+    let guests: Vec<String> = (0..PEERS).map(|i| format!("g{i:05}")).collect();
+    let peers: Vec<(&str, Option<&str>)> = names
+        .iter()
+        .zip(&guests)
+        .map(|(p, g)| (p.as_str(), Some(g.as_str())))
+        .collect();
     s.fabricate_dead(
         &ks,
         "bigp",
         s.server_ms() - 60_000,
         None,
-        &[("one", &[][..])],
+        &[("whole", &peers), ("taken", &peers)],
     );
-    let members: Vec<String> = (0..8500).map(|i| format!("gone/p{i:05}")).collect();
-    let _: () = redis::cmd("SADD")
-        .arg(ks.instance_peers("bigp"))
-        .arg(&members)
+    // "taken" belongs to a live instance now (pin and metadata), as after a takeover; its
+    // owner's own record there stays.
+    let rk = ks.room("taken");
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(&rk.owner)
+        .arg("leader")
+        .arg("PX")
+        .arg(600_000)
+        .ignore()
+        .cmd("HSET")
+        .arg(&rk.meta)
+        .arg("owner")
+        .arg("leader")
+        .arg("pinned_ms")
+        .arg(s.server_ms())
+        .ignore()
+        .cmd("HSET")
+        .arg(ks.peer("taken", "mine"))
+        .arg("instance")
+        .arg("leader")
+        .arg("generation")
+        .arg(PEERS + 1)
+        .ignore()
+        .sadd(&rk.peers, "mine")
+        .ignore()
         .query(&mut s.con())
         .unwrap();
     let reaped = log.try_wait(
         Duration::from_secs(30),
         |e| matches!(e, Event::InstanceReaped { dead, .. } if dead == "bigp"),
     );
-    std::thread::sleep(Duration::from_secs(2));
-    let left = members_left(
-        &s,
-        [ks.instance_peers("bigp"), ks.instance_reaping_peers("bigp")],
-    );
+    let st = leader.stats();
+    eprintln!("reaped event: {reaped:?}; last_error: {:?}", st.last_error);
+    assert!(reaped.is_some(), "bigp not reaped within 30 s");
+    wait_for(LONG, "nothing names bigp", || {
+        let dump = s.dump(&ks.scan_pattern());
+        references(&dump, &["bigp".into()]).is_empty().then_some(())
+    });
     let zs: Option<f64> = redis::cmd("ZSCORE")
         .arg(ks.heartbeats())
         .arg("bigp")
         .query(&mut s.con())
         .unwrap();
-    eprintln!("reaped event: {reaped:?}; peer index left: {left}; zset entry: {zs:?}");
-    assert_eq!(
-        left, 0,
-        "dead instance's peer index left behind after its reap"
-    );
     assert_eq!(zs, None, "the reap did not finish");
+    assert!(
+        s.keys(&format!("{}:room:{{whole}}:*", ks.prefix()))
+            .is_empty(),
+        "keys of the dead instance's own room are left"
+    );
+    let taken: std::collections::BTreeSet<String> = s.smembers(&rk.peers);
+    assert_eq!(
+        taken,
+        ["mine".to_owned()].into(),
+        "the taken room keeps exactly its live owner's peer"
+    );
+    assert_eq!(
+        s.keys(&format!("{}:room:{{taken}}:peer:*", ks.prefix())),
+        vec![ks.peer("taken", "mine")]
+    );
 }

@@ -158,17 +158,43 @@ fn patient() -> Timings {
     Timings::from_heartbeat(Duration::from_secs(5), Duration::from_secs(15))
 }
 
+/// How far `node` (instance `id`, plain id = wire form) and Redis disagree: the number of peers
+/// the node holds against the records naming it (the host's view must be what Redis holds: a
+/// peer the node forgot while its record stays is never restored after a data loss, nor
+/// removed by its host's leave), as readable lines; empty when they agree. Call it when no
+/// call is in flight.
+fn held_vs_records(
+    s: &Server,
+    ks: &sfu_redis::keys::KeySpace,
+    node: &Node,
+    id: &str,
+) -> Vec<String> {
+    let records = records_of(ks, &s.dump(&ks.scan_pattern()), id);
+    let held = node.stats().peers;
+    if held == records.len() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{id} holds {held} peers, but {} records name it: {records:?}",
+            records.len()
+        )]
+    }
+}
+
 // Protects: invariant 4 ("after any sequence of upserts/removes/reconnects, each index holds
-// exactly what the peer records say").
+// exactly what the peer records say": with key schema version 2, the node's own view of its
+// peers is the index that must agree with the records) and "a delayed remove of an old
+// connection is a no-op".
 // Fault: remove_peer(old generation) and upsert_peer of the same peer id from two host threads,
 // 2 ms apart, through a proxy adding 5 ms each way (a client reconnecting with the same peer id
 // while its old connection's remove is still in flight).
-// Protection: the per-room serialization. Without it, remove_peer deletes the record,
-// upsert_peer writes the new generation (its index SADD is a no-op, the member is still there),
-// then remove_peer's late SREM drops the index entry of the live record: index_problems reports
-// a record missing from the instance's peer index.
+// Protection: the per-room serialization. Without it, remove_peer's script deletes the record,
+// upsert_peer writes the new generation and the node notes it, then remove_peer's late local
+// step forgets the peer: the record of a connected client exists, its node does not hold it
+// (never restored after a data loss, left behind by its host's leave). (Under key schema
+// version 1 the late step was also an index SREM dropping the live record's entry.)
 #[test]
-fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
+fn remove_racing_upsert_of_the_same_peer_keeps_the_new_record_held() {
     let s = Server::start_with(&[]); // one server: its process or the fault proxy
     let ks = ks(RACE);
     let proxy = s.proxy();
@@ -181,15 +207,27 @@ fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
         let g1 = a.upsert_peer("room", &peer, None, &[]).unwrap();
         let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
         let (p1, p2) = (peer.clone(), peer.clone());
+        let g2 = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let g2w = Arc::clone(&g2);
         race(
             move || {
                 a1.remove_peer("room", &p1, g1).unwrap();
             },
             Duration::from_millis(2),
             move || {
-                a2.upsert_peer("room", &p2, None, &[]).unwrap();
+                let g = a2.upsert_peer("room", &p2, None, &[]).unwrap();
+                g2w.store(g, std::sync::atomic::Ordering::SeqCst);
             },
         );
+        // Whichever ran first, the new connection's record stays, with its generation.
+        let g2 = g2.load(std::sync::atomic::Ordering::SeqCst);
+        let generation = hget(&s, &ks.peer("room", &peer), "generation");
+        if generation != Some(g2.to_string()) {
+            problems.push(format!(
+                "{peer}: the record's generation is {generation:?}, the upsert returned {g2}"
+            ));
+        }
+        problems.extend(held_vs_records(&s, &ks, &a, "inst-a"));
         problems.extend(s.index_problems(&ks));
         if !problems.is_empty() {
             break;
@@ -197,49 +235,7 @@ fn remove_racing_upsert_of_the_same_peer_keeps_its_index_entry() {
     }
     assert!(
         problems.is_empty(),
-        "indexes disagree with the records after a remove/upsert race: {problems:#?}"
-    );
-}
-
-// Protects: invariant 4, from the guest side (docs/DESIGN.md 6: a guest's quick reconnect with
-// a new peer id leaves no stale mapping).
-// Fault: upsert(p2, guest g) supersedes p1 (deletes p1's record, then SREMs `room/p1` from the
-// index in a second round trip) while, 2 ms later, another host thread upserts p1 itself (the
-// first connection coming back); proxy delay 5 ms each way.
-// Protection: the per-room serialization. Without it, p1 is written again between the
-// supersede's record delete and its index clean-up, and the late SREM drops the index entry of
-// the live p1 record: index_problems reports it.
-#[test]
-fn supersede_racing_upsert_of_the_superseded_peer_keeps_indexes_exact() {
-    let s = Server::start_with(&[]); // one server: its process or the fault proxy
-    let ks = ks(RACE);
-    let proxy = s.proxy();
-    proxy.set_delay(Duration::from_millis(5));
-    let a = Arc::new(Node::start(config_for(&proxy.url(), RACE, "inst-b", patient())).unwrap());
-    a.pin_room("room").unwrap();
-    let mut problems = Vec::new();
-    for i in 0..5 {
-        let (p1, p2, g) = (format!("p1-{i}"), format!("p2-{i}"), format!("g-{i}"));
-        a.upsert_peer("room", &p1, Some(&g), &[]).unwrap();
-        let (a1, a2) = (Arc::clone(&a), Arc::clone(&a));
-        let (p1b, gb) = (p1.clone(), g.clone());
-        race(
-            move || {
-                a1.upsert_peer("room", &p2, Some(&gb), &[]).unwrap();
-            },
-            Duration::from_millis(2),
-            move || {
-                a2.upsert_peer("room", &p1b, None, &[]).unwrap();
-            },
-        );
-        problems.extend(s.index_problems(&ks));
-        if !problems.is_empty() {
-            break;
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "indexes disagree with the records after a supersede/upsert race: {problems:#?}"
+        "the node, its index or the records disagree after a remove/upsert race: {problems:#?}"
     );
 }
 
@@ -247,8 +243,9 @@ fn supersede_racing_upsert_of_the_superseded_peer_keeps_indexes_exact() {
 // Fault: 6 host threads hammer one node with random pin/upsert/remove/close calls in two rooms
 // for 4 rounds of 4 s; after each round (and once the node's heartbeat settled what the round
 // left: a lost room is unindexed, an uncertain call settled, on the next tick) the indexes are
-// checked against the records.
-// Protection: the per-room serialization (the same root cause as the three races above, found
+// checked against the records: the audit's scan, key schema version 2's reach rule (every
+// record naming the node in a room of its room index) and the node's own count of its peers.
+// Protection: the per-room serialization (the same root cause as the two races above, found
 // without choosing the interleaving). Before it, this check usually failed in the first or
 // second round with stale or missing index entries.
 // The scenario is checked first: each round must have made progress in every kind of call (a
@@ -332,6 +329,7 @@ fn hammering_one_node_from_many_threads_keeps_indexes_exact() {
             (a.stats().heartbeats >= beats + 3).then_some(())
         });
         problems = s.index_problems(&ks);
+        problems.extend(held_vs_records(&s, &ks, &a, "hammer"));
         let _ = a.events().try_iter().count();
         if !problems.is_empty() {
             break;
@@ -363,17 +361,13 @@ fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
     for round in 0..3 {
         let room = format!("big-{round}");
         a.pin_room(&room).unwrap();
-        // 2000 peers, written straight into Redis following the schema (fast).
+        // 2000 peers, written straight into Redis following the schema (fast; key schema
+        // version 2: the room, pinned above, is in the node's room index, which reaches them).
         {
             let me = wire(IdKind::Instance, "closer");
             let mut pipe = redis::pipe();
             for i in 0..2000 {
                 let p = format!("old{i}");
-                pipe.sadd(
-                    ks.instance_peers(&me),
-                    sfu_redis::keys::peer_member(&room, &p),
-                )
-                .ignore();
                 pipe.cmd("HSET")
                     .arg(ks.peer(&room, &p))
                     .arg("instance")
@@ -409,6 +403,8 @@ fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
         leftovers.is_empty(),
         "keys of closed rooms left behind (room, upserts accepted during close, keys): {leftovers:#?}"
     );
+    let problems = s.index_problems(&ks);
+    assert!(problems.is_empty(), "after the closes: {problems:#?}");
 }
 
 // Protects: the README's "a pin whose outcome is unknown is settled by the next heartbeat (a
@@ -535,51 +531,32 @@ fn pin_room_with_a_wrong_typed_room_index_fails_bad_data_and_pins_nothing() {
     );
 }
 
-// Protects: the same rule for peers (invariant 4: a record the instance's peer index does not
-// reach is a stale mapping nobody cleans).
-// Fault: the instance's peer index holds a string, so upsert_peer's SADD fails with WRONGTYPE.
-// Protection: the checked index round trip before upsert_peer.lua. Without it, the peer
-// record is written anyway and upsert_peer returns Ok.
-#[test]
-fn upsert_peer_with_a_wrong_typed_peer_index_fails_bad_data_and_writes_nothing() {
-    let s = Server::start();
-    let ks = ks(IDX);
-    let a = s.node_with(IDX, "inst-b", Timings::fast());
-    a.pin_room("r1").unwrap();
-    let me = wire(IdKind::Instance, "inst-b");
-    let _: () = redis::cmd("SET")
-        .arg(ks.instance_peers(&me))
-        .arg("junk")
-        .query(&mut s.con())
-        .unwrap();
-    let out = a.upsert_peer("r1", "p1", None, &[]);
-    let written = exists(&s, &ks.peer("r1", "p1"));
-    assert!(
-        matches!(&out, Err(e) if e.kind() == ErrorKind::BadData) && !written,
-        "upsert_peer with a wrong-typed peer index must fail with BadData and write nothing; it \
-         returned {out:?} and the record exists: {written}"
-    );
-}
-
-// Protects: invariant 4 and the cross-slot rule under a real resource fault.
-// Fault: Redis at maxmemory (noeviction, `maxmemory 1`) during a guest's quick reconnect: the
-// one server, or on a cluster the master of this instance's peer index only, the room being
-// on another master. The index SADD is a `denyoom` command and fails with OOM.
-// Protection: the checked index round trip: the OOM stops the upsert before the script runs.
-// Without it, on a cluster, the record is written on the room's master while its index entry
-// is not, and index_problems reports the disagreement. (On one server Redis 7 refuses the
-// script too, as a `#!lua` script without `allow-oom`: there the test checks the outcome only,
-// and the wrong-typed index test above guards the round trip.)
+// Protects: invariant 4 and the cross-slot rule under a real resource fault: key schema
+// version 2's reach rule (a record lies in a room of its instance's room index) holds because
+// a room is pinned only after its index write succeeded, and a record is written only into a
+// room its instance owns.
+// Fault: Redis at maxmemory (noeviction, `maxmemory 1`) during a pin and a guest's quick
+// reconnect: the one server, or on a cluster the master of this instance's room index only
+// (`{ctl}`), the rooms being on other masters. The index SADD is a `denyoom` command and
+// fails with OOM.
+// Protection: the checked index round trip of pin_room: the OOM stops the pin before its
+// script runs, so the room is not this instance's and the upsert into it is refused (owner
+// check in upsert_peer.lua) with nothing written. Without the checked round trip, on a cluster
+// the room would be pinned on its own master with no index entry, and the upsert's record
+// would lie outside the room index: index_problems reports both. An upsert into a room pinned
+// before the fault is one script call in the room's slot: on a cluster (its master not at
+// maxmemory) it succeeds and stays reachable; on one server Redis 7 refuses it too, as a
+// `#!lua` script without `allow-oom`, and nothing is written.
 // The fault is checked first: a `denyoom` write of the test's own in the index's slot is
-// refused with OOM before and after the upsert, and the upsert fails with that OOM.
+// refused with OOM before and after the calls.
 #[test]
 fn upsert_under_maxmemory_never_writes_a_record_no_index_reaches() {
     let s = Server::start();
     let ks = ks(IDX);
-    let a = s.node_with(IDX, "inst-c", Timings::fast());
-    let index = ks.instance_peers(&wire(IdKind::Instance, "inst-c"));
-    let (port, room) = match s.nodes() {
-        None => (s.redis().port(), "r1".to_owned()),
+    let a = s.node_with(IDX, "inst-c", quiet());
+    let index = ks.instance_rooms(&wire(IdKind::Instance, "inst-c"));
+    let (port, room, late) = match s.nodes() {
+        None => (s.redis().port(), "r1".to_owned(), "r2".to_owned()),
         Some(c) => {
             let slot = |key: &str| -> u16 {
                 redis::cmd("CLUSTER")
@@ -589,11 +566,12 @@ fn upsert_under_maxmemory_never_writes_a_record_no_index_reaches() {
                     .unwrap()
             };
             let ctl = c.master_of_slot(slot(&index)).unwrap();
-            let room = (0..)
+            let mut elsewhere = (0..)
                 .map(|i| format!("r{i}"))
-                .find(|r| c.master_of_slot(slot(&ks.room(r).owner)) != Some(ctl))
-                .unwrap();
-            (ctl, room)
+                .filter(|r| c.master_of_slot(slot(&ks.room(r).owner)) != Some(ctl));
+            let room = elsewhere.next().unwrap();
+            let late = elsewhere.next().unwrap();
+            (ctl, room, late)
         }
     };
     let direct = || {
@@ -623,24 +601,57 @@ fn upsert_under_maxmemory_never_writes_a_record_no_index_reaches() {
     };
     maxmemory("1");
     let before = oom_probe();
+    let pinned = a.pin_room(&late);
+    let refused = a.upsert_peer(&late, "joiner", None, &[]);
     let out = a.upsert_peer(&room, "new-conn", Some("guest"), &[]);
     let after = oom_probe();
     maxmemory("0");
+    // Memory back: the room the failed pin left unowned still takes no record of this instance.
+    let refused_later = a.upsert_peer(&late, "joiner", None, &[]);
     for probe in [&before, &after] {
         assert!(
             matches!(probe, Err(e) if e.contains("OOM")),
-            "the index's server was not at maxmemory around the upsert (a SADD gave {probe:?})"
+            "the index's server was not at maxmemory around the calls (a SADD gave {probe:?})"
         );
     }
+    let oom = |e: &sfu_redis::Error| e.kind() == ErrorKind::Redis && e.to_string().contains("OOM");
     let problems = s.index_problems(&ks);
     assert!(
         problems.is_empty(),
-        "upsert under maxmemory returned {out:?}; indexes now disagree with records: {problems:#?}"
+        "under maxmemory pin_room returned {pinned:?}, the upsert into that room {refused:?}, the \
+         upsert into the room pinned before {out:?}; indexes now disagree with records: {problems:#?}"
     );
     assert!(
-        matches!(&out, Err(e) if e.kind() == ErrorKind::Redis && e.to_string().contains("OOM")),
-        "an upsert whose index write met maxmemory must fail with Redis's OOM error: {out:?}"
+        matches!(&pinned, Err(e) if oom(e)),
+        "a pin whose index write met maxmemory must fail with Redis's OOM error: {pinned:?}"
     );
+    assert!(
+        !exists(&s, &ks.room(&late).owner) && !exists(&s, &ks.room(&late).meta),
+        "the pin whose index write failed wrote its room"
+    );
+    // Refused by the owner check (on one server Redis refuses the script first, with OOM).
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == ErrorKind::NotOwner || (!s.is_cluster() && oom(e)))
+            && !exists(&s, &ks.peer(&late, "joiner")),
+        "an upsert into a room this instance could not pin must be refused, writing nothing: {refused:?}"
+    );
+    assert!(
+        matches!(&refused_later, Err(e) if e.kind() == ErrorKind::NotOwner)
+            && !exists(&s, &ks.peer(&late, "joiner")),
+        "with memory back, an upsert into the room the failed pin left unowned must be refused \
+         (NotOwner), writing nothing: {refused_later:?}"
+    );
+    if s.is_cluster() {
+        assert!(
+            out.is_ok() && exists(&s, &ks.peer(&room, "new-conn")),
+            "on a cluster the upsert needs no write in the `{{ctl}}` slot: {out:?}"
+        );
+    } else {
+        assert!(
+            matches!(&out, Err(e) if oom(e)) && !exists(&s, &ks.peer(&room, "new-conn")),
+            "on one server at maxmemory the upsert must fail with Redis's OOM error, writing nothing: {out:?}"
+        );
+    }
 }
 
 // Protects: the cross-slot rule (a room this node pinned is always in its room index).

@@ -1,5 +1,7 @@
 //! Rooms on a real redis-server: pin outcomes and the owner CAS, close, and what the heartbeat
-//! does with a pin that lapsed, was taken, or was deleted.
+//! does with a pin that lapsed, was taken, or was deleted. Key schema version 2: an instance's
+//! room index reaches every peer record naming it, so a room the instance no longer holds leaves
+//! its index only after the instance's own records in it are deleted.
 
 use crate::support;
 
@@ -16,6 +18,29 @@ fn get(s: &Server, key: &str) -> Option<String> {
 
 fn smembers(s: &Server, key: &str) -> BTreeSet<String> {
     redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
+}
+
+fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query(&mut s.con())
+        .unwrap()
+}
+
+/// The peer records of `room` (callers' ids; ids here need no escaping) whose `instance` field
+/// names `instance`: read record by record from the keys of the room, not from its peers set.
+fn own_records(s: &Server, room: &str, instance: &str) -> Vec<String> {
+    let ks = ks(STAGE);
+    let mut found = Vec::new();
+    for (key, val) in s.dump(&format!("{}:room:{{{room}}}:peer:*", ks.prefix())) {
+        if let Val::Hash(h) = val {
+            if h.get("instance").map(String::as_str) == Some(instance) {
+                found.push(key);
+            }
+        }
+    }
+    found
 }
 
 // Protects the pin owner CAS (invariant 1): a room is pinned once, re-pinning by its owner is
@@ -53,16 +78,18 @@ fn pin_outcomes_and_owner() {
 
 // Protects the close owner CAS: a non-owner's close is refused with NotOwner (naming the
 // owner) and deletes nothing; the owner's close deletes the room's keys, every peer record (in
-// batches: 600 peers > one batch of 256), every `<room>/<peer>` index entry and the room-index
-// entry. A second close is NotOwner with no owner. Without the CAS the non-owner would delete
-// a live room; without the batched loop peers beyond the first batch would be orphans.
+// batches: 600 peers > one batch of 256) and then the room-index entry, while the owner's other
+// room and its record stay. A second close is NotOwner with no owner. Without the CAS the
+// non-owner would delete a live room; without the batched loop peers beyond the first batch
+// would be orphans (records in a room no index reaches).
 //
 // Both nodes run with `quiet()` timings (no tick during the test), so the before/after dump
 // and the index checks see what the calls did and nothing else. With ticking nodes it failed
-// once on a cluster under load (reproduced by widening the window): a's tick read the room's
-// 600 peers to re-assert them in its index just before the close took the room lock, and its
-// `SADD` landed while the close was under way, putting back entries the close had removed
-// (the next tick's settlement removes them). `fast()` timings also let a tick delayed past
+// once on a cluster under load (reproduced by widening the window, in key schema version 1,
+// which kept a peer index): a's tick read the room's 600 peers to re-assert them in its index
+// just before the close took the room lock, and its `SADD` landed while the close was under
+// way, putting back entries the close had removed (the next tick's settlement removes them);
+// a room re-asserted during the close is the same race today. `fast()` timings also let a tick delayed past
 // the 1.8 s pin TTL, or any of the 600 calls over the 400 ms timeout, fail it.
 #[test]
 fn close_room_is_owner_only_and_removes_everything() {
@@ -102,9 +129,15 @@ fn close_room_is_owner_only_and_removes_everything() {
     assert!(s
         .keys(&format!("{}:room:{{big}}:*", ks.prefix()))
         .is_empty());
+    let keep: Option<String> = redis::cmd("HGET")
+        .arg(ks.peer("other", "keep"))
+        .arg("instance")
+        .query(&mut s.con())
+        .unwrap();
     assert_eq!(
-        smembers(&s, &ks.instance_peers("inst-a")),
-        BTreeSet::from(["other/keep".to_owned()])
+        keep.as_deref(),
+        Some("inst-a"),
+        "the other room's record stays"
     );
     assert_eq!(
         smembers(&s, &ks.instance_rooms("inst-a")),
@@ -250,7 +283,9 @@ fn heartbeat_keeps_pins_alive() {
 // lost (taken by another instance, or deleted), the room stays in the index until the instance
 // dies: `sfu-redis status` (`fleet_status`) then over-counts the instance's rooms, and a
 // long-lived instance's index grows with every room it ever lost. Expects the index (and the
-// status count) to drop the lost room.
+// status count) to drop the lost room, and, key schema version 2, the instance's records in
+// it to be gone first (the index is what reaches them; invariants 2 and 4): the status's peer
+// count, which the heartbeat writes, falls to the peers it still holds.
 #[test]
 fn lost_room_leaves_the_room_index() {
     let s = Server::start();
@@ -259,6 +294,9 @@ fn lost_room_leaves_the_room_index() {
     let mut log = EventLog::new(&a);
     a.pin_room("kept").unwrap();
     a.pin_room("taken").unwrap();
+    a.upsert_peer("kept", "k1", None, &[]).unwrap();
+    a.upsert_peer("taken", "t1", Some("tg"), &[]).unwrap();
+    a.upsert_peer("taken", "t2", None, &[]).unwrap();
     let _: () = redis::cmd("SET")
         .arg(ks.room("taken").owner)
         .arg("usurper")
@@ -267,13 +305,220 @@ fn lost_room_leaves_the_room_index() {
         .query(&mut s.con())
         .unwrap();
     log.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
-    let status = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
-    let me = status.instances.iter().find(|i| i.id == "inst-a").unwrap();
+    wait_for(LONG, "the lost room out of the room index", || {
+        let index = smembers(&s, &ks.instance_rooms("inst-a"));
+        if index.contains("taken") {
+            return None;
+        }
+        // The entry went last: the records it reached are gone already.
+        assert_eq!(own_records(&s, "taken", "inst-a"), Vec::<String>::new());
+        Some(())
+    });
     assert_eq!(
         smembers(&s, &ks.instance_rooms("inst-a")),
         BTreeSet::from(["kept".to_owned()])
     );
+    assert!(smembers(&s, &ks.room("taken").peers).is_empty());
+    assert_eq!(hget(&s, &ks.room("taken").guests, "tg"), None);
+    assert_eq!(
+        hget(&s, &ks.peer("kept", "k1"), "instance").as_deref(),
+        Some("inst-a")
+    );
+    let me = wait_for(LONG, "status counting what inst-a holds", || {
+        let status = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
+        let me = status.instances.into_iter().find(|i| i.id == "inst-a")?;
+        (me.peers_known && me.peers == 1).then_some(me)
+    });
     assert_eq!(me.rooms, 1);
+}
+
+// Protects invariants 2 and 4 for a room lost to a takeover (key schema version 2: a room
+// leaves its instance's room index only after that instance's records in it are deleted, and
+// only then). A live node A holds a room with peers; B takes it over (A's pin lapsed: deleted
+// here) and upserts its own peers, one of them reconnecting A's guest. A's next tick reports
+// the room lost, deletes A's remaining records there (and the guest pointer and state of one
+// of them), and only then removes the room from A's room index: whenever the entry is seen
+// gone, no record naming A is left in the room. B's pin, metadata, records, guest pointers and
+// index entry are untouched. Fails if A drops the entry and leaves its records (records no
+// index of A reaches: orphans once A dies), if it drops the entry before deleting them, or if
+// its clean-up touches B's records.
+#[test]
+fn a_room_lost_to_a_takeover_loses_its_own_records_then_its_index_entry() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node(STAGE, "inst-a");
+    let mut alog = EventLog::new(&a);
+    let b = s.node(STAGE, "inst-b");
+    let mut blog = EventLog::new(&b);
+    let rk = ks.room("room");
+    a.pin_room("room").unwrap();
+    a.pin_room("a-other").unwrap();
+    a.upsert_peer("room", "a1", Some("g-moves"), &[]).unwrap();
+    a.upsert_peer("room", "a2", Some("g-stays"), &[]).unwrap();
+    a.upsert_peer("room", "a3", None, &[]).unwrap();
+    a.upsert_peer("a-other", "a4", None, &[]).unwrap();
+    for g in ["g-moves", "g-stays"] {
+        let _: () = redis::cmd("HSET")
+            .arg(&rk.guest_state)
+            .arg(g)
+            .arg("joined")
+            .query(&mut s.con())
+            .unwrap();
+    }
+    // A's pin lapses (deleted here) and B takes the room before A's tick pins it again.
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let _: () = redis::cmd("DEL")
+            .arg(&rk.owner)
+            .query(&mut s.con())
+            .unwrap();
+        match b.pin_room("room").unwrap() {
+            PinOutcome::TookOver { previous } => {
+                assert_eq!(previous, "inst-a");
+                break;
+            }
+            PinOutcome::Held { owner } => assert_eq!(owner, "inst-a"),
+            other => panic!("B's pin gave {other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A's tick always pinned the room again first"
+        );
+    }
+    let up = b
+        .upsert_peer_detailed("room", "b1", Some("g-moves"), &[("k", "b1")])
+        .unwrap();
+    assert_eq!(up.replaced.as_deref(), Some("a1"));
+    b.upsert_peer("room", "b2", None, &[("k", "b2")]).unwrap();
+    let b_records: Vec<_> = ["b1", "b2"]
+        .iter()
+        .map(|p| s.dump(&ks.peer("room", p)))
+        .collect();
+
+    let e = alog.wait(LONG, "room_lost", |e| matches!(e, Event::RoomLost { .. }));
+    assert_eq!(
+        e,
+        Event::RoomLost {
+            room: "room".into(),
+            new_owner: Some("inst-b".into())
+        }
+    );
+    wait_for(LONG, "the lost room out of A's room index", || {
+        let index = smembers(&s, &ks.instance_rooms("inst-a"));
+        if index.contains("room") {
+            return None;
+        }
+        // Read after the index: the records went before the entry.
+        assert_eq!(own_records(&s, "room", "inst-a"), Vec::<String>::new());
+        Some(())
+    });
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        BTreeSet::from(["a-other".to_owned()])
+    );
+    // B's side, untouched.
+    assert_eq!(get(&s, &rk.owner).as_deref(), Some("inst-b"));
+    assert_eq!(hget(&s, &rk.meta, "owner").as_deref(), Some("inst-b"));
+    assert_eq!(
+        smembers(&s, &rk.peers),
+        BTreeSet::from(["b1".to_owned(), "b2".to_owned()])
+    );
+    for (p, before) in ["b1", "b2"].iter().zip(&b_records) {
+        assert_eq!(&s.dump(&ks.peer("room", p)), before, "B's record {p}");
+    }
+    assert_eq!(hget(&s, &rk.guests, "g-moves").as_deref(), Some("b1"));
+    assert_eq!(
+        hget(&s, &rk.guests, "g-stays"),
+        None,
+        "A's guest pointer goes"
+    );
+    assert_eq!(hget(&s, &rk.guest_state, "g-stays"), None);
+    assert_eq!(
+        hget(&s, &rk.guest_state, "g-moves").as_deref(),
+        Some("joined"),
+        "the reconnected guest keeps its state"
+    );
+    assert!(smembers(&s, &ks.instance_rooms("inst-b")).contains("room"));
+    // A's other room and its record are untouched.
+    assert_eq!(
+        hget(&s, &ks.peer("a-other", "a4"), "instance").as_deref(),
+        Some("inst-a")
+    );
+    assert_eq!((a.stats().rooms, a.stats().peers), (1, 1));
+    assert_eq!((b.stats().rooms, b.stats().peers), (1, 2));
+    assert!(!blog
+        .drain()
+        .iter()
+        .any(|e| matches!(e, Event::RoomLost { .. })));
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}
+
+// Protects the index rule of a refused pin (key schema version 2): a room whose pin another
+// instance holds stays in this instance's room index when the pin call found it there already:
+// this instance may still have records in it (it lost the room, and its heartbeat has not yet
+// deleted them), and the index must reach them until then. The state is written by hand: A's
+// entry for a room B owns, and a record of A in it, as A leaves them between the takeover and
+// its next tick. Neither node ticks here (`quiet()`), so only the calls act. A room that was
+// not in the index is taken out again after the refusal. Fails if the refused pin removed an
+// entry it did not add (A's record would be reached by no index of A: an orphan once A dies),
+// or if it kept one it added.
+#[test]
+fn a_refused_pin_keeps_an_entry_it_did_not_add() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let a = s.node_with(STAGE, "inst-a", quiet());
+    let b = s.node_with(STAGE, "inst-b", quiet());
+    assert_eq!(b.pin_room("room").unwrap(), PinOutcome::Pinned);
+    b.upsert_peer("room", "b1", None, &[]).unwrap();
+    let record = ks.peer("room", "a1");
+    let _: () = redis::pipe()
+        .sadd(ks.instance_rooms("inst-a"), "room")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let _: () = redis::pipe()
+        .hset_multiple(
+            &record,
+            &[
+                ("instance", "inst-a"),
+                ("guest", ""),
+                ("generation", "1"),
+                ("updated_ms", "1"),
+            ],
+        )
+        .ignore()
+        .sadd(ks.room("room").peers, "a1")
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    let before = s.dump(&record);
+    assert_eq!(
+        a.pin_room("room").unwrap(),
+        PinOutcome::Held {
+            owner: "inst-b".into()
+        }
+    );
+    assert_eq!(s.dump(&record), before, "a refused pin writes nothing");
+    assert!(
+        smembers(&s, &ks.instance_rooms("inst-a")).contains("room"),
+        "the refused pin removed the entry that reaches A's record"
+    );
+    // A room A never had: the entry the refused pin added goes again.
+    assert_eq!(b.pin_room("b-only").unwrap(), PinOutcome::Pinned);
+    assert_eq!(
+        a.pin_room("b-only").unwrap(),
+        PinOutcome::Held {
+            owner: "inst-b".into()
+        }
+    );
+    assert_eq!(
+        smembers(&s, &ks.instance_rooms("inst-a")),
+        BTreeSet::from(["room".to_owned()])
+    );
 }
 
 // A tick whose PEXPIRE is refused (here an ACL user without PEXPIRE; likewise a server without

@@ -70,7 +70,7 @@ fn set_px(con: &mut impl redis::ConnectionLike, key: &str, value: &str, px: u64)
 
 // Protects "status never fails on garbage": members that are not UTF-8 or not the wire form of
 // an id, scores that are not whole numbers (1.5, inf, -inf), an instance's room index of the
-// wrong type, a lease and an epoch of the wrong type. Each is shown and flagged on its item;
+// wrong type, a lease and an epoch of the wrong type, a peer count that is not a number. Each is shown and flagged on its item;
 // everything else is still read. The old ZRANGE-into-String status failed whole (with the
 // wrong error kind) on any of these.
 #[test]
@@ -85,10 +85,18 @@ fn garbage_members_and_scores_are_flagged_not_fatal() {
     zadd(&mut con, &zset, now, ok.as_bytes());
     set_px(&mut con, &ks.heartbeat(&ok), "1", 60_000);
     hset(&mut con, &ks.instance_rooms(&ok)); // a hash, not a set
-    let _: () = redis::cmd("SADD")
-        .arg(ks.instance_peers(&ok))
-        .arg("r/p1")
-        .arg("r/p2")
+                                             // Its peer count: what its heartbeat last wrote into its record.
+    let _: () = redis::cmd("HSET")
+        .arg(ks.instance_info(&ok))
+        .arg("peers")
+        .arg("2")
+        .query(&mut con)
+        .unwrap();
+    zadd(&mut con, &zset, now, b"bad-count");
+    let _: () = redis::cmd("HSET")
+        .arg(ks.instance_info("bad-count"))
+        .arg("peers")
+        .arg("many")
         .query(&mut con)
         .unwrap();
     zadd(&mut con, &zset, now, b"\xff\xfe-bin");
@@ -100,7 +108,7 @@ fn garbage_members_and_scores_are_flagged_not_fatal() {
     hset(&mut con, &ks.epoch());
 
     let st = fleet_status(&reader(&s, stage)).expect("status survives garbage");
-    assert_eq!(st.instances.len(), 6, "{st:#?}");
+    assert_eq!(st.instances.len(), 7, "{st:#?}");
 
     let i = find(&st, "ok-inst");
     assert_eq!(i.state, InstanceState::Alive);
@@ -126,6 +134,11 @@ fn garbage_members_and_scores_are_flagged_not_fatal() {
         InstanceState::Late,
         "no heartbeat key is read for it"
     );
+
+    // A record whose peer count is not a number: the count is unknown, the rest is read.
+    let count = find(&st, "bad-count");
+    assert!(!count.peers_known && count.rooms_known, "{count:?}");
+    assert_eq!(count.peers, 0);
 
     let colon = find(&st, "has:colon");
     assert!(mentions(&colon.problems, &["wire form"]), "{colon:?}");
@@ -168,6 +181,13 @@ fn garbage_members_and_scores_are_flagged_not_fatal() {
     assert_eq!(ok_json["rooms"], Value::Null);
     assert_eq!(ok_json["peers"], 2);
     assert!(!ok_json["problems"].as_array().unwrap().is_empty());
+    let count_json = json["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "bad-count")
+        .unwrap();
+    assert_eq!(count_json["peers"], Value::Null);
 }
 
 // A heartbeat sorted set of the wrong type, a lease that is not an instance id and has no
@@ -340,6 +360,69 @@ fn states_of_a_crashed_node() {
     });
     assert!(seen_late, "late between alive and stale");
     assert!(find(&st, "solo").age_ms >= t.stale_threshold.as_millis() as i64);
+}
+
+// Key schema version 2 keeps no per-instance peer index: an instance's `peers` in `status` is
+// the count of peers it holds, which its heartbeat writes into its record (the `peers` field of
+// `P:{ctl}:instance:<I>:info`) on every tick. A node that has not ticked since it registered
+// (`quiet()`: its first tick is a minute away) has no count yet: unknown (`null` in the JSON),
+// not 0. A ticking node's count follows what it holds: it drops after a remove and a close.
+// Fails if status counts anything else (records, rooms), if a registration writes a count, or
+// if the heartbeat stops writing it.
+#[test]
+fn an_instances_peer_count_is_what_its_heartbeat_last_wrote() {
+    let s = Server::start();
+    let stage = "peercount";
+    let ks = ks(stage);
+    let silent = s.node_with(stage, "silent", quiet());
+    silent.pin_room("s-room").unwrap();
+    silent.upsert_peer("s-room", "s1", None, &[]).unwrap();
+    let ticking = s.node(stage, "ticking");
+    ticking.pin_room("t-room").unwrap();
+    ticking.pin_room("t-other").unwrap();
+    let mut generations = Vec::new();
+    for p in ["t1", "t2", "t3"] {
+        generations.push(ticking.upsert_peer("t-room", p, None, &[]).unwrap());
+    }
+    ticking.upsert_peer("t-other", "t4", None, &[]).unwrap();
+    let config = reader(&s, stage);
+    let count = |st: &FleetStatus, id: &str| {
+        let i = find(st, id);
+        i.peers_known.then_some(i.peers)
+    };
+    let st = wait_for(LONG, "ticking's count of 4", || {
+        let st = fleet_status(&config).unwrap();
+        (count(&st, "ticking") == Some(4)).then_some(st)
+    });
+    let i = find(&st, "silent");
+    assert_eq!((i.peers_known, i.peers, i.rooms), (false, 0, 1), "{i:?}");
+    let json = st.to_json();
+    let by_id = |id: &str| {
+        json["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_id("silent")["peers"], Value::Null);
+    assert_eq!(by_id("ticking")["peers"], 4);
+
+    assert!(ticking.remove_peer("t-room", "t1", generations[0]).unwrap());
+    ticking.close_room("t-other").unwrap();
+    wait_for(LONG, "ticking's count of 2", || {
+        let st = fleet_status(&config).unwrap();
+        (count(&st, "ticking") == Some(2)).then_some(())
+    });
+    let written: Option<String> = redis::cmd("HGET")
+        .arg(ks.instance_info("ticking"))
+        .arg("peers")
+        .query(&mut s.con())
+        .unwrap();
+    assert_eq!(written.as_deref(), Some("2"));
+    let st = fleet_status(&config).unwrap();
+    assert_eq!(count(&st, "silent"), None, "a registration writes no count");
 }
 
 // Paging: more members than one ZSCAN page and one lookup batch; ZRANGE is never sent.

@@ -164,10 +164,7 @@ impl Demo {
                 ok,
                 d,
             );
-            let (ok, d) = report(
-                index,
-                "room and peer indexes, heartbeat key and score".into(),
-            );
+            let (ok, d) = report(index, "room index, heartbeat key and score".into());
             self.check(
                 &format!("{survivor}'s indexes and heartbeat intact{ctx}"),
                 ok,

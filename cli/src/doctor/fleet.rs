@@ -205,7 +205,7 @@ impl Fleet {
                 None => (
                     Status::Warn,
                     format!(
-                        "no key schema stamp ({}:{{ctl}}:schema): layout version 1, written before versions existed or by no node yet; the next node to register stamps it, or run `sfu-redis migrate --apply`",
+                        "no key schema stamp ({}:{{ctl}}:schema): a new prefix (the next node to register stamps it) or, beside a dataset token, one written before versions existed in layout version 1 (nodes of this release refuse it: stop the fleet and run `sfu-redis migrate --apply`)",
                         st.prefix
                     ),
                 ),

@@ -4,9 +4,10 @@
 //!
 //! Beyond that: an [`EventLog`] that records every event a node emits, a dump of every key
 //! (with set members, hash fields and sorted-set entries) to prove that nothing refers to a
-//! reaped instance, the audit's consistency scan as readable lines, a writer of a dead
-//! instance's data following the key schema (README / `sfu_redis::keys`), and a TCP
-//! [`FaultProxy`] that stalls one node's connections (a network stall of one instance only).
+//! reaped instance, the audit's consistency scan and key schema version 2's reach rule
+//! ([`unreached_records`]) as readable lines, a writer of a dead instance's data following the
+//! key schema (README / `sfu_redis::keys`), and a TCP [`FaultProxy`] that stalls one node's
+//! connections (a network stall of one instance only).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 pub mod procs;
@@ -15,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use sfu_redis::audit::{self, ProblemKind};
-use sfu_redis::keys::{encode_id, peer_member, IdKind, KeySpace, ParsedKey};
+use sfu_redis::keys::{encode_id, IdKind, KeySpace, ParsedKey};
 use sfu_redis::{Config, Event, Node, Timings};
 use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::data;
@@ -208,7 +209,8 @@ impl Server {
     /// Writes, following the key schema, the data a dead instance `instance` left: its
     /// sorted-set entry (score `score_ms`, no heartbeat key), and for each room its pin (if
     /// `pin_px` is set; `None` = the pin has expired), metadata, peer records, guest pointers
-    /// and guest states, and both instance indexes. Ids are callers' ids.
+    /// and guest states, and its room index (which reaches every record, key schema version
+    /// 2). Ids are callers' ids.
     pub fn fabricate_dead(
         &self,
         ks: &KeySpace,
@@ -230,8 +232,8 @@ impl Server {
     }
 
     /// Leaves instance `i` (wire form) as a reap that died right after `reap_begin.lua` leaves
-    /// it: score 0, its indexes moved aside (`P:{ctl}:instance:<I>:reaping-rooms` /
-    /// `-peers`), a token no running reap holds.
+    /// it: score 0, its room index moved aside (`P:{ctl}:instance:<I>:reaping-rooms`), a token
+    /// no running reap holds. (Key schema version 2 has no peer index to move.)
     pub fn interrupt_reap(&self, ks: &KeySpace, i: &str) {
         let mut con = self.con();
         let _: () = redis::cmd("ZADD")
@@ -241,16 +243,11 @@ impl Server {
             .arg(i)
             .query(&mut con)
             .unwrap();
-        for (from, to) in [
-            (ks.instance_rooms(i), ks.instance_reaping_rooms(i)),
-            (ks.instance_peers(i), ks.instance_reaping_peers(i)),
-        ] {
-            let _: () = redis::cmd("RENAME")
-                .arg(from)
-                .arg(to)
-                .query(&mut con)
-                .unwrap();
-        }
+        let _: () = redis::cmd("RENAME")
+            .arg(ks.instance_rooms(i))
+            .arg(ks.instance_reaping_rooms(i))
+            .query(&mut con)
+            .unwrap();
         let _: () = redis::cmd("SET")
             .arg(ks.instance_reaping(i))
             .arg("1")
@@ -261,7 +258,10 @@ impl Server {
     /// Everything wrong with one prefix, as readable lines `"{kind} at {key}: {detail}"`
     /// (empty = every index holds exactly what the records say, invariant 4; every room's
     /// owner lists it in its room index; every key is one of the schema). One consistency
-    /// scan of the audit ([`sfu_redis::audit::scan`]): call it when no operation is in flight.
+    /// scan of the audit ([`sfu_redis::audit::scan`]), then key schema version 2's reach rule
+    /// checked on its own from a dump ([`unreached_records`]: every peer record naming an
+    /// instance lies in a room of that instance's room index, live or moved aside), so a test
+    /// does not rest on the audit alone for it. Call it when no operation is in flight.
     ///
     /// One kind is left out where it is legal: `dangling_room_index` in the room index of an
     /// instance whose heartbeat key is gone. A room taken over from a dead instance stays in
@@ -286,7 +286,16 @@ impl Server {
             }
             lines.push(format!("{} at {}: {}", p.kind, p.key, p.detail));
         }
+        lines.extend(unreached_records(ks, &self.dump(&ks.scan_pattern())));
         lines
+    }
+
+    /// The members of `key` (a set; empty if it does not exist).
+    pub fn smembers(&self, key: &str) -> BTreeSet<String> {
+        redis::cmd("SMEMBERS")
+            .arg(key)
+            .query(&mut self.con())
+            .unwrap()
     }
 }
 
@@ -489,9 +498,65 @@ pub fn wait_any(
     }
 }
 
-/// The keys of the given rooms and the given instances' indexes in stage `stage`, with their
-/// contents: what live instances own and must keep. Pins (`owner` keys) are left out, as they
-/// may lapse and be re-pinned in between; check them with `room_owner`.
+/// Key schema version 2's reach rule (docs/DESIGN.md invariants 2 and 4), from `dump` alone:
+/// every peer record naming an instance I lies in a room listed in I's room index
+/// (`P:{ctl}:instance:<I>:rooms`) or, while I is being reaped, in its moved room index
+/// (`...:reaping-rooms`). A record no index reaches is an orphan once I dies: no reap finds it.
+/// One readable line per record that breaks it (empty: none). Records without an `instance`
+/// field name nobody (the audit reports them as malformed); they are left out here.
+pub fn unreached_records(ks: &KeySpace, dump: &BTreeMap<String, Val>) -> Vec<String> {
+    let set = |k: &str| match dump.get(k) {
+        Some(Val::Set(s)) => s.clone(),
+        _ => BTreeSet::new(),
+    };
+    let mut lines = Vec::new();
+    for (key, val) in dump {
+        let (Some(ParsedKey::Peer(room, peer)), Val::Hash(h)) = (ks.parse(key), val) else {
+            continue;
+        };
+        let Some(i) = h.get("instance") else {
+            continue;
+        };
+        let (live, moved) = (
+            set(&ks.instance_rooms(i)),
+            set(&ks.instance_reaping_rooms(i)),
+        );
+        if !live.contains(&room) && !moved.contains(&room) {
+            lines.push(format!(
+                "unreached_record at {key}: peer {peer} names instance {i}, but room {room} is in \
+                 neither {} {live:?} nor {} {moved:?}",
+                ks.instance_rooms(i),
+                ks.instance_reaping_rooms(i)
+            ));
+        }
+    }
+    lines
+}
+
+/// The peer records naming instance `i` (wire form) in `dump`, as `(room, peer)` (wire forms):
+/// what key schema version 2 offers in place of an instance's peer index (its room index
+/// reaches them, see [`unreached_records`]).
+pub fn records_of(
+    ks: &KeySpace,
+    dump: &BTreeMap<String, Val>,
+    i: &str,
+) -> BTreeSet<(String, String)> {
+    dump.iter()
+        .filter_map(|(key, val)| match (ks.parse(key), val) {
+            (Some(ParsedKey::Peer(r, p)), Val::Hash(h))
+                if h.get("instance").map(String::as_str) == Some(i) =>
+            {
+                Some((r, p))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The keys of the given rooms and the given instances' room indexes in stage `stage`, with
+/// their contents: what live instances own and must keep (key schema version 2: the room index
+/// is an instance's only index; its records are among the rooms' keys). Pins (`owner` keys)
+/// are left out, as they may lapse and be re-pinned in between; check them with `room_owner`.
 pub fn room_view(
     s: &Server,
     stage: &str,
@@ -505,10 +570,7 @@ pub fn room_view(
         .collect();
     let index_keys: BTreeSet<String> = instances
         .iter()
-        .flat_map(|i| {
-            let w = wire(IdKind::Instance, i);
-            [ks.instance_rooms(&w), ks.instance_peers(&w)]
-        })
+        .map(|i| ks.instance_rooms(&wire(IdKind::Instance, i)))
         .collect();
     s.dump(&ks.scan_pattern())
         .into_iter()
