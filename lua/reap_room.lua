@@ -34,7 +34,7 @@
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: one {status, cursor, deleted} per room, in order, for the rooms this call reached (a
+-- Reply: one {status, cursor, deleted, late} per room, in order, for the rooms this call reached (a
 -- shorter reply: the rooms after the last one were not started; send them again with their
 -- cursors). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
 -- peers were added behind the scan); status is
@@ -46,7 +46,11 @@
 --   'error'     a command failed on this room: cursor is the error text (the caller skips the
 --               room for WRONGTYPE, bad data, and treats any other error as transient); what
 --               ran before it in this room stays done, the other rooms go on.
--- deleted = the number of peer records deleted in this call. A room deleted whole is deleted
+-- deleted = the number of peer records deleted in this call; late = the dead instance's records
+-- written at or after t0 that this call kept in a room not deleted whole (a zombie's or a new
+-- life's writes): the caller keeps such a room in the instance's index (put back), so that a
+-- later reap finds them, whoever owns the room by then (key schema version 2: the room index
+-- must reach every record naming the instance). A room deleted whole is deleted
 -- with every record in it (another instance's records left in a room it lost go too: that
 -- instance's room index entry then points at nothing, which its next walk settles); its
 -- records are not read. In a room kept, each record's instance and update time are read.
@@ -88,13 +92,14 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
   local whole = status == 'reaped' or status == 'gone'
   local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
   local peers = scan[2]
-  local records, members = {}, {}
+  local records, members, late = {}, {}, 0
   for _, p in ipairs(peers) do
     local rec = base .. 'peer:' .. p
     local drop = whole
     if not drop and redis.call('HGET', rec, 'instance') == dead then
       local upd = redis.call('HMGET', rec, 'updated_us', 'updated_ms')
       drop = micros(upd[1], upd[2]) < t0
+      if not drop then late = late + 1 end
       if drop then
         local g = redis.call('HGET', rec, 'guest')
         if g and g ~= '' and redis.call('HGET', guests_key, g) == p then
@@ -120,7 +125,7 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     dels[#dels + 1] = peers_key
     dels[#dels + 1] = guests_key
     dels[#dels + 1] = state_key
-    return {status, '0', #records}, #peers
+    return {status, '0', #records, late}, #peers
   end
   -- One variadic DEL and SREM per batch (a batch is at most ARGV[3]-ish members).
   if #records > 0 then
@@ -128,16 +133,16 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
     redis.call('SREM', peers_key, unpack(members))
   end
   if scan[1] ~= '0' then
-    return {status, scan[1], #records}, #peers
+    return {status, scan[1], #records, late}, #peers
   end
   if whole then
     -- Peers added behind the scan: scan again rather than drop their records with the set.
     if redis.call('SCARD', peers_key) > 0 then
-      return {status, 'again', #records}, #peers
+      return {status, 'again', #records, late}, #peers
     end
     redis.call('DEL', owner_key, meta_key, peers_key, guests_key, state_key)
   end
-  return {status, '0', #records}, #peers
+  return {status, '0', #records, late}, #peers
 end
 
 local replies, seen, budget = {}, 0, tonumber(count)
@@ -154,7 +159,7 @@ for i = 1, n do
   else
     -- A failed command (the error is a string, or a table with err on some versions): what
     -- ran before it in this room stays done; the room is left for the audit.
-    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), 0}
+    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), 0, 0}
   end
   if #dels > 1000 then
     flush()

@@ -335,8 +335,26 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
             Refreshed::Ok => {}
             Refreshed::Repinned if !sh.local.has_room(&room) => {
                 // A restore pinned again a room the host closed meanwhile: the settlements of
-                // the next tick release it (owner CAS) and remove its index entry.
-                sh.local.mark_uncertain(&room);
+                // the next tick release it (owner CAS) and remove its index entry. The entry
+                // is written again first, under the room's lock: a host call that removed it
+                // meanwhile (a close, or a pin refused as held) must not leave this pin where
+                // no index reaches it (invariant 2).
+                let _guard = sh.local.lock_room(&room);
+                if !sh.local.has_room(&room) {
+                    if let Ok(w) = encode_id(IdKind::Room, &room) {
+                        let put = link.run(&sh.redis, |c| {
+                            redis::cmd("SADD")
+                                .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
+                                .arg(&w)
+                                .query::<()>(c)
+                                .map_err(|e| Error::redis("index a room pinned again", e))
+                        });
+                        if let Err(e) = put {
+                            log::warn!("room {room:?}: {e}");
+                        }
+                    }
+                    sh.local.mark_uncertain(&room);
+                }
             }
             Refreshed::Repinned => log::info!("room {room:?}: pin had lapsed; pinned again"),
             Refreshed::Lost(new_owner) => lost.push((room, new_owner)),

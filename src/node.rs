@@ -377,9 +377,12 @@ impl Node {
                 self.local.mark_uncertain(&room.raw);
                 self.local.reassert_everything();
             }
-            Err(e) if held && e.kind() != crate::ErrorKind::NotOwner => {
-                self.local.add_room(&room.raw)
+            // Lost meanwhile (another instance took it over): this instance's records there
+            // go with the next tick's settlement, before the room leaves its index.
+            Err(e) if held && e.kind() == crate::ErrorKind::NotOwner => {
+                self.local.mark_uncertain(&room.raw)
             }
+            Err(e) if held => self.local.add_room(&room.raw),
             _ => {}
         }
         out
@@ -818,6 +821,11 @@ impl Node {
         let Backend::Redis(store) = &self.backend else {
             return Ok(());
         };
+        // A node parked by a foreign key schema stamp writes nothing under the prefix (it
+        // forgot its rooms when it was parked): the leave ends as a shutdown does.
+        if let Some(found) = store.shared().schema_refused.lock().clone() {
+            return Err(crate::schema::refused(&store.shared().ctx.keys, found));
+        }
         let mut first_error: Option<Error> = None;
         // A call that could not reach Redis (timeout, dropped connection) ends the clean-up:
         // the next ones would wait as long for nothing. What is left goes to the reaper.

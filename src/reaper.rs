@@ -455,8 +455,9 @@ fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> R
 /// holds one room (its keys share a slot).
 const ROOMS_PER_CALL: usize = 32;
 
-/// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted.
-type RoomReply = (String, String, u64);
+/// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted, records
+/// of the instance kept as written at or after t0.
+type RoomReply = (String, String, u64, u64);
 
 /// Rooms per `reap_room.lua` call on `con` (see [`ROOMS_PER_CALL`]).
 fn rooms_per_call(con: &Conn) -> usize {
@@ -587,8 +588,16 @@ fn room_replies(
     }
     for (room, result) in results {
         match result {
-            Ok((status, next_cursor, deleted)) => {
+            Ok((status, next_cursor, deleted, late)) => {
                 counts.peers += deleted;
+                // Records the same id wrote at or after t0 in a room kept (a zombie's writes,
+                // or a new life's, in a room another instance may own by now): the room stays
+                // in the instance's index, put back at the end (the reap then ends `retry`),
+                // so a later reap or the new life's clean-up finds them (key schema version 2:
+                // the room index must reach every record naming the instance).
+                if late > 0 && r.keep.borrow_mut().insert(room.clone()) {
+                    counts.kept += 1;
+                }
                 if next_cursor == "again" {
                     again.push((room, "0".to_owned()));
                     continue;
@@ -597,18 +606,23 @@ fn room_replies(
                     again.push((room, next_cursor));
                     continue;
                 }
+                let kept = r.keep.borrow().contains(&room);
                 match status.as_str() {
                     "reaped" => counts.rooms += 1,
                     "skipped" => counts.skipped_rooms += 1,
                     "gone" => {}
                     // Pinned again by a new life of the same instance: keep indexed.
                     _ => {
-                        counts.kept += 1;
-                        r.keep.borrow_mut().insert(room);
+                        if !kept {
+                            counts.kept += 1;
+                            r.keep.borrow_mut().insert(room);
+                        }
                         continue;
                     }
                 }
-                done.push(room);
+                if !kept {
+                    done.push(room);
+                }
             }
             Err(e) if e.kind() == crate::ErrorKind::BadData => {
                 counts.failed += 1;
@@ -1087,7 +1101,7 @@ mod tests {
     #[test]
     fn a_rooms_error_is_bad_data_only_for_a_wrong_type() {
         let err =
-            |msg: &str| room_result("reap rooms", ("error".into(), msg.into(), 0)).unwrap_err();
+            |msg: &str| room_result("reap rooms", ("error".into(), msg.into(), 0, 0)).unwrap_err();
         let wrong = err("WRONGTYPE Operation against a key holding the wrong kind of value");
         assert_eq!(wrong.kind(), crate::ErrorKind::BadData);
         for msg in [
@@ -1099,7 +1113,7 @@ mod tests {
             assert_eq!(e.kind(), crate::ErrorKind::Redis, "{msg}");
             assert!(e.to_string().contains(msg), "{e}");
         }
-        let ok = room_result("reap rooms", ("reaped".into(), "0".into(), 4));
+        let ok = room_result("reap rooms", ("reaped".into(), "0".into(), 4, 0));
         assert_eq!(ok.unwrap().2, 4);
     }
 

@@ -238,8 +238,9 @@ pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<
             .arg(PEER_BATCH)
             .arg(1)
             .arg(&cursor);
-        let replies: Vec<(String, String, u64)> = conn::call(con, op, &inv)?;
-        let Some((status, next, n)) = replies.into_iter().next() else {
+        // Its fourth element (records kept as written after t0) is always 0 here.
+        let replies: Vec<(String, String, u64, u64)> = conn::call(con, op, &inv)?;
+        let Some((status, next, n, _)) = replies.into_iter().next() else {
             return Err(Error::bad_data(op, "reap_room.lua replied with no room"));
         };
         if status == "error" {
@@ -388,11 +389,11 @@ pub(crate) fn refresh_lapsed(
 ///
 /// Cross-slot order (docs/DESIGN.md): the index entry is written before the pin and metadata
 /// (`{ctl}` before `{<R>}`), so a crash in between leaves at most an entry pointing at nothing.
-/// On one server that is the order of one pipeline (one connection, commands run in order).
-/// On a cluster a pipeline is split per master and the masters run their shares in any order,
-/// so the index `SADD`s go first in a round trip of their own, checked, and the re-pins
-/// follow only once every `SADD` succeeded: one more round trip, on a cluster only, and only
-/// when a restore runs (a re-pin of a room whose metadata is gone can happen only then).
+/// The index `SADD`s go first in a round trip of their own, checked, and the re-pins follow
+/// only once every `SADD` succeeded (one more round trip, only when a restore runs): on a
+/// cluster a pipeline is split per master and the masters run their shares in any order, and
+/// on one server an `SADD` refused (an index key of the wrong type) must not be followed by
+/// re-pins and records that no index reaches.
 ///
 /// `ahead` (may be empty): commands of the caller sent first, in the first round trip; their
 /// replies are returned beside the outcomes.
@@ -408,24 +409,14 @@ pub(crate) fn restore_pins(
     for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
         pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>());
     }
-    let sadds = pipe.len() - ahead.len();
-    if con.is_cluster() {
-        let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
-        for r in replies.split_off(ahead.len().min(replies.len())) {
-            // An entry not written: no re-pin (it could leave a room no index reaches).
-            conn::decode::<i64>(op, r)?;
-        }
-        let mut scripts = redis::pipe();
-        let (_, out) = pin_refresh_scripts(ctx, con, &mut scripts, 0, rooms, true)?;
-        return Ok((replies, out));
+    let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
+    for r in replies.split_off(ahead.len().min(replies.len())) {
+        // An entry not written: no re-pin (it could leave a room no index reaches).
+        conn::decode::<i64>(op, r)?;
     }
-    // One server: index first by the pipeline's order, one round trip.
-    pin_refresh_scripts(ctx, con, &mut pipe, ahead.len() + sadds, rooms, true).map(
-        |(mut replies, out)| {
-            replies.truncate(ahead.len());
-            (replies, out)
-        },
-    )
+    let mut scripts = redis::pipe();
+    let (_, out) = pin_refresh_scripts(ctx, con, &mut scripts, 0, rooms, true)?;
+    Ok((replies, out))
 }
 
 /// Adds `pin_refresh.lua` for each of `rooms` (`(id, wire)`) to `pipe`, whose first `before`

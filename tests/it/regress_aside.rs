@@ -659,3 +659,102 @@ fn redis_killed_mid_reap_with_and_without_persistence_converges() {
         });
     }
 }
+
+/// Key schema version 2, a zombie's late write (found by an adversarial review): the reaped
+/// instance writes a record into one of its rooms after the reap began (t0), and another
+/// instance takes that room over before the reap reaches it. In a room kept the reap deletes
+/// only the records written before t0, so it must keep that room in the instance's index (put
+/// back; the reap ends without deregistering it): the late record stays reachable, and the
+/// next reap deletes it while the new owner's room stays. Fails if a room holding such a record
+/// counts as done (the record would be left where no index reaches it: invariants 2 and 4).
+#[test]
+fn a_zombie_write_in_a_room_taken_over_mid_reap_stays_reachable_and_is_reaped_next() {
+    let s = Server::start();
+    let ks = ks(RG);
+    let old = s.server_ms() - 60_000;
+    let names = rooms_of("zl", 30);
+    s.fabricate_dead(&ks, "zl", old, None, &fake(&names, &[("p1", None)]));
+    let b = s.node(RG, "zl-b");
+    let config = s
+        .config(RG, "operator")
+        .to_builder()
+        .reap_batch(1)
+        .reap_pace(0.0)
+        .build()
+        .unwrap();
+    let taken: std::cell::RefCell<Option<String>> = Default::default();
+    let progress = |_: &sfu_redis::reap::ReapProgress| {
+        if taken.borrow().is_some() {
+            return;
+        }
+        // A room the reap has not reached yet: the zombie's upsert lands in it (its pin has
+        // lapsed, its metadata still names it), then b takes the room over.
+        let Some(room) = names.iter().find(|r| exists(&s, &ks.room(r).meta)) else {
+            return;
+        };
+        let us = (s.server_ms() + 1) * 1000;
+        let mut con = s.con();
+        let _: () = redis::pipe()
+            .hset_multiple(
+                ks.peer(room, "late"),
+                &[
+                    ("instance", "zl".to_owned()),
+                    ("guest", String::new()),
+                    ("generation", "1".to_owned()),
+                    ("updated_ms", (us / 1000).to_string()),
+                    ("updated_us", us.to_string()),
+                ],
+            )
+            .ignore()
+            .sadd(ks.room(room).peers, "late")
+            .ignore()
+            .query(&mut con)
+            .unwrap();
+        match b.pin_room(room) {
+            Ok(sfu_redis::PinOutcome::TookOver { .. }) => {}
+            other => panic!("b takes {room} over: {other:?}"),
+        }
+        *taken.borrow_mut() = Some(room.clone());
+    };
+    let options = sfu_redis::reap::ReapOptions {
+        force: true,
+        dry_run: false,
+        progress: Some(&progress),
+    };
+    let first = sfu_redis::reap::reap_instance(&config, "zl", &options).expect("first reap");
+    let room = taken
+        .borrow()
+        .clone()
+        .expect("the late write landed mid-reap");
+    assert!(
+        !first.reaped,
+        "a late record was kept: not deregistered: {first:?}"
+    );
+    assert!(first.counts.kept >= 1, "{first:?}");
+    assert!(
+        exists(&s, &ks.peer(&room, "late")),
+        "kept: written after t0"
+    );
+    let indexed: bool = redis::cmd("SISMEMBER")
+        .arg(ks.instance_rooms("zl"))
+        .arg(&room)
+        .query(&mut s.con())
+        .unwrap();
+    assert!(
+        indexed,
+        "the room stays in zl's index while its record is there"
+    );
+    assert_eq!(unindexed_records(&s, &ks, "zl"), Vec::<String>::new());
+
+    let second = sfu_redis::reap::reap_instance(&config, "zl", &options).expect("second reap");
+    assert!(second.reaped, "{second:?}");
+    assert_eq!(records_naming(&s, &ks, "zl"), Vec::<String>::new());
+    assert!(score(&s, &ks, "zl").is_none());
+    assert_eq!(
+        b.room_owner(&room).unwrap().as_deref(),
+        Some("zl-b"),
+        "the new owner keeps its room"
+    );
+    assert!(exists(&s, &ks.room(&room).meta));
+    assert_eq!(s.index_problems(&ks), Vec::<String>::new());
+}

@@ -386,11 +386,12 @@ fn reap_room_lua() -> String {
     lua("reap_room", include_str!("../../lua/reap_room.lua"))
 }
 
-/// One room's part of a `reap_room.lua` reply: status, cursor, records deleted.
-type RoomReply = (String, String, u64);
+/// One room's part of a `reap_room.lua` reply: status, cursor, records deleted, records of the dead
+/// instance kept as written at or after t0.
+type RoomReply = (String, String, u64, u64);
 
 /// `reap_room.lua` on one room (its five keys), from cursor 0, `SSCAN COUNT` 100: its one
-/// `(status, cursor, deleted)`.
+/// `(status, cursor, deleted, late)`.
 fn reap_one(s: &Server, room_keys: &[&str], dead: &str, t0: &str) -> RoomReply {
     let mut out: Vec<RoomReply> =
         eval(s, &reap_room_lua(), room_keys, &[dead, t0, "100", "1", "0"]);
@@ -488,17 +489,17 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
         };
         write();
         let tie = t_tie.to_string();
-        let (status, _, deleted) = reap_one(&s, &five(&rk), &dead, &tie);
+        let (status, _, deleted, late) = reap_one(&s, &five(&rk), &dead, &tie);
         assert_eq!(
-            (status.as_str(), deleted),
-            ("new_life", 0),
+            (status.as_str(), deleted, late),
+            ("new_life", 0, 1),
             "{case}: a room pinned in the same instant as the reap's start was taken for the old life's"
         );
         assert!(exists(&s, &peer), "{case}: the new life's record is gone");
-        let (status, _, deleted) = reap_one(&s, &five(&kk), &dead, &tie);
+        let (status, _, deleted, late) = reap_one(&s, &five(&kk), &dead, &tie);
         assert_eq!(
-            (status.as_str(), deleted),
-            ("skipped", 0),
+            (status.as_str(), deleted, late),
+            ("skipped", 0, 1),
             "{case}: a peer record written in the same instant as the reap's start was reaped"
         );
         assert!(exists(&s, &kept_peer), "{case}: the record is gone");
@@ -510,16 +511,16 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
             (x / 1000 + 1) * 1000
         };
         let later = later.to_string();
-        let (status, _, deleted) = reap_one(&s, &five(&kk), &dead, &later);
+        let (status, _, deleted, late) = reap_one(&s, &five(&kk), &dead, &later);
         assert_eq!(
-            (status.as_str(), deleted),
-            ("skipped", 1),
+            (status.as_str(), deleted, late),
+            ("skipped", 1, 0),
             "{case}: the record written before t0 was kept"
         );
         assert!(!exists(&s, &kept_peer), "{case}");
         assert!(exists(&s, &kk.owner), "{case}: the taker's room stays");
-        let (status, _, deleted) = reap_one(&s, &five(&rk), &dead, &later);
-        assert_eq!((status.as_str(), deleted), ("reaped", 1), "{case}");
+        let (status, _, deleted, late) = reap_one(&s, &five(&rk), &dead, &later);
+        assert_eq!((status.as_str(), deleted, late), ("reaped", 1, 0), "{case}");
         let left: i64 = redis::cmd("EXISTS")
             .arg(&rk.meta)
             .arg(&rk.peers)
@@ -590,10 +591,11 @@ fn a_room_pinned_again_by_a_new_life_keeps_the_records_written_after_t0() {
     record("new", &dead, "g-new", &after);
     record("old", &dead, "g-old", &before);
     record("theirs", &other, "", &before);
-    let (status, cursor, deleted) = reap_one(&s, &five(&rk), &dead, &t0);
+    let (status, cursor, deleted, late) = reap_one(&s, &five(&rk), &dead, &t0);
     assert_eq!(
-        (status.as_str(), cursor.as_str(), deleted),
-        ("new_life", "0", 1)
+        (status.as_str(), cursor.as_str(), deleted, late),
+        ("new_life", "0", 1, 1),
+        "the old record deleted, the new one kept (and reported: the room stays indexed)"
     );
     assert!(
         exists(&s, &rk.owner) && exists(&s, &rk.meta),

@@ -894,7 +894,15 @@ fn a_node_does_not_restore_into_a_prefix_of_another_version() {
     assert_eq!(keys, vec![ks(stage).schema()], "a refused node wrote keys");
     let e = a.upsert_peer("room-l", "peer-m", None, &[]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Schema, "{e}");
-    a.leave().ok();
+    // A parked node's leave writes nothing either: it stops as a shutdown does.
+    let e = a.leave().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Schema, "{e}");
+    let keys = s.keys(&format!("{}:*", ks(stage).prefix()));
+    assert_eq!(
+        keys,
+        vec![ks(stage).schema()],
+        "a parked node's leave wrote keys"
+    );
 }
 
 // Stamps an operator might leave: bytes that are not UTF-8, a version written another way
