@@ -188,6 +188,20 @@ pub struct RoomKeys {
     pub guest_state: String,
 }
 
+impl RoomKeys {
+    /// The five keys in the order the room scripts declare them (`close_room.lua`,
+    /// `reap_room.lua`): owner, meta, peers, guests, guest-state.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.owner,
+            &self.meta,
+            &self.peers,
+            &self.guests,
+            &self.guest_state,
+        ]
+    }
+}
+
 /// Builds every key and channel name of one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {

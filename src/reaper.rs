@@ -507,11 +507,9 @@ fn add_room_scripts(
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
         for (room, _) in chunk {
             let rk = r.ctx.keys.room(room);
-            inv.key(rk.owner)
-                .key(rk.meta)
-                .key(rk.peers)
-                .key(rk.guests)
-                .key(rk.guest_state);
+            for k in rk.all() {
+                inv.key(k);
+            }
         }
         inv.arg(r.dead).arg(r.t0).arg(PEER_BATCH).arg(chunk.len());
         for (_, cursor) in chunk {

@@ -156,14 +156,10 @@ pub(crate) fn close(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Res
     let mut cursor = "0".to_owned();
     loop {
         let mut inv = SCRIPTS.close_room.prepare_invoke();
-        inv.key(&rk.owner)
-            .key(&rk.meta)
-            .key(&rk.peers)
-            .key(&rk.guests)
-            .key(&rk.guest_state)
-            .arg(&ctx.me)
-            .arg(&cursor)
-            .arg(PEER_BATCH);
+        for k in rk.all() {
+            inv.key(k);
+        }
+        inv.arg(&ctx.me).arg(&cursor).arg(PEER_BATCH);
         let (status, next): (String, String) = conn::call(con, op, &inv)?;
         match status.as_str() {
             "more" => cursor = next,
@@ -228,12 +224,10 @@ pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<
     // Each call moves the room's SSCAN forward; a room kept ('skipped') ends at cursor 0.
     for _ in 0..10_000 {
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
-        inv.key(&rk.owner)
-            .key(&rk.meta)
-            .key(&rk.peers)
-            .key(&rk.guests)
-            .key(&rk.guest_state)
-            .arg(&ctx.me)
+        for k in rk.all() {
+            inv.key(k);
+        }
+        inv.arg(&ctx.me)
             .arg(SWEEP_ALL)
             .arg(PEER_BATCH)
             .arg(1)

@@ -29,19 +29,6 @@ fn control_keys(ks: &KeySpace, i: &str) -> [String; 4] {
     ]
 }
 
-/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
-/// record by record from the keys (not from any index).
-fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
-    s.dump(&ks.scan_pattern())
-        .into_iter()
-        .filter(|(k, v)| {
-            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
-                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
-        })
-        .map(|(k, _)| k)
-        .collect()
-}
-
 fn existing(s: &Server, keys: &[String]) -> Vec<String> {
     let mut con = s.con();
     keys.iter()

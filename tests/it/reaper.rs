@@ -40,20 +40,6 @@ fn sismember(s: &Server, key: &str, member: &str) -> bool {
         .unwrap()
 }
 
-/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
-/// record by record from the keys (not from any index), as `key`.
-fn records_naming(s: &Server, instance: &str) -> Vec<String> {
-    let ks = ks(STAGE);
-    s.dump(&ks.scan_pattern())
-        .into_iter()
-        .filter(|(k, v)| {
-            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
-                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
-        })
-        .map(|(k, _)| k)
-        .collect()
-}
-
 // Protects invariant 2 (a dead instance leaves nothing behind) end to end: a node with rooms,
 // peers, guests and guest states is killed (no cleanup); the leader reaps it and afterwards no
 // key, set member, hash field or sorted-set entry names it, its rooms or its peers, while the
@@ -834,7 +820,7 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
         records.insert(key.clone(), s.dump(&key));
     }
     assert_eq!(
-        records_naming(&s, &dead),
+        records_naming(&s, &support::ks(STAGE), &dead),
         vec![
             ks.peer("rehome-gone", "gone-peer"),
             ks.peer("rehome-taken", "old-peer")
@@ -875,7 +861,10 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
         !exists(&s, &ks.room("rehome-gone").meta),
         "the dead one's own room reaped"
     );
-    assert_eq!(records_naming(&s, &dead), Vec::<String>::new());
+    assert_eq!(
+        records_naming(&s, &support::ks(STAGE), &dead),
+        Vec::<String>::new()
+    );
     let left = references(&s.dump(&ks.scan_pattern()), &[dead]);
     assert!(left.is_empty(), "leftovers of the dead instance: {left:#?}");
     assert!(
@@ -990,7 +979,7 @@ fn a_reap_keeps_what_the_same_id_wrote_after_it_began() {
             assert!(!meta, "{room} of the dead life stays");
         }
     }
-    let mut kept_records = records_naming(&s, &dead);
+    let mut kept_records = records_naming(&s, &support::ks(STAGE), &dead);
     kept_records.sort();
     let mut want: Vec<String> = rewritten.iter().map(|r| ks.peer(r, "p1")).collect();
     want.sort();
@@ -1068,7 +1057,10 @@ fn a_reap_keeps_a_guest_pointer_that_names_a_live_peer() {
         new_record,
         "the live peer's record untouched"
     );
-    assert_eq!(records_naming(&s, &dead), Vec::<String>::new());
+    assert_eq!(
+        records_naming(&s, &support::ks(STAGE), &dead),
+        Vec::<String>::new()
+    );
     assert!(
         s.index_problems(&ks).is_empty(),
         "{:#?}",

@@ -38,19 +38,6 @@ fn set_string(s: &Server, key: &str) {
         .unwrap();
 }
 
-/// Every peer record of the prefix whose `instance` field names `instance` (wire form), read
-/// record by record from the keys (not from any index).
-fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
-    s.dump(&ks.scan_pattern())
-        .into_iter()
-        .filter(|(k, v)| {
-            matches!(ks.parse(k), Some(sfu_redis::keys::ParsedKey::Peer(..)))
-                && matches!(v, Val::Hash(h) if h.get("instance").map(String::as_str) == Some(instance))
-        })
-        .map(|(k, _)| k)
-        .collect()
-}
-
 /// The records naming `instance` (wire form) that lie in no room of its room index (live or
 /// moved aside): key schema version 2's index rule (invariants 2 and 4) says there are none.
 fn unindexed_records(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {

@@ -533,6 +533,16 @@ pub fn unreached_records(ks: &KeySpace, dump: &BTreeMap<String, Val>) -> Vec<Str
     lines
 }
 
+/// Every peer record under `ks`'s prefix whose `instance` field names `instance` (wire form),
+/// read record by record from the keys (not from any index), as their keys.
+pub fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
+    let dump = s.dump(&ks.scan_pattern());
+    records_of(ks, &dump, instance)
+        .into_iter()
+        .map(|(r, p)| ks.peer(&r, &p))
+        .collect()
+}
+
 /// The peer records naming instance `i` (wire form) in `dump`, as `(room, peer)` (wire forms):
 /// what key schema version 2 offers in place of an instance's peer index (its room index
 /// reaches them, see [`unreached_records`]).
