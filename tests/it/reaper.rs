@@ -874,14 +874,6 @@ fn a_reap_keeps_a_taken_over_room_and_a_peer_re_homed_under_the_same_id() {
     );
 }
 
-fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg(field)
-        .query(&mut s.con())
-        .unwrap()
-}
-
 // Protects the reap's new-life checks (issue 32: each survived the suite, whose new lives
 // register first, which merges the moved index back and ends the reap before it meets their
 // writes): reap_room.lua's status (`new_life`: a room pinned again after the reap began is

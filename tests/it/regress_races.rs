@@ -31,14 +31,6 @@ fn smembers(s: &Server, key: &str) -> Vec<String> {
     redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
 }
 
-fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg(field)
-        .query(&mut s.con())
-        .unwrap()
-}
-
 fn exists(s: &Server, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(&mut s.con()).unwrap()
 }

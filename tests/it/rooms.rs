@@ -20,14 +20,6 @@ fn smembers(s: &Server, key: &str) -> BTreeSet<String> {
     redis::cmd("SMEMBERS").arg(key).query(&mut s.con()).unwrap()
 }
 
-fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg(field)
-        .query(&mut s.con())
-        .unwrap()
-}
-
 /// The peer records of `room` (callers' ids; ids here need no escaping) whose `instance` field
 /// names `instance`: read record by record from the keys of the room, not from its peers set.
 fn own_records(s: &Server, room: &str, instance: &str) -> Vec<String> {

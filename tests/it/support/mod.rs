@@ -533,6 +533,15 @@ pub fn unreached_records(ks: &KeySpace, dump: &BTreeMap<String, Val>) -> Vec<Str
     lines
 }
 
+/// One hash field of `key`, read on a fresh connection.
+pub fn hget(s: &Server, key: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query(&mut s.con())
+        .unwrap()
+}
+
 /// Every peer record under `ks`'s prefix whose `instance` field names `instance` (wire form),
 /// read record by record from the keys (not from any index), as their keys.
 pub fn records_naming(s: &Server, ks: &KeySpace, instance: &str) -> Vec<String> {
