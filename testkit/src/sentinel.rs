@@ -79,12 +79,17 @@ pub struct SentinelOptions {
     pub master_password: Option<String>,
     /// `requirepass` on the sentinels (they also authenticate to each other with it).
     pub sentinel_password: Option<String>,
-    /// Sends `SENTINEL DEBUG publish-period 200 ask-period 200 info-period 1000` to each
-    /// sentinel when it starts: hello messages every 200 ms instead of 2 s (sentinels find
-    /// each other, and spread a new master, within a fraction of a second), down-state
-    /// questions to the other sentinels every 200 ms instead of 1 s, and replicas' `INFO`
-    /// every 1 s instead of 10 s (role changes are seen quickly; a node that turned master
-    /// on its own is turned back into a replica after 4 hello periods: 0.8 s instead of 8 s).
+    /// Sends `SENTINEL DEBUG publish-period 500 ask-period 200 info-period 1000` to each
+    /// sentinel when it starts: hello messages every 500 ms instead of 2 s (sentinels find
+    /// each other, and spread a new master, within a second), down-state questions to the
+    /// other sentinels every 200 ms instead of 1 s, and replicas' `INFO` every 1 s instead of
+    /// 10 s (role changes are seen quickly; a node that turned master on its own is turned
+    /// back into a replica after 4 hello periods: 2 s instead of 8 s). Not shorter: a
+    /// sentinel that has not heard of a failover within 4 hello periods turns the promoted
+    /// master back into a replica of the old one, and the others then fail back to the old
+    /// master; with 200 ms (0.8 s) a loaded CI machine delayed one sentinel's news by 1.1 s
+    /// and `SENTINEL FAILOVER` never took (CI, stop 38: `+convert-to-slave` of the promoted
+    /// node, then `+sdown` of it as a "master reporting as a replica" 8 s later).
     /// `true` by default; `false` keeps Redis's stock timers (then [`SentinelGroup::start`]
     /// takes about 2 s, and [`SentinelGroup::failover`] about 11 s: the sentinels see the old
     /// master's new role at their next 10 s `INFO`).
@@ -242,7 +247,7 @@ impl Sentinel {
                     "SENTINEL",
                     "DEBUG",
                     "publish-period",
-                    "200",
+                    "500",
                     "ask-period",
                     "200",
                     "info-period",
@@ -748,7 +753,13 @@ impl SentinelGroup {
     /// [`Error::Io`] after `timeout` (the message says what each sentinel said and holds
     /// the end of their logs).
     pub fn wait_master_change(&self, old_port: u16, timeout: Duration) -> Result<u16> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        // What the wait saw, each change once with its time: the last state alone does not
+        // say why a wait failed (CI, stop 38: the sentinels named a new master, then failed
+        // back 8 s later, and only "still name the old one" was printed).
+        let mut seen = String::new();
+        let mut last = String::new();
         loop {
             let problem = match self.agreed_master() {
                 Ok(port) if port == old_port => format!("the sentinels still name {port}"),
@@ -759,6 +770,13 @@ impl SentinelGroup {
                 },
                 Err(e) => e,
             };
+            if problem != last {
+                seen.push_str(&format!(
+                    "\n  +{} ms: {problem}",
+                    start.elapsed().as_millis()
+                ));
+                last.clone_from(&problem);
+            }
             if Instant::now() > deadline {
                 return Err(self.timed_out(
                     &format!(
@@ -766,7 +784,7 @@ impl SentinelGroup {
                         self.opts.master_name
                     ),
                     timeout,
-                    &problem,
+                    &format!("{problem}; seen in order:{seen}"),
                 ));
             }
             std::thread::sleep(POLL);
@@ -802,7 +820,7 @@ impl SentinelGroup {
     /// `REPLICAOF NO ONE` on the data node on `port`: it turns master on its own, behind the
     /// sentinels' back, while client connections stay open (a "promoted by hand" scenario).
     /// The sentinels, which still know it as a replica, turn it back into one after 4 hello
-    /// periods (0.8 s with the quick timers, 8 s without) unless their master is down.
+    /// periods (2 s with the quick timers, 8 s without) unless their master is down.
     ///
     /// # Errors
     /// [`Error::Io`] when no data node has that port or the command fails.
@@ -962,6 +980,13 @@ impl SentinelGroup {
                 "\n--- sentinel {} log ends:\n{}",
                 s.port,
                 cli::tail(&s.log_path(), 20)
+            ));
+        }
+        for n in &self.nodes {
+            logs.push_str(&format!(
+                "\n--- data node {} log ends:\n{}",
+                n.port(),
+                cli::tail(&n.dir().join("redis.log"), 12)
             ));
         }
         io(
