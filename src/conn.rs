@@ -645,6 +645,16 @@ impl Redis {
         }
     }
 
+    /// Sentinel URLs: how many replicas of the master the sentinels could promote
+    /// ([`crate::sentinel::Sentinels::promotable_replicas`]); `None` for other URLs or when
+    /// no sentinel answers.
+    pub(crate) fn sentinel_promotable_replicas(&self) -> Option<usize> {
+        let Target::Sentinel(s) = &self.target else {
+            return None;
+        };
+        s.promotable_replicas(&self.dialer)
+    }
+
     /// Sentinel URLs: true when any sentinel that answers names another master than the one
     /// the last connection reached (what a lease write needs before it counts).
     pub(crate) fn sentinels_disagree(&self) -> bool {

@@ -116,6 +116,14 @@ pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<boo
     };
     redis.note_replicas(replicas);
     if replicas == 0 {
+        // Through sentinels: a replica they could promote that the master does not list (it
+        // is resyncing, or a failover under way detached it to promote it) would come up
+        // without this write. Unconfirmed (chaos run, seed 14985523334794421937: a node that
+        // had never seen a replica took epoch 10 on the old master during a SENTINEL
+        // FAILOVER, and the new master handed out epoch 10 again).
+        if redis.sentinel_promotable_replicas().is_some_and(|n| n > 0) {
+            return Ok(false);
+        }
         // A replica the master listed lately may have dropped off only for now (its link
         // timed out) and still be promoted by the sentinels (they promote a replica that has
         // been gone less than 10 x down-after-milliseconds): until that is long past, a lease

@@ -124,6 +124,29 @@ impl Sentinels {
         })
     }
 
+    /// How many replicas of the master the first sentinel that answers (the preferred one
+    /// first) could promote: `SENTINEL REPLICAS <name>` entries not flagged `s_down`, `o_down`
+    /// or `disconnected`, and not of `slave-priority` 0. `None` when no sentinel answers.
+    ///
+    /// A master's `ROLE` lists only replicas in sync: one that is resyncing, or that a
+    /// failover under way has just detached (`SENTINEL FAILOVER` sends it `REPLICAOF NO ONE`
+    /// while the old master still takes writes), is missing there but may still be promoted,
+    /// without the last writes. A lease write confirmed by "no replica" would then be lost,
+    /// and its epoch handed out again (chaos run, seed 14985523334794421937: epoch 10 twice).
+    pub(crate) fn promotable_replicas(&self, dialer: &Dialer) -> Option<usize> {
+        let order = self.state.lock().order.clone();
+        order.iter().find_map(|&i| {
+            let (host, port) = &self.ep.sentinels[i];
+            let mut con = self.open_sentinel(dialer, host, *port).ok()?;
+            let v: Value = redis::cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg(&self.ep.master)
+                .query(&mut con)
+                .ok()?;
+            Some(count_promotable(&v))
+        })
+    }
+
     /// The master (`host:port`) the preferred sentinel (the one that answered last) names
     /// now, over a connection kept for these probes; `None` when it cannot tell (down, does
     /// not know the name: the next connect's discovery deals with that). The heartbeat asks
@@ -335,6 +358,45 @@ pub(crate) fn parse_role(v: &Value) -> Role {
     }
 }
 
+/// Counts the entries of a `SENTINEL REPLICAS` reply (each a flat field/value array, or a
+/// map in RESP3) that a failover could promote: flags without `s_down`, `o_down` or
+/// `disconnected`, and a `slave-priority` other than 0.
+pub(crate) fn count_promotable(v: &Value) -> usize {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let Value::Array(replicas) = v else {
+        return 0;
+    };
+    replicas
+        .iter()
+        .filter(|r| {
+            let pairs: Vec<(String, String)> = match r {
+                Value::Array(items) => items
+                    .chunks(2)
+                    .filter(|c| c.len() == 2)
+                    .map(|c| (text(&c[0]), text(&c[1])))
+                    .collect(),
+                Value::Map(items) => items.iter().map(|(k, v)| (text(k), text(v))).collect(),
+                _ => return false,
+            };
+            let field = |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            let flags = field("flags").unwrap_or("");
+            let down = flags
+                .split(',')
+                .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+            !down && field("slave-priority") != Some("0")
+        })
+        .count()
+}
+
 /// [`reason`] for a sentinel, with what that usually means there.
 fn sentinel_reason(e: &redis::RedisError, tls: bool) -> String {
     let why = reason(e);
@@ -357,6 +419,42 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn replica(flags: &str, priority: &str) -> Value {
+        Value::Array(
+            [
+                "name",
+                "127.0.0.1:6380",
+                "flags",
+                flags,
+                "slave-priority",
+                priority,
+            ]
+            .iter()
+            .map(|s| bulk(s))
+            .collect(),
+        )
+    }
+
+    #[test]
+    fn promotable_replicas_are_the_healthy_ones_of_nonzero_priority() {
+        let v = Value::Array(vec![
+            replica("slave", "100"),
+            replica("slave,promoted", "100"),
+            replica("s_down,slave", "100"),
+            replica("slave,disconnected", "100"),
+            replica("o_down,s_down,slave", "100"),
+            replica("slave", "0"),
+        ]);
+        assert_eq!(count_promotable(&v), 2);
+        let map = Value::Array(vec![Value::Map(vec![
+            (bulk("flags"), bulk("slave")),
+            (bulk("slave-priority"), bulk("100")),
+        ])]);
+        assert_eq!(count_promotable(&map), 1);
+        assert_eq!(count_promotable(&Value::Array(vec![])), 0);
+        assert_eq!(count_promotable(&Value::Nil), 0);
     }
 
     #[test]

@@ -692,3 +692,81 @@ fn tls_sentinels_and_data_nodes_with_passwords() {
     assert_eq!(owner.as_deref(), Some("tls-s"));
     node.shutdown().unwrap();
 }
+
+// Protects the lease's replica confirmation (src/lease.rs `replicated`) when the master lists
+// no replica while the sentinels know one they could promote: a `SENTINEL FAILOVER` under way
+// detaches the replica it promotes (`REPLICAOF NO ONE`) while the old master still takes
+// writes. A chaos run (seed 14985523334794421937) saw a node that had never seen a replica
+// take epoch 10 on the old master then, confirmed by "no replica", and the new master hand out
+// epoch 10 again. Here the replica is detached by hand (the sentinels turn it back into a
+// replica 4 hello periods later, 2 s): a node started in that window must not lead while the
+// master lists no replica, and leads once the replica is back. Fails if a lease write with
+// "no replica" on the master counts as confirmed while the sentinels know a promotable one.
+#[test]
+fn no_lease_is_confirmed_while_the_master_lists_no_replica_the_sentinels_know() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let group = SentinelGroup::start(SentinelOptions::default()).expect("sentinel group");
+    let config = |id: &str| {
+        Config::builder()
+            .redis_url(group.url())
+            .stage("sentinel-detached")
+            .instance_id(id)
+            .timings(timings())
+            .build()
+            .expect("valid config")
+    };
+    // A first node leads once (the dataset is then older than a lease TTL), then leaves.
+    let early = Node::start(config("early")).expect("start");
+    wait_for(SETTLE, "a first leader", || early.is_leader().then_some(()));
+    early.leave().expect("leave");
+    let (_, master) = group.master_addr().expect("master");
+    let replica = group
+        .data_ports()
+        .into_iter()
+        .find(|p| *p != master)
+        .expect("a replica");
+    let listed = || -> Option<usize> {
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{master}"))
+            .ok()?
+            .get_connection()
+            .ok()?;
+        let role: redis::Value = redis::cmd("ROLE").query(&mut con).ok()?;
+        match role {
+            redis::Value::Array(items) => match items.get(2) {
+                Some(redis::Value::Array(r)) => Some(r.len()),
+                _ => Some(0),
+            },
+            _ => None,
+        }
+    };
+    group.promote_by_hand(replica).expect("detach the replica");
+    wait_for(SETTLE, "the master listing no replica", || {
+        (listed() == Some(0)).then_some(())
+    });
+    let opened = Instant::now();
+    let fresh = Node::start(config("fresh")).expect("start");
+    let mut watched = Duration::ZERO;
+    while listed() == Some(0) {
+        assert!(
+            !fresh.is_leader(),
+            "a node led {} ms into the window, while the master listed no replica and the sentinels knew one",
+            opened.elapsed().as_millis()
+        );
+        watched = opened.elapsed();
+        std::thread::sleep(ms(20));
+    }
+    // A node's first acquire is sent as it starts; the window lasts some 2 s.
+    assert!(
+        watched > ms(600),
+        "the window closed after {} ms: too short to tell",
+        watched.as_millis()
+    );
+    wait_for(SETTLE, "a leader once the replica is back", || {
+        fresh.is_leader().then_some(())
+    });
+    eprintln!(
+        "no lead for {} ms while the master listed no replica; led {} ms after the window opened",
+        watched.as_millis(),
+        opened.elapsed().as_millis()
+    );
+}
