@@ -251,6 +251,7 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     // Restoring takes this whole tick; until it succeeded, later ticks restore again (a lost
     // reply or a failed pipeline must not turn "Redis lost our rooms" into "rooms lost").
     if beaten.beat == Beat::Restored {
+        sh.counters.data_losses.fetch_add(1, Ordering::Relaxed);
         sh.restore_pending.store(true, Ordering::Relaxed);
     }
     // A failover moved the master (through the sentinels): replication is asynchronous, so
@@ -523,6 +524,9 @@ impl<'a> Reassert<'a> {
                 .ahead
                 .split_off(self.pipe.len().min(refreshed.ahead.len()));
             let lost = checks.handle(&sh.shards, checked);
+            sh.counters
+                .data_losses
+                .fetch_add(lost.len() as u64, Ordering::Relaxed);
             let lost = if lost.is_empty() {
                 BTreeSet::new()
             } else {
@@ -854,6 +858,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
     );
     sh.leader
         .end_with(&sh.events, LeaderLostReason::DeadlinePassed);
+    sh.counters.reaped_self.fetch_add(1, Ordering::Relaxed);
     sh.events.emit(Event::ReapedSelf {
         rooms: room_ids.len(),
         room_ids: room_ids.clone(),

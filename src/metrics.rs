@@ -193,6 +193,8 @@ pub(crate) struct Snapshot {
     pub script_reloads: u64,
     pub master_switches: u64,
     pub events_dropped: u64,
+    pub data_losses: u64,
+    pub reaped_self: u64,
     pub rooms: u64,
     pub peers: u64,
 }
@@ -384,6 +386,18 @@ impl Collector for Snapshot {
             "sfu_redis_events_dropped",
             "Events dropped because the node's event channel was full.",
             self.events_dropped,
+        )?;
+        counter(
+            e,
+            "sfu_redis_data_losses",
+            "Times this node found Redis had lost its data (its record gone and the dataset token changed; on a cluster one master's token, per master) and restored what it holds.",
+            self.data_losses,
+        )?;
+        counter(
+            e,
+            "sfu_redis_reaped_self",
+            "Times this node found it had been reaped while unresponsive (a zombie): its rooms were lost; it registered again.",
+            self.reaped_self,
         )?;
         gauge(e, "sfu_redis_rooms", "Rooms this node owns.", self.rooms)?;
         gauge(

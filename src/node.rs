@@ -149,6 +149,15 @@ pub struct Stats {
     pub script_reloads: u64,
     /// Events dropped because the event channel was full.
     pub events_dropped: u64,
+    /// Times this node found Redis had lost its data and restored its pins, index entries
+    /// and peer records: its record gone and the dataset token changed, or on a Redis
+    /// Cluster one master's dataset token gone or changed (counted per master). A failover
+    /// that kept the data is not counted (`sfu_redis_master_switches_total`).
+    pub data_losses: u64,
+    /// Times this node found it had been reaped while it was unresponsive (a zombie: paused
+    /// or cut off past the stale threshold and the two-phase re-check). Its rooms were lost
+    /// ([`crate::Event::ReapedSelf`]); it registered again as a fresh live instance.
+    pub reaped_self: u64,
 }
 
 struct Workers {
@@ -621,6 +630,8 @@ impl Node {
             reconnects: 0,
             script_reloads: 0,
             events_dropped: self.events.dropped(),
+            data_losses: 0,
+            reaped_self: 0,
         };
         if let Some(sh) = self.backend.shared() {
             let c = &sh.counters;
@@ -641,6 +652,8 @@ impl Node {
             s.leadership_terms = sh.leader.terms_begun();
             s.reconnects = sh.redis.stats().reconnects();
             s.script_reloads = sh.redis.stats().script_reloads();
+            s.data_losses = c.data_losses.load(Ordering::Relaxed);
+            s.reaped_self = c.reaped_self.load(Ordering::Relaxed);
         }
         s
     }
@@ -748,6 +761,8 @@ impl Node {
             script_reloads: s.script_reloads,
             master_switches: 0,
             events_dropped: s.events_dropped,
+            data_losses: s.data_losses,
+            reaped_self: s.reaped_self,
             rooms: s.rooms as u64,
             peers: s.peers as u64,
         };

@@ -74,6 +74,13 @@ pub(crate) struct Counters {
     /// Stale instances found by reap rounds (each round's list counted once).
     pub candidates: AtomicU64,
     pub bad_data: AtomicU64,
+    /// Times the heartbeat found Redis had lost its data (this instance's record gone and the
+    /// dataset token changed; on a cluster, one master's token gone or changed, counted per
+    /// master) and restored what this node holds.
+    pub data_losses: AtomicU64,
+    /// Times the heartbeat found this instance had been reaped while it was unresponsive (a
+    /// zombie) and registered again.
+    pub reaped_self: AtomicU64,
     pub last_heartbeat: Mutex<Option<Instant>>,
     pub last_error: Mutex<Option<String>>,
     /// Record the duration histograms (`ConfigBuilder::metrics`); the counters are kept
@@ -107,6 +114,8 @@ impl Counters {
             skipped_rooms: AtomicU64::new(0),
             candidates: AtomicU64::new(0),
             bad_data: AtomicU64::new(0),
+            data_losses: AtomicU64::new(0),
+            reaped_self: AtomicU64::new(0),
             last_heartbeat: Mutex::new(None),
             last_error: Mutex::new(None),
             timed,

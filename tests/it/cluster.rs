@@ -925,6 +925,7 @@ fn a_master_that_restarts_empty_has_its_rooms_restored_by_their_owners() {
         before_migration,
         "a token that moved with its slot was taken for a data loss (peer records rewritten)"
     );
+    assert_eq!((a.stats().data_losses, b.stats().data_losses), (0, 0));
     eprintln!("migrated the victim's lowest slot {lowest} ({moved} keys) to {third}");
 
     let on_victim: Vec<(&str, String)> = rooms
@@ -1036,6 +1037,8 @@ fn a_master_that_restarts_empty_has_its_rooms_restored_by_their_owners() {
     );
     assert_eq!((b.stats().rooms, b.stats().peers), (18, 18));
     assert_eq!((a.stats().rooms, a.stats().peers), (6, 6));
+    // rb has rooms on the victim: it counted the victim's data loss once.
+    assert_eq!(b.stats().data_losses, 1, "{:?}", b.stats());
     assert_eq!(
         room_view(
             &s,

@@ -312,9 +312,15 @@ fn redis_restart_without_data_restores_heartbeats_pins_and_leadership() {
     let mut events = alog.drain().to_vec();
     events.extend(blog.drain().iter().cloned());
     assert!(!events.iter().any(lost_or_reaped_self), "{events:?}");
-    // The data really was lost: a new dataset token was written.
+    // The data really was lost: a new dataset token was written; each node counted it
+    // (`sfu_redis_data_losses_total`, deploy/ alert) and found no zombie of itself.
     assert_ne!(token(&s), Some(before));
     assert_eq!((a.stats().rooms, b.stats().rooms), (1, 1));
+    for n in [&a, &b] {
+        let st = n.stats();
+        assert!(st.data_losses >= 1, "{st:?}");
+        assert_eq!(st.reaped_self, 0, "{st:?}");
+    }
     // The restored rooms still work. Host calls may first meet pooled connections that the
     // restart broke: those fail as connection errors (retryable), never as anything else, and
     // a retry goes through. (Doubtful: the pool could drop dead idle connections itself.)

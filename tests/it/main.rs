@@ -13,6 +13,7 @@ mod cluster;
 mod cluster_processes;
 mod config;
 mod demo;
+mod deploy_kit;
 mod doctor;
 mod faults;
 mod fleet_page;

@@ -114,7 +114,7 @@ impl Parsed {
 }
 
 /// Every metric the README lists, with its type (names as exposed).
-const EXPECTED: [(&str, &str); 25] = [
+const EXPECTED: [(&str, &str); 27] = [
     ("sfu_redis_node", "gauge"),
     ("sfu_redis_healthy", "gauge"),
     ("sfu_redis_heartbeat_age_seconds", "gauge"),
@@ -138,6 +138,8 @@ const EXPECTED: [(&str, &str); 25] = [
     ("sfu_redis_script_reloads_total", "counter"),
     ("sfu_redis_master_switches_total", "counter"),
     ("sfu_redis_events_dropped_total", "counter"),
+    ("sfu_redis_data_losses_total", "counter"),
+    ("sfu_redis_reaped_self_total", "counter"),
     ("sfu_redis_rooms", "gauge"),
     ("sfu_redis_peers", "gauge"),
 ];

@@ -769,6 +769,13 @@ fn an_instance_resuming_mid_reap_learns_it_was_reaped() {
         unreachable!()
     };
     assert_eq!(rooms, 2, "{e:?}");
+    // Counted for the operators (`sfu_redis_reaped_self_total`, deploy/ alert).
+    assert_eq!(z.stats().reaped_self, 1);
+    assert!(
+        z.metrics().contains("sfu_redis_reaped_self_total 1"),
+        "{}",
+        z.metrics()
+    );
 }
 
 // Protects the reap's owner CAS and reap_room.lua's per-record instance check in a room kept,
