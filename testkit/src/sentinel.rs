@@ -1214,7 +1214,7 @@ mod tests {
         let timers = cli::pairs(&timers);
         assert_eq!(
             cli::field(&timers, "PUBLISH-PERIOD"),
-            Some("200"),
+            Some("500"),
             "{timers:?}"
         );
         assert_eq!(
