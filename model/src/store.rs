@@ -1,0 +1,635 @@
+//! Redis as one store, and each Lua script of `lua/` as one atomic function named after its
+//! file, with the same guards, effects and reply.
+//!
+//! Time: `now` is Redis server time in model units (ms and µs alike: see the README for what
+//! that simplifies). A key with a PX expires at `expires`; it is gone once `now >= expires`
+//! ([`Redis::expire`] runs whenever time advances).
+
+use crate::config::{Config, Mutation};
+
+/// An instance id, a room id, a peer id (indexes).
+pub type Id = u8;
+/// A set of rooms (bit r).
+pub type Rooms = u8;
+
+/// The boot token held by `P:{ctl}:hb:<I>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Boot {
+    /// The boot token of a process (its number).
+    Process(u8),
+    /// `heartbeat_release.lua` marked it released (a graceful stop).
+    Released,
+}
+
+/// `P:{ctl}:hb:<I>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HbKey {
+    pub boot: Boot,
+    pub expires: u8,
+}
+
+/// `P:{ctl}:leader`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub owner: Id,
+    pub expires: u8,
+    /// Ghost: the epoch of the acquire that created this key (0: not created by an acquire).
+    pub term: u8,
+}
+
+/// `P:room:{R}:meta` (the fields the protocol reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Meta {
+    pub owner: Id,
+    /// `pinned_us`.
+    pub pinned: u8,
+    /// `peer_seq` (absent until the first upsert of this room life).
+    pub peer_seq: Option<u16>,
+    /// Ghost: the life of `owner` that wrote `owner`.
+    pub life: u8,
+}
+
+/// `P:room:{R}:peer:<p>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Record {
+    pub instance: Id,
+    pub generation: u16,
+    /// `updated_us`.
+    pub at: u8,
+    /// Ghost: the life of `instance` that wrote it.
+    pub life: u8,
+}
+
+/// The keys of one room.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Room {
+    /// `P:room:{R}:owner`: (owner, expires).
+    pub pin: Option<(Id, u8)>,
+    pub meta: Option<Meta>,
+    /// `P:room:{R}:peers` (bit p).
+    pub members: u8,
+    /// Peer records by peer id.
+    pub records: Vec<Option<Record>>,
+}
+
+/// The whole Redis dataset of one prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Redis {
+    pub now: u8,
+    /// `P:{ctl}:heartbeats`: instance -> score (0 = being reaped).
+    pub zset: Vec<Option<u8>>,
+    pub hb: Vec<Option<HbKey>>,
+    /// `P:{ctl}:epoch`.
+    pub epoch: u8,
+    pub lease: Option<Lease>,
+    pub rooms: Vec<Room>,
+    /// `P:{ctl}:instance:<I>:rooms` (an empty set is an absent key).
+    pub index: Vec<Rooms>,
+    /// `P:{ctl}:instance:<I>:reaping-rooms`.
+    pub reaping: Vec<Rooms>,
+    /// `P:{ctl}:instance:<I>:reaping`: the token of the reap that moved the index.
+    pub reaping_token: Vec<Option<u16>>,
+}
+
+/// The generation counter of a room starts at the server time "in microseconds": in model units
+/// `now * GEN_SCALE`, above every generation an earlier life of the room handed out (at most
+/// `GEN_SCALE - 1` upserts per room life; `Config::max_upserts` stays below).
+pub const GEN_SCALE: u16 = 16;
+
+/// pin_room.lua's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinReply {
+    Pinned,
+    Ours,
+    TookOver(Id),
+    Held(Id),
+}
+
+/// pin_refresh.lua's reply (and the plain refresh's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refreshed {
+    Ok,
+    Repinned,
+    Gone,
+    Lost(Id),
+}
+
+/// reap_room.lua's status for one room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomStatus {
+    Reaped,
+    Gone,
+    Skipped,
+    NewLife,
+}
+
+/// reap_begin.lua's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    Dead { t0: u8, token: u16 },
+    Alive,
+    Gone,
+    NotLeader,
+}
+
+/// reap_finish.lua's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Done,
+    Incomplete,
+    Alive,
+    Retry,
+}
+
+/// heartbeat.lua's reply (no data loss in this slice: never 'restored'; one schema).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    Ok,
+    Reaped,
+    Duplicate,
+}
+
+/// What a reap deleted that it must not have, seen by the script as it ran (ghost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deleted {
+    /// (instance, life) owning a room deleted whole (its pin's or metadata's owner).
+    pub room_of: Option<(Id, u8)>,
+    /// (instance, life) of each record deleted.
+    pub records: [Option<(Id, u8)>; 8],
+}
+
+impl Redis {
+    pub fn new(c: &Config) -> Redis {
+        let n = c.instances as usize;
+        Redis {
+            now: 1,
+            zset: vec![None; n],
+            hb: vec![None; n],
+            epoch: 0,
+            lease: None,
+            rooms: (0..c.rooms)
+                .map(|_| Room {
+                    pin: None,
+                    meta: None,
+                    members: 0,
+                    records: vec![None; c.peers as usize],
+                })
+                .collect(),
+            index: vec![0; n],
+            reaping: vec![0; n],
+            reaping_token: vec![None; n],
+        }
+    }
+
+    /// Drops every key whose PX ran out.
+    pub fn expire(&mut self) {
+        let now = self.now;
+        for k in self.hb.iter_mut() {
+            if k.is_some_and(|k| k.expires <= now) {
+                *k = None;
+            }
+        }
+        if self.lease.is_some_and(|l| l.expires <= now) {
+            self.lease = None;
+        }
+        for r in self.rooms.iter_mut() {
+            if r.pin.is_some_and(|(_, e)| e <= now) {
+                r.pin = None;
+            }
+        }
+    }
+
+    fn pin_owner(&self, r: Id) -> Option<Id> {
+        self.rooms[r as usize].pin.map(|(o, _)| o)
+    }
+
+    fn meta_owner(&self, r: Id) -> Option<Id> {
+        self.rooms[r as usize].meta.map(|m| m.owner)
+    }
+
+    /// heartbeat.lua, 'tick' mode (KEYS: heartbeats, hb key; no data loss: a missing member
+    /// with an unchanged dataset token is 'reaped').
+    pub fn heartbeat_tick(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+        let iu = i as usize;
+        match self.zset[iu] {
+            None | Some(0) => return Beat::Reaped,
+            Some(_) => {}
+        }
+        let holder = self.hb[iu].map(|k| k.boot);
+        self.zset[iu] = Some(self.now);
+        self.hb[iu] = Some(HbKey {
+            boot: Boot::Process(boot),
+            expires: self.now + c.timings.heartbeat_ttl,
+        });
+        match holder {
+            Some(b) if b != Boot::Process(boot) => Beat::Duplicate,
+            _ => Beat::Ok,
+        }
+    }
+
+    /// heartbeat.lua, 'register' mode: refused ('duplicate') while another process's boot
+    /// token holds the heartbeat key; else writes the heartbeat, merges a room index a reap
+    /// moved aside back into the live one and deletes that reap's token.
+    pub fn heartbeat_register(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+        let iu = i as usize;
+        if let Some(k) = self.hb[iu] {
+            if k.boot != Boot::Process(boot) && k.boot != Boot::Released {
+                return Beat::Duplicate;
+            }
+        }
+        self.zset[iu] = Some(self.now);
+        self.hb[iu] = Some(HbKey {
+            boot: Boot::Process(boot),
+            expires: self.now + c.timings.heartbeat_ttl,
+        });
+        self.index[iu] |= self.reaping[iu];
+        self.reaping[iu] = 0;
+        self.reaping_token[iu] = None;
+        Beat::Ok
+    }
+
+    /// heartbeat_release.lua.
+    pub fn heartbeat_release(&mut self, i: Id, boot: u8) -> bool {
+        match &mut self.hb[i as usize] {
+            Some(k) if k.boot == Boot::Process(boot) => {
+                k.boot = Boot::Released;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// pin_room.lua.
+    pub fn pin_room(
+        &mut self,
+        c: &Config,
+        i: Id,
+        life: u8,
+        r: Id,
+        stale_owner: Option<Id>,
+    ) -> PinReply {
+        let owner = self.pin_owner(r);
+        let status = if owner == Some(i) {
+            PinReply::Ours
+        } else if owner.is_none() {
+            match self.meta_owner(r) {
+                Some(m) if m == i => PinReply::Ours,
+                Some(m) => PinReply::TookOver(m),
+                None => PinReply::Pinned,
+            }
+        } else if stale_owner.is_some() && owner == stale_owner {
+            PinReply::TookOver(owner.unwrap())
+        } else {
+            return PinReply::Held(owner.unwrap());
+        };
+        let now = self.now;
+        let room = &mut self.rooms[r as usize];
+        room.pin = Some((i, now + c.timings.pin_ttl));
+        let peer_seq = room.meta.and_then(|m| m.peer_seq);
+        room.meta = Some(Meta {
+            owner: i,
+            pinned: now,
+            peer_seq,
+            life,
+        });
+        status
+    }
+
+    /// The tick's plain refresh of one pin: `PEXPIRE owner pin_ttl GT` then `GET owner`.
+    /// `None`: the pin is gone (lapsed).
+    pub fn refresh_plain(&mut self, c: &Config, i: Id, r: Id) -> Option<Refreshed> {
+        let now = self.now;
+        let room = &mut self.rooms[r as usize];
+        let (owner, expires) = room.pin?;
+        room.pin = Some((owner, expires.max(now + c.timings.pin_ttl)));
+        Some(if owner == i {
+            Refreshed::Ok
+        } else {
+            Refreshed::Lost(owner)
+        })
+    }
+
+    /// pin_refresh.lua with ARGV[3] = '0' (no restore in this slice).
+    pub fn pin_refresh(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
+        let now = self.now;
+        let owner = self.pin_owner(r);
+        let room = &mut self.rooms[r as usize];
+        if owner == Some(i) {
+            room.pin = Some((i, now + c.timings.pin_ttl));
+            return Refreshed::Ok;
+        }
+        if let Some(o) = owner {
+            return Refreshed::Lost(o);
+        }
+        match room.meta {
+            Some(m) if m.owner != i => Refreshed::Lost(m.owner),
+            None => Refreshed::Gone,
+            Some(mut m) => {
+                room.pin = Some((i, now + c.timings.pin_ttl));
+                m.owner = i;
+                m.life = life;
+                room.meta = Some(m);
+                Refreshed::Repinned
+            }
+        }
+    }
+
+    /// close_room.lua, called until 'closed' (one call reads every peer of a model room).
+    /// `Err(owner)`: 'not_owner'.
+    pub fn close_room(&mut self, i: Id, r: Id) -> Result<(), Option<Id>> {
+        let owner = self.pin_owner(r);
+        let meta_owner = self.meta_owner(r);
+        if owner != Some(i) && !(owner.is_none() && meta_owner == Some(i)) {
+            return Err(owner.or(meta_owner));
+        }
+        let room = &mut self.rooms[r as usize];
+        room.pin = None;
+        room.meta = None;
+        room.members = 0;
+        room.records.iter_mut().for_each(|x| *x = None);
+        Ok(())
+    }
+
+    /// upsert_peer.lua (no guest). `Err(owner)`: 'not_owner'.
+    pub fn upsert_peer(&mut self, i: Id, r: Id, p: Id, life: u8) -> Result<u16, Option<Id>> {
+        let owner = self.pin_owner(r);
+        if owner != Some(i) {
+            let meta_owner = self.meta_owner(r);
+            if owner.is_some() || meta_owner != Some(i) {
+                return Err(owner.or(meta_owner));
+            }
+        }
+        let now = self.now;
+        let room = &mut self.rooms[r as usize];
+        let meta = room.meta.as_mut().expect("a room with a pin has metadata");
+        let gen = match meta.peer_seq {
+            None => now as u16 * GEN_SCALE + 1,
+            Some(g) => g + 1,
+        };
+        meta.peer_seq = Some(gen);
+        room.records[p as usize] = Some(Record {
+            instance: i,
+            generation: gen,
+            at: now,
+            life,
+        });
+        room.members |= 1 << p;
+        Ok(gen)
+    }
+
+    /// remove_peer.lua. `Ok(true)` removed, `Ok(false)` gone or another generation,
+    /// `Err(owner)` another instance's record.
+    pub fn remove_peer(&mut self, i: Id, r: Id, p: Id, gen: u16) -> Result<bool, Id> {
+        let room = &mut self.rooms[r as usize];
+        let Some(rec) = room.records[p as usize] else {
+            return Ok(false);
+        };
+        if rec.generation != gen {
+            return Ok(false);
+        }
+        if rec.instance != i {
+            return Err(rec.instance);
+        }
+        room.records[p as usize] = None;
+        room.members &= !(1 << p);
+        Ok(true)
+    }
+
+    /// The record's (instance, generation), as `HMGET instance generation` reads it.
+    pub fn record(&self, r: Id, p: Id) -> Option<Record> {
+        self.rooms[r as usize].records[p as usize]
+    }
+
+    /// lease_acquire.lua (the dataset token is old enough: no data loss in this slice).
+    /// `Ok(epoch)` won, `Err(holder)` held.
+    pub fn lease_acquire(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
+        if let Some(l) = self.lease {
+            return Err(l.owner);
+        }
+        self.epoch = self.epoch.max(seen) + 1;
+        self.lease = Some(Lease {
+            owner: i,
+            expires: self.now + c.timings.lease_ttl,
+            term: self.epoch,
+        });
+        Ok(self.epoch)
+    }
+
+    /// lease_refresh.lua.
+    pub fn lease_refresh(&mut self, c: &Config, i: Id) -> bool {
+        let expires = self.now + c.timings.lease_ttl;
+        match &mut self.lease {
+            Some(l) if l.owner == i => {
+                l.expires = expires;
+                true
+            }
+            _ if c.mutated(Mutation::LeaseRefreshNoOwnerCheck) => {
+                // The known-bad refresh: SET lease me PX ttl, whoever held it.
+                let term = self.lease.map_or(0, |l| l.term);
+                self.lease = Some(Lease {
+                    owner: i,
+                    expires,
+                    term,
+                });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// lease_release.lua.
+    pub fn lease_release(&mut self, i: Id) -> bool {
+        if self.lease.is_some_and(|l| l.owner == i) {
+            self.lease = None;
+            return true;
+        }
+        false
+    }
+
+    /// candidates.lua (one set of timings: every member judged by the caller's threshold),
+    /// less the caller itself (reaper.rs `candidates`).
+    pub fn candidates(&self, c: &Config, me: Id) -> u8 {
+        let mut out = 0;
+        for (d, s) in self.zset.iter().enumerate() {
+            if let Some(s) = *s {
+                if d as Id != me
+                    && (s == 0 || (s as i16) < self.now as i16 - c.timings.stale as i16)
+                {
+                    out |= 1 << d;
+                }
+            }
+        }
+        out
+    }
+
+    /// reap_begin.lua.
+    pub fn reap_begin(&mut self, c: &Config, d: Id, leader: Id) -> Begin {
+        let du = d as usize;
+        if self.lease.map(|l| l.owner) != Some(leader) {
+            return Begin::NotLeader;
+        }
+        let recheck = !c.mutated(Mutation::NoTwoPhaseRecheck);
+        if recheck && self.hb[du].is_some() {
+            return Begin::Alive;
+        }
+        let Some(score) = self.zset[du] else {
+            return Begin::Gone;
+        };
+        if recheck && score as i16 >= self.now as i16 - c.timings.stale as i16 {
+            return Begin::Alive;
+        }
+        self.zset[du] = Some(0);
+        if self.reaping[du] == 0 && self.index[du] != 0 {
+            self.reaping[du] = self.index[du];
+            self.index[du] = 0;
+        }
+        let token = self.now as u16 * c.instances as u16 + leader as u16;
+        self.reaping_token[du] = Some(token);
+        Begin::Dead {
+            t0: self.now,
+            token,
+        }
+    }
+
+    /// reap_room.lua for one room (one call reads every peer of a model room): the room's
+    /// status and the number of records of `d` kept as written at or after `t0` (`late`).
+    /// `t0 = None`: sweep_own's SWEEP_ALL (every record, whenever written).
+    pub fn reap_room(
+        &mut self,
+        c: &Config,
+        d: Id,
+        t0: Option<u8>,
+        r: Id,
+        deleted: &mut Deleted,
+    ) -> (RoomStatus, u8) {
+        let ties = c.mutated(Mutation::MillisecondT0Ties);
+        let before = |t: u8| match t0 {
+            None => true,
+            Some(t0) if ties => t <= t0,
+            Some(t0) => t < t0,
+        };
+        let room = &mut self.rooms[r as usize];
+        let owner = room.pin.map(|(o, _)| o);
+        let meta_owner = room.meta.map(|m| m.owner);
+        // micros(nil, nil) = 999: data without pinned_us counts as pinned at the start of time.
+        let pinned = room.meta.map_or(0, |m| m.pinned);
+        let dead_owns = c.mutated(Mutation::NoOwnerCasInReapRoom)
+            || owner == Some(d)
+            || (owner.is_none() && (meta_owner == Some(d) || meta_owner.is_none()));
+        let status = if dead_owns && (room.meta.is_none() || before(pinned)) {
+            if owner.is_none() && meta_owner.is_none() {
+                RoomStatus::Gone
+            } else {
+                RoomStatus::Reaped
+            }
+        } else if dead_owns {
+            RoomStatus::NewLife
+        } else {
+            RoomStatus::Skipped
+        };
+        let whole = matches!(status, RoomStatus::Reaped | RoomStatus::Gone);
+        let mut late = 0;
+        for p in 0..c.peers {
+            if room.members & (1 << p) == 0 {
+                continue;
+            }
+            let rec = room.records[p as usize];
+            let mut drop = whole;
+            if !drop {
+                if let Some(rec) = rec {
+                    if rec.instance == d {
+                        drop = before(rec.at);
+                        if !drop {
+                            late += 1;
+                        }
+                    }
+                }
+            }
+            if drop {
+                if let Some(rec) = rec {
+                    deleted.records[p as usize] = Some((rec.instance, rec.life));
+                }
+                room.records[p as usize] = None;
+                room.members &= !(1 << p);
+            }
+        }
+        if whole {
+            if let Some(m) = room.meta {
+                deleted.room_of = Some((m.owner, m.life));
+            }
+            room.pin = None;
+            room.meta = None;
+            room.members = 0;
+            room.records.iter_mut().for_each(|x| *x = None);
+        }
+        (status, late)
+    }
+
+    /// reap_putback.lua. `None`: skipped (-1).
+    pub fn reap_putback(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
+        let du = d as usize;
+        if self.hb[du].is_some() {
+            return None;
+        }
+        if self.zset[du].is_some_and(|s| s != 0) {
+            return None;
+        }
+        let added = (rooms & !self.index[du]).count_ones() as u8;
+        self.index[du] |= rooms;
+        Some(added)
+    }
+
+    /// reap_finish.lua.
+    pub fn reap_finish(&mut self, d: Id, kept: u8, token: u16, put_back: u8) -> Finish {
+        let du = d as usize;
+        let mine = self.reaping_token[du] == Some(token);
+        if mine {
+            self.reaping[du] = 0;
+            self.reaping_token[du] = None;
+        }
+        if self.hb[du].is_some() {
+            return Finish::Alive;
+        }
+        if self.zset[du].is_some_and(|s| s != 0) {
+            return Finish::Alive;
+        }
+        if kept > 0 {
+            return Finish::Retry;
+        }
+        if !mine && (self.reaping[du] != 0 || self.reaping_token[du].is_some()) {
+            return Finish::Retry;
+        }
+        let rooms = self.index[du].count_ones() as u8;
+        if rooms > put_back {
+            return Finish::Retry;
+        }
+        self.zset[du] = None;
+        if rooms > 0 {
+            Finish::Incomplete
+        } else {
+            Finish::Done
+        }
+    }
+
+    /// Whether anything in the dataset names instance `d`: a pin, metadata, a record, an
+    /// index entry, a moved index or its token, a sorted-set member. Index entries pointing at
+    /// rooms that hold nothing of `d` are left out with `tolerate_empty_entries` (the cross-slot
+    /// rule tolerates them; fsck's `unregistered_instance` hands such an index to the reaper).
+    pub fn names(&self, d: Id, tolerate_empty_entries: bool) -> bool {
+        let du = d as usize;
+        let holds = |r: &Room| {
+            r.pin.is_some_and(|(o, _)| o == d)
+                || r.meta.is_some_and(|m| m.owner == d)
+                || r.records.iter().flatten().any(|x| x.instance == d)
+        };
+        let entries = |set: Rooms| {
+            (0..self.rooms.len())
+                .any(|r| set & (1 << r) != 0 && (!tolerate_empty_entries || holds(&self.rooms[r])))
+        };
+        self.zset[du].is_some()
+            || entries(self.index[du])
+            || entries(self.reaping[du])
+            || self.reaping_token[du].is_some()
+            || self.rooms.iter().any(holds)
+    }
+}

@@ -1,0 +1,122 @@
+//! The exhaustive check: with no mutation every property holds in every scenario (and every
+//! `sometimes` example is found in one of them); each mutation is caught.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use model::{Config, Mutation, SfuModel};
+use stateright::{Checker, Expectation, HasDiscoveries, Model};
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Findings (README "Findings"): examples of real gaps, reported when reached, not required.
+fn finding(name: &str) -> bool {
+    name.starts_with("finding:")
+}
+
+#[test]
+fn every_property_holds() {
+    let mut examples: BTreeSet<&'static str> = BTreeSet::new();
+    let mut sometimes: BTreeSet<&'static str> = BTreeSet::new();
+    for (scenario, cfg) in Config::scenarios() {
+        let cfg = cfg.env_overrides();
+        println!("scenario {scenario}: {cfg:?}");
+        let started = Instant::now();
+        let model = SfuModel::new(cfg);
+        let properties = model.properties();
+        let checker = model.checker().threads(threads()).spawn_bfs().join();
+        println!(
+            "scenario {scenario}: {} unique states ({} generated), max depth {}, complete: {}, in {:.1?}",
+            checker.unique_state_count(),
+            checker.state_count(),
+            checker.max_depth(),
+            checker.is_done(),
+            started.elapsed()
+        );
+        assert!(checker.is_done(), "scenario {scenario}: incomplete");
+        for p in &properties {
+            match p.expectation {
+                Expectation::Always | Expectation::Eventually => {
+                    checker.assert_no_discovery(p.name)
+                }
+                Expectation::Sometimes => {
+                    sometimes.insert(p.name);
+                    if let Some(path) = checker.discovery(p.name) {
+                        examples.insert(p.name);
+                        if finding(p.name) {
+                            println!(
+                                "scenario {scenario}: {} ({} steps):",
+                                p.name,
+                                path.clone().into_actions().len()
+                            );
+                            for a in path.into_actions() {
+                                println!("    {a:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let missing: Vec<_> = sometimes
+        .difference(&examples)
+        .filter(|n| !finding(n))
+        .collect();
+    assert!(missing.is_empty(), "no example found for {missing:?}");
+}
+
+fn caught(m: Mutation) {
+    let name = m.expected_property();
+    let started = Instant::now();
+    let checker = SfuModel::new(m.scenario().env_overrides())
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])))
+        .spawn_bfs()
+        .join();
+    let path = checker
+        .discovery(name)
+        .unwrap_or_else(|| panic!("{m:?}: no counterexample for {name:?}"));
+    let actions = path.into_actions();
+    println!(
+        "{m:?}: counterexample for {name:?} of {} steps ({} states, {:.1?}):",
+        actions.len(),
+        checker.unique_state_count(),
+        started.elapsed()
+    );
+    for a in &actions {
+        println!("    {a:?}");
+    }
+}
+
+#[test]
+fn no_two_phase_recheck_is_caught() {
+    caught(Mutation::NoTwoPhaseRecheck);
+}
+
+#[test]
+fn no_owner_cas_in_reap_room_is_caught() {
+    caught(Mutation::NoOwnerCasInReapRoom);
+}
+
+#[test]
+fn lease_refresh_without_owner_check_is_caught() {
+    caught(Mutation::LeaseRefreshNoOwnerCheck);
+}
+
+#[test]
+fn leave_deregistering_after_a_failed_close_is_caught() {
+    caught(Mutation::LeaveDeregistersAfterFailedClose);
+}
+
+#[test]
+fn millisecond_t0_ties_are_caught() {
+    caught(Mutation::MillisecondT0Ties);
+}
+
+#[test]
+fn upsert_before_index_is_caught() {
+    caught(Mutation::UpsertBeforeIndex);
+}
