@@ -10,15 +10,14 @@
 use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::procs::{cli_bin, FAST};
+use support::procs::{cli_bin, MetricsNode};
 use support::*;
 
 const RULES: &str = "deploy/prometheus/sfu-redis.rules.yml";
@@ -217,49 +216,9 @@ fn scrape(addr: SocketAddr, accept: &str) -> String {
     body.to_owned()
 }
 
-/// A node process serving its metrics; killed on drop.
-struct MetricsNode {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for MetricsNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn metrics_node(url: &str) -> MetricsNode {
-    let mut cmd = Command::new(cli_bin());
-    cmd.args(["node", "--stage", "kit", "--instance-id", "kit-a"])
-        .args(["--redis-url", url, "--metrics-addr", "127.0.0.1:0"])
-        .args(["--rooms", "kit-r1,kit-r2", "--peers-per-room", "2"])
-        .args(FAST)
-        .env_remove("SFU_METRICS_ADDR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for var in sfu_redis::config::ENV_VARS {
-        cmd.env_remove(var);
-    }
-    let mut child = cmd.spawn().expect("spawn sfu-redis node");
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("sfu-redis: serving http://") {
-                let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
-            }
-            eprintln!("[kit node] {line}");
-        }
-    });
-    let addr = rx
-        .recv_timeout(LONG)
-        .expect("the node prints its metrics address on stderr")
-        .parse()
-        .expect("a socket address");
-    MetricsNode { child, addr }
+    let extra = ["--rooms", "kit-r1,kit-r2", "--peers-per-room", "2"];
+    support::procs::spawn_metrics_node(url, "kit", "kit-a", &extra, None)
 }
 
 // The check: the rules and the dashboard name only what a real node exports, and

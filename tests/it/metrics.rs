@@ -12,9 +12,9 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ use prometheus_parse::{Scrape, Value as PValue};
 use serde_json::Value;
 use sfu_redis::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, MetricsFormat, Node, Timings};
-use support::procs::{cli_bin, is, signal, Events, Spawn, FAST};
+use support::procs::{cli_bin, is, signal, Events, MetricsNode, Spawn};
 use support::*;
 
 /// One HTTP/1.1 exchange on a fresh connection (`Connection: close`): (status, body).
@@ -168,64 +168,13 @@ fn assert_every_metric(p: &Parsed) {
     );
 }
 
-/// A node process serving metrics on a port the kernel picked: its address (read from the
-/// stderr line it prints), its stdout events on `tx`.
-struct MetricsNode {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for MetricsNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn spawn_metrics_node(
     url: &str,
     stage: &str,
     id: &str,
     tx: mpsc::Sender<(String, Value)>,
 ) -> MetricsNode {
-    let mut child = Command::new(cli_bin())
-        .args(["node", "--json", "--stage", stage, "--instance-id", id])
-        .args(["--redis-url", url, "--metrics-addr", "127.0.0.1:0"])
-        .args(FAST)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sfu-redis node");
-    let stdout = child.stdout.take().expect("stdout");
-    let name = id.to_owned();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let v: Value = serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
-            if tx.send((name.clone(), v)).is_err() {
-                break;
-            }
-        }
-    });
-    // The address line, then the rest of stderr passed through (the node's logs).
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("sfu-redis: serving http://") {
-                let addr = rest.split('/').next().unwrap_or_default().to_owned();
-                let _ = addr_tx.send(addr);
-            }
-            eprintln!("[metrics node] {line}");
-        }
-    });
-    let addr = addr_rx
-        .recv_timeout(LONG)
-        .expect("the node prints the metrics address on stderr")
-        .parse()
-        .expect("a socket address");
-    MetricsNode { child, addr }
+    support::procs::spawn_metrics_node(url, stage, id, &[], Some(tx))
 }
 
 /// Scrapes until `pred` holds (deadline [`LONG`]); the last scrape.

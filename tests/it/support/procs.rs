@@ -273,3 +273,76 @@ impl Events {
 pub fn is(v: &Value, event: &str) -> bool {
     v["event"] == event
 }
+
+/// A `sfu-redis node --metrics-addr 127.0.0.1:0` process; killed on drop.
+pub struct MetricsNode {
+    pub child: Child,
+    /// Where it serves its metrics (read from the stderr line it prints).
+    pub addr: std::net::SocketAddr,
+}
+
+impl Drop for MetricsNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns a node serving metrics on a port the kernel picked, with the [`FAST`] timings,
+/// `extra` flags and none of the node's environment variables. With `events`, it runs with
+/// `--json` and each stdout line goes there as `(id, event)`. Its stderr is passed through.
+pub fn spawn_metrics_node(
+    url: &str,
+    stage: &str,
+    id: &str,
+    extra: &[&str],
+    events: Option<mpsc::Sender<(String, Value)>>,
+) -> MetricsNode {
+    let mut cmd = Command::new(cli_bin());
+    cmd.args(["node", "--stage", stage, "--instance-id", id])
+        .args(["--redis-url", url, "--metrics-addr", "127.0.0.1:0"])
+        .args(FAST)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for var in sfu_redis::config::ENV_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("SFU_METRICS_ADDR");
+    if events.is_some() {
+        cmd.arg("--json").stdout(Stdio::piped());
+    }
+    let mut child = cmd.spawn().expect("spawn sfu-redis node");
+    if let Some(tx) = events {
+        let stdout = child.stdout.take().expect("stdout");
+        let name = id.to_owned();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+                if tx.send((name.clone(), v)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    // The address line, then the rest of stderr passed through (the node's logs).
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr");
+    let name = id.to_owned();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("sfu-redis: serving http://") {
+                let _ = addr_tx.send(rest.split('/').next().unwrap_or_default().to_owned());
+            }
+            eprintln!("[metrics node {name}] {line}");
+        }
+    });
+    let addr = addr_rx
+        .recv_timeout(super::LONG)
+        .expect("the node prints its metrics address on stderr")
+        .parse()
+        .expect("a socket address");
+    MetricsNode { child, addr }
+}
