@@ -60,9 +60,12 @@
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
---   'reaped'    this instance was missing (or is being reaped, score 0) and the token is
---               unchanged: a leader reaped it. Nothing is written; the caller reports its rooms
---               lost and registers again as a fresh life;
+--   'reaped'    this instance is being reaped (score 0): a leader found it stale. Nothing is
+--               written; the caller reports its rooms lost and registers again as a fresh life;
+--   'missing'   this instance is missing and the token is unchanged. Nothing is written. A
+--               leader reaped it (handled as 'reaped'), unless no replica has acknowledged
+--               its registration yet: then a failover promoted a replica that never got the
+--               registration, and the caller registers again and restores what it holds;
 --   'duplicate' on 'register': another live process (another boot token) holds this
 --               instance id's heartbeat key. Nothing written; the caller must not start.
 --               On 'tick' a foreign boot token is overwritten and reported the same way;
@@ -106,7 +109,7 @@ if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if score == false then
     if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch, now_us, 0, shown, 0}
+      return {'missing', now, token, epoch, now_us, 0, shown, 0}
     end
     if foreign then
       return {'schema', now, token or '', epoch, now_us, 0, shown, 0}

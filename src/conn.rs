@@ -80,7 +80,7 @@ pub struct Redis {
     /// When the last switch was found.
     switched_at: Mutex<Option<Instant>>,
     /// When the current master was last seen with a replica connected (reset by a switch).
-    replica_seen: Mutex<Option<Instant>>,
+    replica_seen: Mutex<Option<(Instant, Option<String>)>>,
     /// Reconnects and script reloads of every connection made by this connector (a node's
     /// metrics).
     stats: Arc<ConnStats>,
@@ -570,7 +570,7 @@ impl Redis {
                 ),
             }
         }
-        self.note_replicas(route.replicas);
+        self.note_replicas(route.replicas, None);
         *last = route;
         self.master_switches()
     }
@@ -580,16 +580,25 @@ impl Redis {
         &self.stats
     }
 
-    /// Records that the master listed `replicas` connected replicas (now).
-    pub(crate) fn note_replicas(&self, replicas: usize) {
+    /// Records that the master listed `replicas` connected replicas (now). `master`: on a
+    /// cluster, the master (`host:port`) that answered, whose history this is; `None` for one
+    /// server, whose history a master switch resets (`note_route`).
+    pub(crate) fn note_replicas(&self, replicas: usize, master: Option<String>) {
         if replicas > 0 {
-            *self.replica_seen.lock() = Some(Instant::now());
+            *self.replica_seen.lock() = Some((Instant::now(), master));
         }
     }
 
-    /// Whether the current master listed a replica within the last `d`.
-    pub(crate) fn replica_seen_within(&self, d: Duration) -> bool {
-        self.replica_seen.lock().is_some_and(|t| t.elapsed() < d)
+    /// Whether the current master (`master` on a cluster, as given to `note_replicas`) listed
+    /// a replica within the last `d`. On a cluster a failover makes another node the master of
+    /// the slot: a promoted replica starts its own history, as behind sentinels (without
+    /// this, every node that had seen the old master's replica refused to lead for 10 lease
+    /// TTLs after the control slot's failover).
+    pub(crate) fn replica_seen_within(&self, d: Duration, master: Option<&str>) -> bool {
+        self.replica_seen
+            .lock()
+            .as_ref()
+            .is_some_and(|(t, m)| t.elapsed() < d && m.as_deref() == master)
     }
 
     /// The URL without its password ([`crate::redact_url`]).

@@ -25,6 +25,7 @@ use crate::conn::{self, Backoff, Conn, Link};
 use crate::error::{Error, Result};
 use crate::event::{Event, LeaderLostReason};
 use crate::keys::{decode_id, encode_id, IdKind, SCHEMA_VERSION};
+use crate::lease;
 use crate::peers;
 use crate::reaper;
 use crate::rooms::{self, Refreshed};
@@ -50,6 +51,11 @@ pub(crate) enum Beat {
     Restored,
     /// A leader reaped this instance while it was unresponsive; nothing written.
     Reaped,
+    /// This instance is missing under an unchanged dataset token while no replica has
+    /// acknowledged its registration: a failover promoted a replica that never got it (a
+    /// reap needs a registration the leader saw, and replication keeps order). Nothing
+    /// written; the caller registers again and restores what it holds.
+    Unregistered,
     /// Another live process uses this instance id (its heartbeat key holds another boot
     /// token). On register nothing was written.
     Duplicate,
@@ -167,9 +173,17 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         "ok" => Beat::Ok,
         "restored" => Beat::Restored,
         "reaped" => Beat::Reaped,
+        "missing" if registration_lost(sh) => Beat::Unregistered,
+        "missing" => Beat::Reaped,
         "duplicate" => Beat::Duplicate,
         s => return Err(Error::bad_data(op, format!("heartbeat.lua replied {s:?}"))),
     };
+    if matches!(beat, Beat::Restored) || (mode == BeatMode::Register && beat == Beat::Ok) {
+        // A registration written now: a failover may still lose it until a replica has it.
+        sh.registration_unconfirmed.store(true, Ordering::Relaxed);
+        sh.registration_switches
+            .store(sh.redis.master_switches(), Ordering::Relaxed);
+    }
     if beat == Beat::Restored {
         // The lease went with the data: stop acting now. (No new term starts anywhere until a
         // lease TTL after the dataset was re-created: lease_acquire.lua.)
@@ -235,6 +249,8 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     };
     match beaten.beat {
         Beat::Reaped => return resume_after_reap(sh, link, beaten.server_us),
+        // Registered again; the restore below writes back what the failover lost.
+        Beat::Unregistered => register_lost(sh, link)?,
         Beat::Restored => {
             log::warn!(
                 "instance {} was missing from Redis and the dataset token changed: Redis lost its data; restoring pins and peers",
@@ -268,6 +284,7 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         );
         sh.restore_pending.store(true, Ordering::Relaxed);
     }
+    confirm_registration(sh, link);
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
@@ -373,6 +390,9 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         let again = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
         if again.beat == Beat::Reaped {
             return resume_after_reap(sh, link, again.server_us);
+        }
+        if again.beat == Beat::Unregistered {
+            return register_lost(sh, link);
         }
         if again.beat == Beat::Restored {
             // Redis lost its data between the two beats: the pins are gone with it, not lost
@@ -900,12 +920,74 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
     register(sh, link, server_us)
 }
 
+/// Whether a heartbeat that finds this instance missing under an unchanged dataset token means
+/// a failover lost its registration rather than a reap: no replica had acknowledged the
+/// registration, and the master is not the one it was written on.
+fn registration_lost(sh: &Shared) -> bool {
+    sh.registration_unconfirmed.load(Ordering::Relaxed)
+        && sh.redis.master_switches() != sh.registration_switches.load(Ordering::Relaxed)
+}
+
+/// Asks, until it is so, whether a replica has this life's registration (`lease::replicated`:
+/// `WAIT`, or no replica a failover could promote). A failure leaves it unconfirmed for the
+/// next tick.
+fn confirm_registration(sh: &Shared, link: &mut Link) {
+    if !sh.registration_unconfirmed.load(Ordering::Relaxed) {
+        return;
+    }
+    let asked = link.run(&sh.redis, |c| {
+        // On a cluster a keyless command goes to the node of the last keyed one: the
+        // control slot's master, where the registration is.
+        redis::cmd("EXISTS")
+            .arg(sh.ctx.keys.heartbeats())
+            .query::<i64>(c)
+            .map_err(|e| Error::redis("confirm the registration", e))?;
+        lease::replicated(&sh.ctx, &sh.redis, c)
+    });
+    match asked {
+        Ok(true) => sh.registration_unconfirmed.store(false, Ordering::Relaxed),
+        Ok(false) => log::debug!(
+            "no replica has acknowledged the registration of {} yet",
+            sh.id
+        ),
+        Err(e) => log::debug!("confirm the registration of {}: {e}", sh.id),
+    }
+}
+
+/// A failover lost this life's registration (`Beat::Unregistered`): the new master has no
+/// record of it, and whatever it wrote after registering is gone with it (replication keeps
+/// order). It registers again and restores every pin and peer it holds, as after any master
+/// switch (`restore_pending`); its host was never told anything failed, so nothing is reported
+/// lost but rooms another instance took meanwhile. What an earlier life of this id left there
+/// is cleaned as at the first registration: rooms and records written before this life first
+/// registered (the lost registration's server time; what this life wrote since is newer, or
+/// comes back with the restore).
+fn register_lost(sh: &Shared, link: &mut Link) -> Result<()> {
+    log::warn!(
+        "instance {} is missing on {}, and no replica had acknowledged its registration: a failover lost it; registering again and restoring pins and peers",
+        sh.id,
+        sh.redis.describe()
+    );
+    sh.restore_pending.store(true, Ordering::Relaxed);
+    let started_ms = sh.started_ms.load(Ordering::Relaxed);
+    let t0 = if started_ms > 0 {
+        started_ms.saturating_mul(1000)
+    } else {
+        link.run(&sh.redis, conn::server_time_us)?
+    };
+    register(sh, link, t0)
+}
+
 /// Registers a fresh life of this instance id and removes what an earlier life left under it
 /// (rooms and peer records written strictly before `t0`, server microseconds), with the
 /// reaper's owner-CAS
 /// scripts. Rooms the host pins from now on are newer than `t0` and kept.
 pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;
+    if beaten.beat == Beat::Ok {
+        // Mostly at once (WAIT returns when a replica acknowledges); else the ticks ask again.
+        confirm_registration(sh, link);
+    }
     if beaten.beat == Beat::Duplicate {
         return Err(Error::config(
             "instance_id",

@@ -114,7 +114,10 @@ pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<boo
         // ROLE refused (ACL): the replicas seen at connect.
         Err(_) => redis.route().replicas,
     };
-    redis.note_replicas(replicas);
+    // On a cluster, the master of the control slot (where the lease and the registrations
+    // live) is the one whose replicas count.
+    let master = con.cluster_master_of(&ctx.keys.heartbeats());
+    redis.note_replicas(replicas, master.clone());
     if replicas == 0 {
         // Through sentinels: a replica they could promote that the master does not list (it
         // is resyncing, or a failover under way detached it to promote it) would come up
@@ -129,7 +132,10 @@ pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<boo
         // been gone less than 10 x down-after-milliseconds): until that is long past, a lease
         // write without a replica confirms nothing. With no replica seen for 10 lease TTLs,
         // there is nothing a failover could promote.
-        return Ok(!redis.replica_seen_within(ctx.timings.lease_ttl * REPLICA_GRACE_LEASES));
+        return Ok(!redis.replica_seen_within(
+            ctx.timings.lease_ttl * REPLICA_GRACE_LEASES,
+            master.as_deref(),
+        ));
     }
     let wait_ms = (ctx.timings.command_timeout.as_millis() as u64 / 2).max(1);
     match redis::cmd("WAIT").arg(1).arg(wait_ms).query::<i64>(con) {

@@ -267,6 +267,8 @@ impl Node {
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
             restore_pending: AtomicBool::new(false),
+            registration_unconfirmed: AtomicBool::new(true),
+            registration_switches: AtomicU64::new(0),
             shards: Mutex::default(),
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),

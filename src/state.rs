@@ -207,6 +207,14 @@ pub(crate) struct Shared {
     pub max_epoch: AtomicU64,
     /// Redis lost its data and this node has not finished writing its pins and peers back.
     pub restore_pending: AtomicBool,
+    /// This life's registration (or its re-registration after data loss) is not yet known to
+    /// have reached a replica (`lease::replicated`): until a tick confirms it, a heartbeat that
+    /// finds this instance missing under an unchanged dataset token means a failover lost the
+    /// registration, not a reap (heartbeat.rs, `Beat::Unregistered`).
+    pub registration_unconfirmed: AtomicBool,
+    /// [`crate::conn::Redis::master_switches`] when this life registered: a missing record on
+    /// the master it registered on is a reap, whatever the replicas acknowledged.
+    pub registration_switches: AtomicU64,
     /// On a Redis Cluster: the masters' dataset tokens this node knows and the rooms it still
     /// has to restore after one master lost its data (src/shards.rs). Taken by the heartbeat
     /// thread (and a host's manual tick) only.

@@ -208,7 +208,9 @@ impl Redis {
     }
 
     /// heartbeat.lua, 'tick' mode (KEYS: heartbeats, hb key; no data loss: a missing member
-    /// with an unchanged dataset token is 'reaped').
+    /// with an unchanged dataset token, the script's 'missing', is a reap here as in the
+    /// library once a replica acknowledged the registration; the model has no failover, so
+    /// the library's `Beat::Unregistered`, a registration a failover lost, never arises).
     pub fn heartbeat_tick(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
         let iu = i as usize;
         match self.zset[iu] {
