@@ -156,112 +156,108 @@ impl Replay<'_> {
     /// canonical value (the Lua wrote server time: within the current unit).
     fn read(&mut self) -> View {
         let c = self.cfg.clone();
-        let n = c.instances as usize;
+        let k = self.keys.clone();
+        // One round trip of reads, one of re-writes.
+        let mut pipe = redis::pipe();
+        for i in 0..c.instances {
+            let w = iid(i);
+            pipe.cmd("ZSCORE").arg(k.heartbeats()).arg(&w);
+            pipe.get(k.heartbeat(&w)).pttl(k.heartbeat(&w));
+            pipe.smembers(k.instance_rooms(&w));
+            pipe.smembers(k.instance_reaping_rooms(&w));
+            pipe.get(k.instance_reaping(&w));
+        }
+        pipe.get(k.epoch()).get(k.leader()).pttl(k.leader());
+        for r in 0..c.rooms {
+            let rk = k.room(&rid(r));
+            pipe.get(&rk.owner).pttl(&rk.owner);
+            pipe.cmd("HMGET")
+                .arg(&rk.meta)
+                .arg("owner")
+                .arg("pinned_us")
+                .arg("peer_seq");
+            pipe.smembers(&rk.peers);
+            for p in 0..c.peers {
+                pipe.cmd("HMGET")
+                    .arg(k.peer(&rid(r), &pid(p)))
+                    .arg("instance")
+                    .arg("generation")
+                    .arg("updated_us");
+            }
+        }
+        let replies: Vec<redis::Value> = pipe.query(self.con).expect("read the prefix");
+        let mut it = replies.into_iter();
+        macro_rules! next {
+            () => {
+                redis::from_redis_value(it.next().expect("a reply")).expect("a reply of its type")
+            };
+        }
+        let mut writes = redis::pipe();
         let mut v = View {
             now: self.now,
             ..View::default()
         };
-        let hs = self.keys.heartbeats();
         for i in 0..c.instances {
-            let score: Option<f64> = cmd(self.con, redis::cmd("ZSCORE").arg(&hs).arg(iid(i)));
+            let score: Option<f64> = next!();
             v.zset.push(score.map(|s| {
                 if s == 0.0 {
-                    0
-                } else {
-                    let u = self.unit_of_ms(s as i64);
-                    let canon = self.canonical_ms(u);
-                    let _: i64 = cmd(
-                        self.con,
-                        redis::cmd("ZADD").arg(&hs).arg("XX").arg(canon).arg(iid(i)),
-                    );
-                    u
+                    return 0;
                 }
+                let u = self.unit_of_ms(s as i64);
+                writes
+                    .cmd("ZADD")
+                    .arg(k.heartbeats())
+                    .arg("XX")
+                    .arg(self.canonical_ms(u))
+                    .arg(iid(i))
+                    .ignore();
+                u
             }));
-            let hb = self.keys.heartbeat(&iid(i));
-            let b: Option<String> = cmd(self.con, redis::cmd("GET").arg(&hb));
-            v.hb.push(b.map(|b| {
-                let t: i64 = cmd(self.con, redis::cmd("PTTL").arg(&hb));
-                (b, self.expiry(t))
-            }));
-            let set = |con: &mut Conn, k: String| -> BTreeSet<String> {
-                cmd(con, redis::cmd("SMEMBERS").arg(k))
-            };
-            v.index
-                .push(set(self.con, self.keys.instance_rooms(&iid(i))));
-            v.reaping
-                .push(set(self.con, self.keys.instance_reaping_rooms(&iid(i))));
-            let tok: Option<i64> = cmd(
-                self.con,
-                redis::cmd("GET").arg(self.keys.instance_reaping(&iid(i))),
-            );
-            v.reaping_token.push(tok);
+            let (b, t): (Option<String>, i64) = (next!(), next!());
+            v.hb.push(b.map(|b| (b, self.expiry(t))));
+            v.index.push(next!());
+            v.reaping.push(next!());
+            v.reaping_token.push(next!());
         }
-        assert_eq!(v.zset.len(), n);
-        let e: Option<u64> = cmd(self.con, redis::cmd("GET").arg(self.keys.epoch()));
+        let e: Option<u64> = next!();
         v.epoch = e.unwrap_or(0);
-        let l: Option<String> = cmd(self.con, redis::cmd("GET").arg(self.keys.leader()));
-        v.lease = l.map(|o| {
-            let t: i64 = cmd(self.con, redis::cmd("PTTL").arg(self.keys.leader()));
-            (o, self.expiry(t))
-        });
+        let (l, t): (Option<String>, i64) = (next!(), next!());
+        v.lease = l.map(|o| (o, self.expiry(t)));
         for r in 0..c.rooms {
-            let rk = self.room_keys(r);
+            let rk = k.room(&rid(r));
             let mut rv = RoomView::default();
-            let o: Option<String> = cmd(self.con, redis::cmd("GET").arg(&rk.owner));
-            rv.pin = o.map(|o| {
-                let t: i64 = cmd(self.con, redis::cmd("PTTL").arg(&rk.owner));
-                (o, self.expiry(t))
-            });
-            let (owner, pinned_us, seq): (Option<String>, Option<i64>, Option<u64>) = cmd(
-                self.con,
-                redis::cmd("HMGET")
-                    .arg(&rk.meta)
-                    .arg("owner")
-                    .arg("pinned_us")
-                    .arg("peer_seq"),
-            );
+            let (o, t): (Option<String>, i64) = (next!(), next!());
+            rv.pin = o.map(|o| (o, self.expiry(t)));
+            let (owner, pinned_us, seq): (Option<String>, Option<i64>, Option<u64>) = next!();
             if let Some(owner) = owner {
                 let u = self.unit_of_ms(pinned_us.expect("pinned_us") / 1000);
                 let canon = self.canonical_ms(u);
-                let _: i64 = cmd(
-                    self.con,
-                    redis::cmd("HSET")
-                        .arg(&rk.meta)
-                        .arg("pinned_ms")
-                        .arg(canon)
-                        .arg("pinned_us")
-                        .arg(canon * 1000),
-                );
+                writes
+                    .hset_multiple(
+                        &rk.meta,
+                        &[("pinned_ms", canon), ("pinned_us", canon * 1000)],
+                    )
+                    .ignore();
                 rv.meta = Some((owner, u, seq));
             }
-            rv.members = cmd(self.con, redis::cmd("SMEMBERS").arg(&rk.peers));
+            rv.members = next!();
             for p in 0..c.peers {
-                let key = self.keys.peer(&rid(r), &pid(p));
-                let (inst, gen, at): (Option<String>, Option<u64>, Option<i64>) = cmd(
-                    self.con,
-                    redis::cmd("HMGET")
-                        .arg(&key)
-                        .arg("instance")
-                        .arg("generation")
-                        .arg("updated_us"),
-                );
+                let (inst, gen, at): (Option<String>, Option<u64>, Option<i64>) = next!();
                 rv.records.push(inst.map(|inst| {
                     let u = self.unit_of_ms(at.expect("updated_us") / 1000);
                     let canon = self.canonical_ms(u);
-                    let _: i64 = cmd(
-                        self.con,
-                        redis::cmd("HSET")
-                            .arg(&key)
-                            .arg("updated_ms")
-                            .arg(canon)
-                            .arg("updated_us")
-                            .arg(canon * 1000),
-                    );
+                    writes
+                        .hset_multiple(
+                            k.peer(&rid(r), &pid(p)),
+                            &[("updated_ms", canon), ("updated_us", canon * 1000)],
+                        )
+                        .ignore();
                     (inst, gen.expect("generation"), u)
                 }));
             }
             v.rooms.push(rv);
         }
+        let _: () = writes.query(self.con).expect("re-write timestamps");
         v
     }
 
