@@ -72,44 +72,72 @@ pub(crate) struct Beaten {
     pub server_us: i64,
 }
 
+/// The `heartbeat.lua` call of instance `ctx.me` (`known`: the dataset token seen last, `boot`
+/// this process's boot token, `started_ms` this life's registration time, `peers` how many
+/// peers it holds, `info` its record's other fields); a fresh random dataset token value.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn beat_invocation(
+    ctx: &crate::state::Ctx,
+    mode: BeatMode,
+    known: &str,
+    boot: &str,
+    max_epoch: u64,
+    started_ms: i64,
+    peers: usize,
+    info: &[(&'static str, String)],
+) -> redis::ScriptInvocation<'static> {
+    let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let mut inv = SCRIPTS.heartbeat.prepare_invoke();
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(&ctx.me))
+        .key(ctx.keys.dataset())
+        .key(ctx.keys.epoch())
+        .key(ctx.keys.instance_info(&ctx.me));
+    for key in ctx.keys.instance_index_keys(&ctx.me) {
+        inv.key(key);
+    }
+    inv.key(ctx.keys.schema());
+    inv.arg(&ctx.me)
+        .arg(ctx.timings.heartbeat_ttl.as_millis() as u64)
+        .arg(match mode {
+            BeatMode::Register => "register",
+            BeatMode::Tick => "tick",
+        })
+        .arg(known)
+        .arg(&fresh)
+        .arg(boot)
+        .arg(max_epoch)
+        .arg(match mode {
+            BeatMode::Register => 0,
+            BeatMode::Tick => started_ms,
+        })
+        .arg(SCHEMA_VERSION)
+        .arg(match mode {
+            BeatMode::Register => String::new(),
+            BeatMode::Tick => peers.to_string(),
+        });
+    for (name, value) in info {
+        inv.arg(*name).arg(value);
+    }
+    inv
+}
+
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
 pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
-    let fresh = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-    let mut inv = SCRIPTS.heartbeat.prepare_invoke();
-    inv.key(sh.ctx.keys.heartbeats())
-        .key(sh.ctx.keys.heartbeat(&sh.ctx.me))
-        .key(sh.ctx.keys.dataset())
-        .key(sh.ctx.keys.epoch())
-        .key(sh.ctx.keys.instance_info(&sh.ctx.me));
-    for key in sh.ctx.keys.instance_index_keys(&sh.ctx.me) {
-        inv.key(key);
-    }
-    inv.key(sh.ctx.keys.schema());
-    inv.arg(&sh.ctx.me)
-        .arg(sh.ctx.timings.heartbeat_ttl.as_millis() as u64)
-        .arg(match mode {
-            BeatMode::Register => "register",
-            BeatMode::Tick => "tick",
-        })
-        .arg(&known)
-        .arg(&fresh)
-        .arg(&sh.boot)
-        .arg(sh.max_epoch.load(Ordering::Relaxed))
-        .arg(match mode {
-            BeatMode::Register => 0,
-            BeatMode::Tick => sh.started_ms.load(Ordering::Relaxed),
-        })
-        .arg(SCHEMA_VERSION)
-        .arg(match mode {
-            BeatMode::Register => String::new(),
-            BeatMode::Tick => sh.local.peer_count().to_string(),
-        });
-    for (name, value) in &sh.info {
-        inv.arg(*name).arg(value);
-    }
+    let peers = sh.local.peer_count();
+    let inv = beat_invocation(
+        &sh.ctx,
+        mode,
+        &known,
+        &sh.boot,
+        sh.max_epoch.load(Ordering::Relaxed),
+        sh.started_ms.load(Ordering::Relaxed),
+        peers,
+        &sh.info,
+    );
     let (status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced): (
         String,
         i64,

@@ -46,6 +46,9 @@ mod pause;
 mod peers;
 pub mod reap;
 mod reaper;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod replay;
 mod rooms;
 pub mod scan;
 pub mod schema;

@@ -504,19 +504,29 @@ fn add_room_scripts(
     sizes: &[usize],
 ) {
     for chunk in calls(pending, sizes) {
-        let mut inv = SCRIPTS.reap_room.prepare_invoke();
-        for (room, _) in chunk {
-            let rk = r.ctx.keys.room(room);
-            for k in rk.all() {
-                inv.key(k);
-            }
-        }
-        inv.arg(r.dead).arg(r.t0).arg(PEER_BATCH).arg(chunk.len());
-        for (_, cursor) in chunk {
-            inv.arg(cursor);
-        }
-        pipe.invoke_script(&inv);
+        pipe.invoke_script(&room_invocation(r.ctx, r.dead, r.t0, chunk));
     }
+}
+
+/// One `reap_room.lua` call for `rooms` (`(room, peer cursor)`, wire forms) of `dead`.
+pub(crate) fn room_invocation(
+    ctx: &Ctx,
+    dead: &str,
+    t0: i64,
+    rooms: &[(String, String)],
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = SCRIPTS.reap_room.prepare_invoke();
+    for (room, _) in rooms {
+        let rk = ctx.keys.room(room);
+        for k in rk.all() {
+            inv.key(k);
+        }
+    }
+    inv.arg(dead).arg(t0).arg(PEER_BATCH).arg(rooms.len());
+    for (_, cursor) in rooms {
+        inv.arg(cursor);
+    }
+    inv
 }
 
 /// One room's result in a `reap_room.lua` reply, or the error a command of the script met on
@@ -696,27 +706,10 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
     let keep = r.keep.take();
     let mut pipe = redis::pipe();
     let rooms: Vec<&String> = keep.iter().collect();
-    let index = ctx.keys.instance_rooms(dead);
     for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-        let mut inv = SCRIPTS.reap_putback.prepare_invoke();
-        inv.key(ctx.keys.heartbeats())
-            .key(ctx.keys.heartbeat(dead))
-            .key(&index)
-            .arg(dead)
-            .arg(chunk);
-        pipe.invoke_script(&inv);
+        pipe.invoke_script(&putback_invocation(ctx, dead, chunk));
     }
-    let mut inv = SCRIPTS.reap_finish.prepare_invoke();
-    inv.key(ctx.keys.heartbeats()).key(ctx.keys.heartbeat(dead));
-    for key in ctx.keys.instance_index_keys(dead) {
-        inv.key(key);
-    }
-    inv.key(ctx.keys.instance_info(dead))
-        .arg(dead)
-        .arg(kept)
-        .arg(r.token)
-        .arg(rooms.len());
-    pipe.invoke_script(&inv);
+    pipe.invoke_script(&finish_invocation(ctx, dead, kept, r.token, rooms.len()));
     let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let last = replies
         .pop()
@@ -740,6 +733,43 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
         }
         _ => Finish::Done,
     })
+}
+
+/// One `reap_putback.lua` call: `rooms` (wire forms) back into `dead`'s live index.
+pub(crate) fn putback_invocation(
+    ctx: &Ctx,
+    dead: &str,
+    rooms: &[&String],
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = SCRIPTS.reap_putback.prepare_invoke();
+    inv.key(ctx.keys.heartbeats())
+        .key(ctx.keys.heartbeat(dead))
+        .key(ctx.keys.instance_rooms(dead))
+        .arg(dead)
+        .arg(rooms);
+    inv
+}
+
+/// The `reap_finish.lua` call of a reap of `dead` (`token` from `reap_begin.lua`), `kept` rooms
+/// kept as a new life's, `put_back` rooms put back.
+pub(crate) fn finish_invocation(
+    ctx: &Ctx,
+    dead: &str,
+    kept: u64,
+    token: i64,
+    put_back: usize,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = SCRIPTS.reap_finish.prepare_invoke();
+    inv.key(ctx.keys.heartbeats()).key(ctx.keys.heartbeat(dead));
+    for key in ctx.keys.instance_index_keys(dead) {
+        inv.key(key);
+    }
+    inv.key(ctx.keys.instance_info(dead))
+        .arg(dead)
+        .arg(kept)
+        .arg(token)
+        .arg(put_back);
+    inv
 }
 
 /// Removes what an earlier life of this instance id left behind: rooms of its index pinned

@@ -110,17 +110,9 @@ pub(crate) fn pin(
 
 fn try_pin(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<PinOutcome> {
     let op = "pin room";
-    let rk = ctx.keys.room(room);
-    let ttl = ctx.timings.pin_ttl.as_millis() as u64;
     let mut stale_owner = String::new();
     loop {
-        let mut inv = SCRIPTS.pin_room.prepare_invoke();
-        inv.key(&rk.owner)
-            .key(&rk.meta)
-            .arg(&ctx.me)
-            .arg(ttl)
-            .arg(&stale_owner);
-        let (status, other): (String, String) = conn::call(con, op, &inv)?;
+        let (status, other) = pin_room_script(ctx, con, room, &stale_owner)?;
         // Another instance's id as stored (not decoded if somebody else wrote garbage there:
         // the pin is ours by then, or the caller only needs to know it is held).
         let lenient = |w: String| decode_id(&w).unwrap_or(w);
@@ -149,8 +141,38 @@ fn try_pin(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<PinOutcome> {
     }
 }
 
+/// One `pin_room.lua` call for `room` (wire form): `(status, other)`; `stale_owner` is the
+/// holder found dead, or empty.
+pub(crate) fn pin_room_script(
+    ctx: &Ctx,
+    con: &mut Conn,
+    room: &str,
+    stale_owner: &str,
+) -> Result<(String, String)> {
+    let rk = ctx.keys.room(room);
+    let mut inv = SCRIPTS.pin_room.prepare_invoke();
+    inv.key(&rk.owner)
+        .key(&rk.meta)
+        .arg(&ctx.me)
+        .arg(ctx.timings.pin_ttl.as_millis() as u64)
+        .arg(stale_owner);
+    conn::call(con, "pin room", &inv)
+}
+
 /// Deletes `room` (wire form) and its peers if this instance owns it.
 pub(crate) fn close(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Result<()> {
+    let op = "close room";
+    close_scripts(ctx, con, room, room_id)?;
+    redis::cmd("SREM")
+        .arg(ctx.keys.instance_rooms(&ctx.me))
+        .arg(room)
+        .query::<()>(con)
+        .map_err(|e| Error::redis(op, e))
+}
+
+/// The script part of [`close`]: `close_room.lua` until the room is closed (its index entry
+/// is left to the caller).
+pub(crate) fn close_scripts(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Result<()> {
     let op = "close room";
     let rk = ctx.keys.room(room);
     let mut cursor = "0".to_owned();
@@ -177,11 +199,7 @@ pub(crate) fn close(ctx: &Ctx, con: &mut Conn, room: &str, room_id: &str) -> Res
             s => return Err(Error::bad_data(op, format!("close_room.lua replied {s:?}"))),
         }
     }
-    redis::cmd("SREM")
-        .arg(ctx.keys.instance_rooms(&ctx.me))
-        .arg(room)
-        .query::<()>(con)
-        .map_err(|e| Error::redis(op, e))
+    Ok(())
 }
 
 /// The instance named by the room's pin, if any.

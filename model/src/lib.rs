@@ -156,15 +156,9 @@ impl SfuModel {
     /// `rooms::sweep_own` then the `SREM` (`heartbeat::unindex_unheld`): `i`'s records in a
     /// room it does not hold, then its entry; a room found ours again keeps its entry.
     fn unindex_unheld(&self, s: &mut State, i: Id, r: Id) {
-        let room = &s.redis.rooms[r as usize];
-        let owner = room.pin.map(|(o, _)| o);
-        let meta_owner = room.meta.map(|m| m.owner);
-        if owner == Some(i) || (owner.is_none() && meta_owner == Some(i)) {
-            return;
+        if s.redis.sweep_own(&self.cfg, i, r) {
+            s.redis.index_remove(i, 1 << r);
         }
-        let mut d = Deleted::default();
-        s.redis.reap_room(&self.cfg, i, None, r, &mut d);
-        s.redis.index[i as usize] &= !(1 << r);
     }
 
     /// `reaper::clean_own_leftovers`: `i`'s own live index walked with reap_room.lua (`i` as
@@ -180,7 +174,7 @@ impl SfuModel {
             self.check_deleted(s, &d);
             let done = status != RoomStatus::NewLife && late == 0;
             if done && s.nodes[i as usize].held & (1 << r) == 0 {
-                s.redis.index[i as usize] &= !(1 << r);
+                s.redis.index_remove(i, 1 << r);
             }
         }
     }
@@ -201,7 +195,7 @@ impl SfuModel {
         n.clean = false;
         self.clean_own(s, i, t0);
         let held = s.nodes[iu].held;
-        s.redis.index[iu] |= held;
+        s.redis.index_add(i, held);
         true
     }
 
@@ -240,7 +234,7 @@ impl SfuModel {
             }
             if s.nodes[iu].held & (1 << r) == 0 {
                 match s.redis.close_room(i, r) {
-                    Ok(()) => s.redis.index[iu] &= !(1 << r),
+                    Ok(()) => s.redis.index_remove(i, 1 << r),
                     Err(_) => self.unindex_unheld(s, i, r),
                 }
             }
@@ -266,7 +260,7 @@ impl SfuModel {
                 if ups & (1 << k) == 0 || s.nodes[iu].peers[k].is_some() {
                     continue;
                 }
-                if let Some(rec) = s.redis.record(r, p) {
+                if let Some(rec) = s.redis.read_record(r, p) {
                     if rec.instance == i {
                         let _ = s.redis.remove_peer(i, r, p, rec.generation);
                     }
@@ -275,7 +269,7 @@ impl SfuModel {
         }
         // Reassert: held rooms back into the index; the walk marks members not held.
         let held = s.nodes[iu].held;
-        s.redis.index[iu] |= held;
+        s.redis.index_add(i, held);
         let unheld = s.redis.index[iu] & !held;
         if unheld != 0 {
             clean = false;
@@ -299,7 +293,10 @@ impl SfuModel {
             clean = false;
             // Ask again before reporting: reaped while paused mid-tick?
             let boot = s.nodes[iu].boot;
-            if s.redis.heartbeat_tick(c, i, boot) == Beat::Reaped {
+            if matches!(
+                s.redis.heartbeat_tick(c, i, boot),
+                Beat::Reaped | Beat::Missing
+            ) {
                 self.reaped(s, i);
                 return;
             }
@@ -332,8 +329,7 @@ impl SfuModel {
             }
             return;
         }
-        let added = s.redis.index[iu] & bit == 0;
-        s.redis.index[iu] |= bit;
+        let added = s.redis.index_add(i, bit);
         if fault == Fault::CrashMid {
             self.crash(s, i);
             return;
@@ -346,7 +342,7 @@ impl SfuModel {
         match out {
             PinReply::Held(_) => {
                 if added {
-                    s.redis.index[iu] &= !bit;
+                    s.redis.index_remove(i, bit);
                 } else {
                     s.nodes[iu].uncertain |= bit;
                 }
@@ -361,7 +357,7 @@ impl SfuModel {
     fn try_pin(&self, s: &mut State, i: Id, life: u8, r: Id) -> PinReply {
         let mut out = s.redis.pin_room(&self.cfg, i, life, r, None);
         if let PinReply::Held(o) = out {
-            if s.redis.hb[o as usize].is_none() {
+            if !s.redis.hb_exists(o) {
                 out = s.redis.pin_room(&self.cfg, i, life, r, Some(o));
             }
         }
@@ -390,7 +386,7 @@ impl SfuModel {
             Fault::None => {}
         }
         match out {
-            Ok(()) => s.redis.index[iu] &= !(1 << r),
+            Ok(()) => s.redis.index_remove(i, 1 << r),
             Err(_) if held => s.nodes[iu].uncertain |= 1 << r,
             Err(_) => {}
         }
@@ -418,7 +414,7 @@ impl SfuModel {
             }
             match s.redis.close_room(i, r) {
                 Ok(()) => {
-                    s.redis.index[iu] &= !(1 << r);
+                    s.redis.index_remove(i, 1 << r);
                     s.nodes[iu].remove_room(r, c.peers);
                 }
                 Err(_) => s.nodes[iu].remove_room(r, c.peers),
@@ -438,7 +434,7 @@ impl SfuModel {
                     continue;
                 }
                 match s.redis.close_room(i, r) {
-                    Ok(()) => s.redis.index[iu] &= !(1 << r),
+                    Ok(()) => s.redis.index_remove(i, 1 << r),
                     Err(_) => self.unindex_unheld(s, i, r),
                 }
             }
@@ -448,8 +444,7 @@ impl SfuModel {
         }
         if !failed || c.mutated(Mutation::LeaveDeregistersAfterFailedClose) {
             // deregister: DEL hb, ZREM, DEL info. Nothing of it may be left then.
-            s.redis.hb[iu] = None;
-            s.redis.zset[iu] = None;
+            s.redis.deregister(i);
             // What the leave knew of (rooms held or in its live index) must be clean of it.
             let left = (0..c.rooms).any(|r| {
                 let room = &s.redis.rooms[r as usize];
@@ -559,7 +554,7 @@ impl SfuModel {
                 dead,
                 t0,
                 token,
-                todo: Some(s.redis.reaping[dead as usize]),
+                todo: Some(s.redis.read_reaping(dead)),
                 keep,
             },
             Reaper::Rooms {
@@ -804,8 +799,7 @@ impl Model for SfuModel {
         let fault_of = |f: Fault| u8::from(f != Fault::None);
         match action {
             Action::Advance => {
-                s.redis.now += 1;
-                s.redis.expire();
+                s.redis.advance();
                 let now = s.redis.now;
                 for n in s.nodes.iter_mut() {
                     // A term whose deadline passed ends (the lease thread's step); one with a
@@ -818,7 +812,7 @@ impl Model for SfuModel {
             Action::Beat(i) => {
                 let boot = s.nodes[i as usize].boot;
                 match s.redis.heartbeat_tick(c, i, boot) {
-                    Beat::Reaped => self.reaped(&mut s, i),
+                    Beat::Reaped | Beat::Missing => self.reaped(&mut s, i),
                     _ => {
                         let now = s.redis.now;
                         let n = &mut s.nodes[i as usize];
@@ -831,7 +825,7 @@ impl Model for SfuModel {
             Action::Tick(i) => {
                 let boot = s.nodes[i as usize].boot;
                 match s.redis.heartbeat_tick(c, i, boot) {
-                    Beat::Reaped => self.reaped(&mut s, i),
+                    Beat::Reaped | Beat::Missing => self.reaped(&mut s, i),
                     _ => {
                         s.nodes[i as usize].last_beat = s.redis.now;
                         self.refresh(&mut s, i);
@@ -842,7 +836,7 @@ impl Model for SfuModel {
                 let Phase::Reregister { t0, lost } = s.nodes[i as usize].phase else {
                     return None;
                 };
-                s.redis.index[i as usize] |= lost;
+                s.redis.index_add(i, lost);
                 if !self.register(&mut s, i, t0) {
                     return None;
                 }
@@ -864,7 +858,7 @@ impl Model for SfuModel {
                 self.pin(&mut s, i, r, f);
             }
             Action::PinIndex(i, r) => {
-                s.redis.index[i as usize] |= 1 << r;
+                s.redis.index_add(i, 1 << r);
                 s.nodes[i as usize].pending_index &= !(1 << r);
             }
             Action::Close(i, r, f) => {

@@ -145,7 +145,11 @@ pub enum Finish {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
     Ok,
+    /// Being reaped (score 0).
     Reaped,
+    /// No entry, the dataset token unchanged: a completed reap (the model has no failover
+    /// that could lose a registration).
+    Missing,
     Duplicate,
 }
 
@@ -156,6 +160,172 @@ pub struct Deleted {
     pub room_of: Option<(Id, u8)>,
     /// (instance, life) of each record deleted.
     pub records: [Option<(Id, u8)>; 8],
+}
+
+/// One Redis operation of a step with the model's reply: the unit the trace replay
+/// (`tests/replay.rs`) runs on a real Redis through the library's calls. Recorded only while
+/// [`record`] is on (never during the model check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// One unit of time passes; `Redis::expire` drops what ran out.
+    Advance,
+    /// heartbeat.lua 'tick' / 'register'.
+    Heartbeat {
+        i: Id,
+        boot: u8,
+        register: bool,
+        reply: Beat,
+    },
+    /// heartbeat_release.lua.
+    HeartbeatRelease {
+        i: Id,
+        boot: u8,
+        reply: bool,
+    },
+    /// `SADD` of rooms to `i`'s room index; `added`: how many were new.
+    IndexAdd {
+        i: Id,
+        rooms: Rooms,
+        added: u8,
+    },
+    /// `SREM` of rooms from `i`'s room index.
+    IndexRemove {
+        i: Id,
+        rooms: Rooms,
+    },
+    /// `Node::leave`'s deregistration: `DEL hb`, `ZREM` (and `DEL info`).
+    Deregister {
+        i: Id,
+    },
+    /// pin_room.lua (the takeover's second call names `stale_owner`).
+    PinRoom {
+        i: Id,
+        r: Id,
+        stale_owner: Option<Id>,
+        reply: PinReply,
+    },
+    /// `EXISTS hb:<i>` (a pin's takeover check).
+    HbExists {
+        i: Id,
+        reply: bool,
+    },
+    /// The tick's plain refresh (`PEXPIRE GT`, `GET`); `None`: the pin lapsed.
+    RefreshPlain {
+        i: Id,
+        r: Id,
+        reply: Option<Refreshed>,
+    },
+    /// pin_refresh.lua ('0').
+    PinRefresh {
+        i: Id,
+        r: Id,
+        reply: Refreshed,
+    },
+    /// close_room.lua until 'closed' or 'not_owner'.
+    CloseRoom {
+        i: Id,
+        r: Id,
+        reply: Result<(), Option<Id>>,
+    },
+    /// `rooms::sweep_own`: `false` when the room is `i`'s (nothing swept).
+    SweepOwn {
+        i: Id,
+        r: Id,
+        reply: bool,
+    },
+    /// upsert_peer.lua.
+    UpsertPeer {
+        i: Id,
+        r: Id,
+        p: Id,
+        reply: Result<u16, Option<Id>>,
+    },
+    /// remove_peer.lua.
+    RemovePeer {
+        i: Id,
+        r: Id,
+        p: Id,
+        gen: u16,
+        reply: Result<bool, Id>,
+    },
+    /// `HMGET` of a record's instance and generation.
+    ReadRecord {
+        r: Id,
+        p: Id,
+        reply: Option<(Id, u16)>,
+    },
+    LeaseAcquire {
+        i: Id,
+        seen: u8,
+        reply: Result<u8, Id>,
+    },
+    LeaseRefresh {
+        i: Id,
+        reply: bool,
+    },
+    LeaseRelease {
+        i: Id,
+        reply: bool,
+    },
+    /// candidates.lua less the caller.
+    Candidates {
+        me: Id,
+        reply: u8,
+    },
+    ReapBegin {
+        d: Id,
+        leader: Id,
+        reply: Begin,
+    },
+    /// The reaper's page of `d`'s moved index.
+    ReadReaping {
+        d: Id,
+        reply: Rooms,
+    },
+    /// reap_room.lua for one room (`t0: None`: SWEEP_ALL).
+    ReapRoom {
+        d: Id,
+        t0: Option<u8>,
+        r: Id,
+        reply: (RoomStatus, u8),
+    },
+    ReapPutback {
+        d: Id,
+        rooms: Rooms,
+        reply: Option<u8>,
+    },
+    ReapFinish {
+        d: Id,
+        kept: u8,
+        token: u16,
+        put_back: u8,
+        reply: Finish,
+    },
+}
+
+thread_local! {
+    static RECORDED: std::cell::RefCell<Option<Vec<Op>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Starts (`true`) or stops recording the [`Op`]s of this thread's steps; returns what was
+/// recorded since the last call.
+pub fn record(on: bool) -> Vec<Op> {
+    RECORDED.with(|r| {
+        let mut r = r.borrow_mut();
+        let out = r.take().unwrap_or_default();
+        if on {
+            *r = Some(Vec::new());
+        }
+        out
+    })
+}
+
+fn log(op: impl FnOnce() -> Op) {
+    RECORDED.with(|r| {
+        if let Some(v) = r.borrow_mut().as_mut() {
+            v.push(op());
+        }
+    });
 }
 
 impl Redis {
@@ -211,10 +381,11 @@ impl Redis {
     /// with an unchanged dataset token, the script's 'missing', is a reap here as in the
     /// library once a replica acknowledged the registration; the model has no failover, so
     /// the library's `Beat::Unregistered`, a registration a failover lost, never arises).
-    pub fn heartbeat_tick(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+    fn heartbeat_tick_(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
         let iu = i as usize;
         match self.zset[iu] {
-            None | Some(0) => return Beat::Reaped,
+            None => return Beat::Missing,
+            Some(0) => return Beat::Reaped,
             Some(_) => {}
         }
         let holder = self.hb[iu].map(|k| k.boot);
@@ -232,7 +403,7 @@ impl Redis {
     /// heartbeat.lua, 'register' mode: refused ('duplicate') while another process's boot
     /// token holds the heartbeat key; else writes the heartbeat, merges a room index a reap
     /// moved aside back into the live one and deletes that reap's token.
-    pub fn heartbeat_register(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+    fn heartbeat_register_(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
         let iu = i as usize;
         if let Some(k) = self.hb[iu] {
             if k.boot != Boot::Process(boot) && k.boot != Boot::Released {
@@ -251,7 +422,7 @@ impl Redis {
     }
 
     /// heartbeat_release.lua.
-    pub fn heartbeat_release(&mut self, i: Id, boot: u8) -> bool {
+    fn heartbeat_release_(&mut self, i: Id, boot: u8) -> bool {
         match &mut self.hb[i as usize] {
             Some(k) if k.boot == Boot::Process(boot) => {
                 k.boot = Boot::Released;
@@ -262,7 +433,7 @@ impl Redis {
     }
 
     /// pin_room.lua.
-    pub fn pin_room(
+    fn pin_room_(
         &mut self,
         c: &Config,
         i: Id,
@@ -299,7 +470,7 @@ impl Redis {
 
     /// The tick's plain refresh of one pin: `PEXPIRE owner pin_ttl GT` then `GET owner`.
     /// `None`: the pin is gone (lapsed).
-    pub fn refresh_plain(&mut self, c: &Config, i: Id, r: Id) -> Option<Refreshed> {
+    fn refresh_plain_(&mut self, c: &Config, i: Id, r: Id) -> Option<Refreshed> {
         let now = self.now;
         let room = &mut self.rooms[r as usize];
         let (owner, expires) = room.pin?;
@@ -312,7 +483,7 @@ impl Redis {
     }
 
     /// pin_refresh.lua with ARGV[3] = '0' (no restore in this slice).
-    pub fn pin_refresh(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
+    fn pin_refresh_(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
         let now = self.now;
         let owner = self.pin_owner(r);
         let room = &mut self.rooms[r as usize];
@@ -338,7 +509,7 @@ impl Redis {
 
     /// close_room.lua, called until 'closed' (one call reads every peer of a model room).
     /// `Err(owner)`: 'not_owner'.
-    pub fn close_room(&mut self, i: Id, r: Id) -> Result<(), Option<Id>> {
+    fn close_room_(&mut self, i: Id, r: Id) -> Result<(), Option<Id>> {
         let owner = self.pin_owner(r);
         let meta_owner = self.meta_owner(r);
         if owner != Some(i) && !(owner.is_none() && meta_owner == Some(i)) {
@@ -353,7 +524,7 @@ impl Redis {
     }
 
     /// upsert_peer.lua (no guest). `Err(owner)`: 'not_owner'.
-    pub fn upsert_peer(&mut self, i: Id, r: Id, p: Id, life: u8) -> Result<u16, Option<Id>> {
+    fn upsert_peer_(&mut self, i: Id, r: Id, p: Id, life: u8) -> Result<u16, Option<Id>> {
         let owner = self.pin_owner(r);
         if owner != Some(i) {
             let meta_owner = self.meta_owner(r);
@@ -381,7 +552,7 @@ impl Redis {
 
     /// remove_peer.lua. `Ok(true)` removed, `Ok(false)` gone or another generation,
     /// `Err(owner)` another instance's record.
-    pub fn remove_peer(&mut self, i: Id, r: Id, p: Id, gen: u16) -> Result<bool, Id> {
+    fn remove_peer_(&mut self, i: Id, r: Id, p: Id, gen: u16) -> Result<bool, Id> {
         let room = &mut self.rooms[r as usize];
         let Some(rec) = room.records[p as usize] else {
             return Ok(false);
@@ -397,14 +568,9 @@ impl Redis {
         Ok(true)
     }
 
-    /// The record's (instance, generation), as `HMGET instance generation` reads it.
-    pub fn record(&self, r: Id, p: Id) -> Option<Record> {
-        self.rooms[r as usize].records[p as usize]
-    }
-
     /// lease_acquire.lua (the dataset token is old enough: no data loss in this slice).
     /// `Ok(epoch)` won, `Err(holder)` held.
-    pub fn lease_acquire(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
+    fn lease_acquire_(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
         if let Some(l) = self.lease {
             return Err(l.owner);
         }
@@ -418,7 +584,7 @@ impl Redis {
     }
 
     /// lease_refresh.lua.
-    pub fn lease_refresh(&mut self, c: &Config, i: Id) -> bool {
+    fn lease_refresh_(&mut self, c: &Config, i: Id) -> bool {
         let expires = self.now + c.timings.lease_ttl;
         match &mut self.lease {
             Some(l) if l.owner == i => {
@@ -440,7 +606,7 @@ impl Redis {
     }
 
     /// lease_release.lua.
-    pub fn lease_release(&mut self, i: Id) -> bool {
+    fn lease_release_(&mut self, i: Id) -> bool {
         if self.lease.is_some_and(|l| l.owner == i) {
             self.lease = None;
             return true;
@@ -450,7 +616,7 @@ impl Redis {
 
     /// candidates.lua (one set of timings: every member judged by the caller's threshold),
     /// less the caller itself (reaper.rs `candidates`).
-    pub fn candidates(&self, c: &Config, me: Id) -> u8 {
+    fn candidates_(&self, c: &Config, me: Id) -> u8 {
         let mut out = 0;
         for (d, s) in self.zset.iter().enumerate() {
             if let Some(s) = *s {
@@ -465,7 +631,7 @@ impl Redis {
     }
 
     /// reap_begin.lua.
-    pub fn reap_begin(&mut self, c: &Config, d: Id, leader: Id) -> Begin {
+    fn reap_begin_(&mut self, c: &Config, d: Id, leader: Id) -> Begin {
         let du = d as usize;
         if self.lease.map(|l| l.owner) != Some(leader) {
             return Begin::NotLeader;
@@ -496,7 +662,7 @@ impl Redis {
     /// reap_room.lua for one room (one call reads every peer of a model room): the room's
     /// status and the number of records of `d` kept as written at or after `t0` (`late`).
     /// `t0 = None`: sweep_own's SWEEP_ALL (every record, whenever written).
-    pub fn reap_room(
+    fn reap_room_(
         &mut self,
         c: &Config,
         d: Id,
@@ -568,7 +734,7 @@ impl Redis {
     }
 
     /// reap_putback.lua. `None`: skipped (-1).
-    pub fn reap_putback(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
+    fn reap_putback_(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
         let du = d as usize;
         if self.hb[du].is_some() {
             return None;
@@ -582,7 +748,7 @@ impl Redis {
     }
 
     /// reap_finish.lua.
-    pub fn reap_finish(&mut self, d: Id, kept: u8, token: u16, put_back: u8) -> Finish {
+    fn reap_finish_(&mut self, d: Id, kept: u8, token: u16, put_back: u8) -> Finish {
         let du = d as usize;
         let mine = self.reaping_token[du] == Some(token);
         if mine {
@@ -611,6 +777,238 @@ impl Redis {
         } else {
             Finish::Done
         }
+    }
+
+    /// heartbeat.lua, 'tick' mode (recorded).
+    pub fn heartbeat_tick(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+        let reply = self.heartbeat_tick_(c, i, boot);
+        log(|| Op::Heartbeat {
+            i,
+            boot,
+            register: false,
+            reply,
+        });
+        reply
+    }
+
+    /// heartbeat.lua, 'register' mode (recorded).
+    pub fn heartbeat_register(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+        let reply = self.heartbeat_register_(c, i, boot);
+        log(|| Op::Heartbeat {
+            i,
+            boot,
+            register: true,
+            reply,
+        });
+        reply
+    }
+
+    /// heartbeat_release.lua (recorded).
+    pub fn heartbeat_release(&mut self, i: Id, boot: u8) -> bool {
+        let reply = self.heartbeat_release_(i, boot);
+        log(|| Op::HeartbeatRelease { i, boot, reply });
+        reply
+    }
+
+    /// pin_room.lua (recorded).
+    pub fn pin_room(
+        &mut self,
+        c: &Config,
+        i: Id,
+        life: u8,
+        r: Id,
+        stale_owner: Option<Id>,
+    ) -> PinReply {
+        let reply = self.pin_room_(c, i, life, r, stale_owner);
+        log(|| Op::PinRoom {
+            i,
+            r,
+            stale_owner,
+            reply,
+        });
+        reply
+    }
+
+    /// The plain refresh (recorded).
+    pub fn refresh_plain(&mut self, c: &Config, i: Id, r: Id) -> Option<Refreshed> {
+        let reply = self.refresh_plain_(c, i, r);
+        log(|| Op::RefreshPlain { i, r, reply });
+        reply
+    }
+
+    /// pin_refresh.lua (recorded).
+    pub fn pin_refresh(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
+        let reply = self.pin_refresh_(c, i, life, r);
+        log(|| Op::PinRefresh { i, r, reply });
+        reply
+    }
+
+    /// close_room.lua (recorded).
+    pub fn close_room(&mut self, i: Id, r: Id) -> Result<(), Option<Id>> {
+        let reply = self.close_room_(i, r);
+        log(|| Op::CloseRoom { i, r, reply });
+        reply
+    }
+
+    /// upsert_peer.lua (recorded).
+    pub fn upsert_peer(&mut self, i: Id, r: Id, p: Id, life: u8) -> Result<u16, Option<Id>> {
+        let reply = self.upsert_peer_(i, r, p, life);
+        log(|| Op::UpsertPeer { i, r, p, reply });
+        reply
+    }
+
+    /// remove_peer.lua (recorded).
+    pub fn remove_peer(&mut self, i: Id, r: Id, p: Id, gen: u16) -> Result<bool, Id> {
+        let reply = self.remove_peer_(i, r, p, gen);
+        log(|| Op::RemovePeer {
+            i,
+            r,
+            p,
+            gen,
+            reply,
+        });
+        reply
+    }
+
+    /// lease_acquire.lua (recorded).
+    pub fn lease_acquire(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
+        let reply = self.lease_acquire_(c, i, seen);
+        log(|| Op::LeaseAcquire { i, seen, reply });
+        reply
+    }
+
+    /// lease_refresh.lua (recorded).
+    pub fn lease_refresh(&mut self, c: &Config, i: Id) -> bool {
+        let reply = self.lease_refresh_(c, i);
+        log(|| Op::LeaseRefresh { i, reply });
+        reply
+    }
+
+    /// lease_release.lua (recorded).
+    pub fn lease_release(&mut self, i: Id) -> bool {
+        let reply = self.lease_release_(i);
+        log(|| Op::LeaseRelease { i, reply });
+        reply
+    }
+
+    /// candidates.lua less the caller (recorded).
+    pub fn candidates(&self, c: &Config, me: Id) -> u8 {
+        let reply = self.candidates_(c, me);
+        log(|| Op::Candidates { me, reply });
+        reply
+    }
+
+    /// reap_begin.lua (recorded).
+    pub fn reap_begin(&mut self, c: &Config, d: Id, leader: Id) -> Begin {
+        let reply = self.reap_begin_(c, d, leader);
+        log(|| Op::ReapBegin { d, leader, reply });
+        reply
+    }
+
+    /// reap_room.lua for one room (recorded).
+    pub fn reap_room(
+        &mut self,
+        c: &Config,
+        d: Id,
+        t0: Option<u8>,
+        r: Id,
+        deleted: &mut Deleted,
+    ) -> (RoomStatus, u8) {
+        let reply = self.reap_room_(c, d, t0, r, deleted);
+        log(|| Op::ReapRoom { d, t0, r, reply });
+        reply
+    }
+
+    /// reap_putback.lua (recorded).
+    pub fn reap_putback(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
+        let reply = self.reap_putback_(d, rooms);
+        log(|| Op::ReapPutback { d, rooms, reply });
+        reply
+    }
+
+    /// reap_finish.lua (recorded).
+    pub fn reap_finish(&mut self, d: Id, kept: u8, token: u16, put_back: u8) -> Finish {
+        let reply = self.reap_finish_(d, kept, token, put_back);
+        log(|| Op::ReapFinish {
+            d,
+            kept,
+            token,
+            put_back,
+            reply,
+        });
+        reply
+    }
+
+    /// One unit of time passes (recorded): `now` advances, TTLs run out.
+    pub fn advance(&mut self) {
+        self.now += 1;
+        self.expire();
+        log(|| Op::Advance);
+    }
+
+    /// `SADD` to `i`'s room index (recorded); whether any room was new.
+    pub fn index_add(&mut self, i: Id, rooms: Rooms) -> bool {
+        let added = (rooms & !self.index[i as usize]).count_ones() as u8;
+        self.index[i as usize] |= rooms;
+        if rooms != 0 {
+            log(|| Op::IndexAdd { i, rooms, added });
+        }
+        added > 0
+    }
+
+    /// `SREM` from `i`'s room index (recorded).
+    pub fn index_remove(&mut self, i: Id, rooms: Rooms) {
+        self.index[i as usize] &= !rooms;
+        if rooms != 0 {
+            log(|| Op::IndexRemove { i, rooms });
+        }
+    }
+
+    /// `Node::leave`'s deregistration (recorded).
+    pub fn deregister(&mut self, i: Id) {
+        self.hb[i as usize] = None;
+        self.zset[i as usize] = None;
+        log(|| Op::Deregister { i });
+    }
+
+    /// `EXISTS hb:<i>` (recorded).
+    pub fn hb_exists(&self, i: Id) -> bool {
+        let reply = self.hb[i as usize].is_some();
+        log(|| Op::HbExists { i, reply });
+        reply
+    }
+
+    /// The reaper's page of `d`'s moved index (recorded).
+    pub fn read_reaping(&self, d: Id) -> Rooms {
+        let reply = self.reaping[d as usize];
+        log(|| Op::ReadReaping { d, reply });
+        reply
+    }
+
+    /// `HMGET instance generation` of a record (recorded).
+    pub fn read_record(&self, r: Id, p: Id) -> Option<Record> {
+        let rec = self.rooms[r as usize].records[p as usize];
+        log(|| Op::ReadRecord {
+            r,
+            p,
+            reply: rec.map(|x| (x.instance, x.generation)),
+        });
+        rec
+    }
+
+    /// `rooms::sweep_own` (recorded as one step, its reap_room.lua call not apart): `false`
+    /// when the room is `i`'s (pin, or no pin and metadata naming it): nothing deleted.
+    pub fn sweep_own(&mut self, c: &Config, i: Id, r: Id) -> bool {
+        let room = &self.rooms[r as usize];
+        let owner = room.pin.map(|(o, _)| o);
+        let meta_owner = room.meta.map(|m| m.owner);
+        let reply = !(owner == Some(i) || (owner.is_none() && meta_owner == Some(i)));
+        if reply {
+            let mut d = Deleted::default();
+            self.reap_room_(c, i, None, r, &mut d);
+        }
+        log(|| Op::SweepOwn { i, r, reply });
+        reply
     }
 
     /// Whether anything in the dataset names instance `d`: a pin, metadata, a record, an
