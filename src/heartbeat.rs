@@ -312,7 +312,6 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         );
         sh.restore_pending.store(true, Ordering::Relaxed);
     }
-    confirm_registration(sh, link);
     let restore = sh.restore_pending.load(Ordering::Relaxed);
     settle_uncertain(sh, link)?;
     let rooms = sh.local.rooms();
@@ -453,6 +452,9 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         );
         sh.shards.lock().restore.retain(|r| !partial.contains(r));
     }
+    // Last: with a replica that is connected but stuck, the WAIT takes half the command
+    // timeout, which must not delay this tick's pin refresh.
+    confirm_registration(sh, link);
     sh.counters.heartbeat_ok();
     Ok(())
 }
