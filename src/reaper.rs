@@ -707,7 +707,7 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
     let mut pipe = redis::pipe();
     let rooms: Vec<&String> = keep.iter().collect();
     for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.invoke_script(&putback_invocation(ctx, dead, chunk));
+        pipe.invoke_script(&putback_invocation(ctx, dead, r.token, chunk));
     }
     pipe.invoke_script(&finish_invocation(ctx, dead, kept, r.token, rooms.len()));
     let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
@@ -735,17 +735,21 @@ pub(crate) fn finish(r: &Reap<'_>, con: &mut Conn, kept: u64) -> Result<Finish> 
     })
 }
 
-/// One `reap_putback.lua` call: `rooms` (wire forms) back into `dead`'s live index.
+/// One `reap_putback.lua` call: `rooms` (wire forms) back into `dead`'s live index, by the
+/// reap whose token is `token` (skipped unless it still owns the moved index).
 pub(crate) fn putback_invocation(
     ctx: &Ctx,
     dead: &str,
+    token: i64,
     rooms: &[&String],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = SCRIPTS.reap_putback.prepare_invoke();
     inv.key(ctx.keys.heartbeats())
         .key(ctx.keys.heartbeat(dead))
         .key(ctx.keys.instance_rooms(dead))
+        .key(ctx.keys.instance_reaping(dead))
         .arg(dead)
+        .arg(token)
         .arg(rooms);
     inv
 }
@@ -1025,6 +1029,87 @@ mod tests {
         f.walked(5000, 0);
         assert_eq!(f.ms(1000), 1000);
         assert_eq!(f.ms(800), 800);
+    }
+
+    // Model check, finding 2: a zombie pins while its reap runs (the reap keeps that room as
+    // a new life's), registers again (its registration merges the moved index back and
+    // deletes the reap's token), then leaves (no heartbeat key, no sorted-set entry, its index
+    // gone). The reap's put-back must not write the kept room into the index of an instance
+    // that is no longer registered (it did, before the put-back checked the reap's token);
+    // while the reap still owns the moved index, the put-back writes it as before.
+    #[test]
+    fn a_putback_after_the_instance_registered_again_and_left_writes_nothing() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let cfg = Config::builder()
+            .redis_url(server.url())
+            .stage("unit")
+            .instance_id("leader")
+            .timings(Timings::fast())
+            .build()
+            .unwrap();
+        let ctx = Ctx::from_config(&cfg).unwrap();
+        let counters = Counters::default();
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        let leading = || true;
+        let reap = |token: i64| {
+            let r = Reap {
+                ctx: &ctx,
+                counters: &counters,
+                dead: "dead",
+                t0: 1,
+                token,
+                keep: Default::default(),
+                leading: &leading,
+                pace: Pace::NONE,
+                progress: None,
+                own: None,
+            };
+            r.keep.borrow_mut().insert("kept-room".to_owned());
+            r
+        };
+        let live = ctx.keys.instance_rooms("dead");
+        let exists = |con: &mut Conn| -> bool {
+            redis::cmd("EXISTS").arg(&live).query::<i64>(con).unwrap() == 1
+        };
+        // As reap_begin.lua leaves it (token 5), then the registration and the leave: the
+        // token deleted, the moved index merged and gone with the leave, no entry, no key.
+        let _: () = redis::pipe()
+            .zadd(ctx.keys.heartbeats(), "dead", 0)
+            .ignore()
+            .sadd(ctx.keys.instance_reaping_rooms("dead"), "kept-room")
+            .ignore()
+            .set(ctx.keys.instance_reaping("dead"), 5)
+            .ignore()
+            .del(ctx.keys.instance_reaping("dead"))
+            .ignore()
+            .del(ctx.keys.instance_reaping_rooms("dead"))
+            .ignore()
+            .zrem(ctx.keys.heartbeats(), "dead")
+            .ignore()
+            .query(&mut con)
+            .unwrap();
+        finish(&reap(5), &mut con, 1).unwrap();
+        assert!(
+            !exists(&mut con),
+            "the put-back wrote into the index of an instance that registered again and left"
+        );
+        // The reap still owns the moved index: the kept room goes back, and the entry stays
+        // for the next round (retry).
+        let _: () = redis::pipe()
+            .zadd(ctx.keys.heartbeats(), "dead", 0)
+            .ignore()
+            .sadd(ctx.keys.instance_reaping_rooms("dead"), "kept-room")
+            .ignore()
+            .set(ctx.keys.instance_reaping("dead"), 6)
+            .ignore()
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(finish(&reap(6), &mut con, 1).unwrap(), Finish::Retry);
+        let members: BTreeSet<String> = redis::cmd("SMEMBERS").arg(&live).query(&mut con).unwrap();
+        assert_eq!(members, BTreeSet::from(["kept-room".to_owned()]));
     }
 
     // Protects invariants 2 and 4 when a reap stops early (lease lost, shutdown): each of 300

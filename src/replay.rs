@@ -285,11 +285,19 @@ impl Instance {
         }
     }
 
-    /// reap_putback.lua (`reaper::putback_invocation`): how many rooms went back, -1 skipped.
-    pub fn reap_putback(&self, con: &mut Conn, dead: &str, rooms: &[&str]) -> Result<i64> {
+    /// reap_putback.lua (`reaper::putback_invocation`) of the reap whose token is `token`:
+    /// how many rooms went back, -1 skipped.
+    pub fn reap_putback(
+        &self,
+        con: &mut Conn,
+        dead: &str,
+        token: i64,
+        rooms: &[&str],
+    ) -> Result<i64> {
         let rooms: Vec<String> = rooms.iter().map(|r| wire(IdKind::Room, r)).collect();
         let refs: Vec<&String> = rooms.iter().collect();
-        let inv = reaper::putback_invocation(&self.ctx, &wire(IdKind::Instance, dead), &refs);
+        let inv =
+            reaper::putback_invocation(&self.ctx, &wire(IdKind::Instance, dead), token, &refs);
         conn::call(con, "put back", &inv)
     }
 

@@ -566,7 +566,7 @@ impl SfuModel {
                 keep,
             } => {
                 if keep != 0 {
-                    s.redis.reap_putback(dead, keep);
+                    s.redis.reap_putback(dead, token, keep);
                 }
                 Reaper::Finishing {
                     cands,

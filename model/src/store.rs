@@ -291,6 +291,7 @@ pub enum Op {
     },
     ReapPutback {
         d: Id,
+        token: u16,
         rooms: Rooms,
         reply: Option<u8>,
     },
@@ -734,12 +735,17 @@ impl Redis {
     }
 
     /// reap_putback.lua. `None`: skipped (-1).
-    fn reap_putback_(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
+    fn reap_putback_(&mut self, d: Id, token: u16, rooms: Rooms) -> Option<u8> {
         let du = d as usize;
         if self.hb[du].is_some() {
             return None;
         }
         if self.zset[du].is_some_and(|s| s != 0) {
+            return None;
+        }
+        // Not this reap's moved index any more: a registration merged it back (and deleted
+        // the token), or a later reap took it over.
+        if self.reaping_token[du] != Some(token) {
             return None;
         }
         let added = (rooms & !self.index[du]).count_ones() as u8;
@@ -920,9 +926,14 @@ impl Redis {
     }
 
     /// reap_putback.lua (recorded).
-    pub fn reap_putback(&mut self, d: Id, rooms: Rooms) -> Option<u8> {
-        let reply = self.reap_putback_(d, rooms);
-        log(|| Op::ReapPutback { d, rooms, reply });
+    pub fn reap_putback(&mut self, d: Id, token: u16, rooms: Rooms) -> Option<u8> {
+        let reply = self.reap_putback_(d, token, rooms);
+        log(|| Op::ReapPutback {
+            d,
+            token,
+            rooms,
+            reply,
+        });
         reply
     }
 

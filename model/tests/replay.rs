@@ -597,12 +597,21 @@ impl Replay<'_> {
                 };
                 check!((s, reply.1 as u64), (status.as_str(), late));
             }
-            Op::ReapPutback { d, rooms, reply } => {
+            Op::ReapPutback {
+                d,
+                token,
+                rooms,
+                reply,
+            } => {
                 let names: Vec<String> =
                     (0..8).filter(|r| rooms & (1 << r) != 0).map(rid).collect();
                 let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+                let t = *self
+                    .tokens
+                    .get(&token)
+                    .ok_or(format!("{op:?}: unknown token"))?;
                 let w = reply.map_or(-1, |n| n as i64);
-                check!(w, ok(op, inst[0].reap_putback(c, &iid(d), &refs))?);
+                check!(w, ok(op, inst[0].reap_putback(c, &iid(d), t, &refs))?);
             }
             Op::ReapFinish {
                 d,
