@@ -22,7 +22,9 @@
 --         was lost with Redis's data), so the next term's epoch is higher than every term any
 --         live instance knows of (a new lease is only granted a lease TTL after the dataset
 --         was re-created, by when every live instance has heartbeated)
--- ARGV[8] server ms this life registered at ('0' if not known yet): the info's started_ms
+-- ARGV[8] server ms this life started at ('0' if not known yet): the info's started_ms. At
+--         'register' the caller passes its clean-up boundary t0 (heartbeat.rs `register`:
+--         rooms and records written from then on are this life's), at or just before now
 -- ARGV[9] the key schema version this release speaks (keys.rs SCHEMA_VERSION)
 -- ARGV[10] how many peers this instance holds now ('' on 'register'): written to the info's
 --          `peers` field on every heartbeat (`sfu-redis status` shows it; key schema version 2
@@ -31,7 +33,7 @@
 --
 -- The info hash is written (whole, replacing what was there) at 'register', after Redis lost
 -- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
--- started_ms is this call's server time at 'register' (a new life) or when ARGV[8] is '0'.
+-- started_ms is ARGV[8], or this call's server time when ARGV[8] is '0'.
 -- It goes with the registration: reap_finish.lua and Node::leave delete it.
 --
 -- At 'register', a room index a reap of an earlier life moved aside (a reap under way, or one
@@ -159,7 +161,7 @@ if ARGV[3] == 'register' then
 end
 if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
   local started = ARGV[8]
-  if ARGV[3] == 'register' or started == '0' then started = string.format('%d', now) end
+  if started == '0' then started = string.format('%d', now) end
   redis.call('DEL', KEYS[5])
   redis.call('HSET', KEYS[5], 'started_ms', started, unpack(ARGV, 11))
 end

@@ -107,10 +107,7 @@ pub(crate) fn beat_invocation(
         .arg(&fresh)
         .arg(boot)
         .arg(max_epoch)
-        .arg(match mode {
-            BeatMode::Register => 0,
-            BeatMode::Tick => started_ms,
-        })
+        .arg(started_ms)
         .arg(SCHEMA_VERSION)
         .arg(match mode {
             BeatMode::Register => String::new(),
@@ -229,8 +226,11 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
     if mode == BeatMode::Register && beat == Beat::Ok {
         // Registered: no longer parked by a foreign schema stamp.
         *sh.schema_refused.lock() = None;
-        // heartbeat.lua wrote this life's info with this server time as its start.
-        sh.started_ms.store(server_ms, Ordering::Relaxed);
+        // heartbeat.lua wrote this life's info with the start `register` gave it (its
+        // clean-up boundary), or with this server time when none was given.
+        if sh.started_ms.load(Ordering::Relaxed) == 0 {
+            sh.started_ms.store(server_ms, Ordering::Relaxed);
+        }
     }
     if let Ok(e) = epoch.parse::<u64>() {
         sh.max_epoch.fetch_max(e, Ordering::Relaxed);
@@ -1013,6 +1013,11 @@ fn register_lost(sh: &Shared, link: &mut Link) -> Result<()> {
 /// reaper's owner-CAS
 /// scripts. Rooms the host pins from now on are newer than `t0` and kept.
 pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
+    // The life starts at `t0`, its clean-up boundary: what it writes from there on is kept,
+    // so its info's `started_ms` says the same (a zombie's host may pin between the beat that
+    // found the reap and this registration; a chaos check once took such a room for an
+    // earlier life's, pinned 1 ms before the registration's own server time).
+    sh.started_ms.store((t0 / 1000).max(1), Ordering::Relaxed);
     let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;
     if beaten.beat == Beat::Ok {
         // Mostly at once (WAIT returns when a replica acknowledges); else the ticks ask again.
