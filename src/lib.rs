@@ -23,7 +23,8 @@
 //! The rules each part protects are numbered in `docs/DESIGN.md` (invariants 1-6) and named in the
 //! Lua scripts' headers (`lua/*.lua`).
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations, unreachable_pub)]
 
 pub mod audit;
 mod cluster;
