@@ -12,7 +12,7 @@
 //! | `version` | the library version (`CARGO_PKG_VERSION`, e.g. `0.1.0`) |
 //! | `host` | the host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`) |
 //! | `pid` | the process id |
-//! | `started_ms` | Redis server time (ms) of this life's registration |
+//! | `started_ms` | Redis server time (ms) this life began: its registration's clean-up boundary, at or just before the registration |
 //! | `heartbeat_interval_ms`, `heartbeat_ttl_ms`, `stale_threshold_ms`, `pin_ttl_ms`, `lease_ttl_ms`, `lease_refresh_ms`, `two_phase_delay_ms`, `reap_interval_ms`, `command_timeout_ms` | its [`Timings`], ms |
 //! | `reap_batch` | index members per reap batch |
 //! | `reap_pace` | the reaper's pace: its pause after each batch, in multiples of the batch's duration (a decimal number; `ConfigBuilder::reap_pace`) |
