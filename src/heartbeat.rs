@@ -119,6 +119,10 @@ pub(crate) fn beat_invocation(
     inv
 }
 
+/// `heartbeat.lua`'s reply: `{status, server_ms, token, epoch, server_us, replaced, schema,
+/// schema_replaced}` (its header).
+pub(crate) type BeatReply = (String, i64, String, String, i64, i64, Vec<u8>, i64);
+
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
 pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten> {
@@ -135,16 +139,8 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         peers,
         &sh.info,
     );
-    let (status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced): (
-        String,
-        i64,
-        String,
-        String,
-        i64,
-        i64,
-        Vec<u8>,
-        i64,
-    ) = conn::call(con, op, &inv)?;
+    let (status, server_ms, token, epoch, server_us, replaced, schema, schema_replaced): BeatReply =
+        conn::call(con, op, &inv)?;
     // Whatever bytes an operator left in the stamp: shown, never a decoding failure that
     // would fail the tick (and let the pins lapse).
     let schema = String::from_utf8_lossy(&schema).into_owned();

@@ -952,6 +952,26 @@ mod tests {
     use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
+    /// The small context the reap functions take, for a leader "leader" of stage "unit" on
+    /// `server`, and a connection to it (no node).
+    fn unit(server: &LocalRedis, timings: Timings, batch: Option<usize>) -> (Ctx, Conn) {
+        let mut b = Config::builder();
+        b = b
+            .redis_url(server.url())
+            .stage("unit")
+            .instance_id("leader")
+            .timings(timings);
+        if let Some(n) = batch {
+            b = b.reap_batch(n);
+        }
+        let ctx = Ctx::from_config(&b.build().unwrap()).unwrap();
+        let con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        (ctx, con)
+    }
+
     // The listing judges each member with its own record's stale threshold (issue 26), the
     // leader's (1 s here) without a readable one; the walk learns the fleet's shortest
     // threshold, and a member older than it but younger than its own is not listed. Fails if
@@ -962,18 +982,7 @@ mod tests {
         let server = LocalRedis::start().expect("start redis-server");
         let mut t = Timings::fast();
         t.stale_threshold = Duration::from_millis(1000);
-        let cfg = Config::builder()
-            .redis_url(server.url())
-            .stage("unit")
-            .instance_id("leader")
-            .timings(t)
-            .build()
-            .unwrap();
-        let ctx = Ctx::from_config(&cfg).unwrap();
-        let mut con = crate::conn::Redis::new(&server.url(), Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
+        let (ctx, mut con) = unit(&server, t, None);
         let now = crate::conn::server_time_ms(&mut con).unwrap();
         // (member, age ms, its record's stale_threshold_ms, listed?)
         let fleet: [(&str, i64, Option<&str>, bool); 8] = [
@@ -1040,19 +1049,8 @@ mod tests {
     #[test]
     fn a_putback_after_the_instance_registered_again_and_left_writes_nothing() {
         let server = LocalRedis::start().expect("start redis-server");
-        let cfg = Config::builder()
-            .redis_url(server.url())
-            .stage("unit")
-            .instance_id("leader")
-            .timings(Timings::fast())
-            .build()
-            .unwrap();
-        let ctx = Ctx::from_config(&cfg).unwrap();
+        let (ctx, mut con) = unit(&server, Timings::fast(), None);
         let counters = Counters::default();
-        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
         let leading = || true;
         let reap = |token: i64| {
             let r = Reap {
@@ -1121,21 +1119,9 @@ mod tests {
     #[test]
     fn a_reap_that_stops_early_leaves_every_room_it_did_not_reach_indexed() {
         let server = LocalRedis::start().expect("start redis-server");
-        let cfg = Config::builder()
-            .redis_url(server.url())
-            .stage("unit")
-            .instance_id("leader")
-            .timings(Timings::fast())
-            .reap_batch(10)
-            .build()
-            .unwrap();
         // No node: the reap batches take their small context directly.
-        let ctx = Ctx::from_config(&cfg).unwrap();
+        let (ctx, mut con) = unit(&server, Timings::fast(), Some(10));
         let counters = Counters::default();
-        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
         let rooms: Vec<String> = (0..300).map(|r| format!("room-{r}")).collect();
         let mut pipe = redis::pipe();
         for room in &rooms {

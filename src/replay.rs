@@ -63,16 +63,8 @@ impl Instance {
             BeatMode::Tick
         };
         let inv = heartbeat::beat_invocation(&self.ctx, mode, known, boot, max_epoch, 0, 0, &[]);
-        let (status, ms, _token, _epoch, us, ..): (
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            i64,
-            Vec<u8>,
-            i64,
-        ) = conn::call(con, "heartbeat", &inv)?;
+        let (status, ms, _token, _epoch, us, ..): heartbeat::BeatReply =
+            conn::call(con, "heartbeat", &inv)?;
         Ok((status, ms, us))
     }
 
@@ -106,16 +98,7 @@ impl Instance {
 
     /// `Node::leave`'s deregistration: heartbeat key, sorted-set entry, info.
     pub fn deregister(&self, con: &mut Conn) -> Result<()> {
-        let (keys, me) = (&self.ctx.keys, &self.ctx.me);
-        redis::pipe()
-            .del(keys.heartbeat(me))
-            .ignore()
-            .zrem(keys.heartbeats(), me)
-            .ignore()
-            .del(keys.instance_info(me))
-            .ignore()
-            .query::<()>(con)
-            .map_err(|e| Error::redis("deregister", e))
+        crate::store::deregister_on(&self.ctx, con)
     }
 
     /// One pin_room.lua call (`rooms::pin_room_script`): `(status, other)`, ids decoded.

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
+use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::keys::Id;
 use crate::peers::{self, Upserted};
 use crate::rooms;
-use crate::state::Shared;
+use crate::state::{Ctx, Shared};
 
 // `ffi` names the outcome by this path.
 pub(crate) use crate::rooms::PinOutcome;
@@ -155,18 +156,7 @@ impl RedisStore {
     /// Deletes this instance's heartbeat key and sorted-set entry (`Node::leave`).
     pub(crate) fn deregister(&self) -> Result<()> {
         let sh = &*self.sh;
-        let (keys, me) = (&sh.ctx.keys, &sh.ctx.me);
-        sh.pool.run(&sh.redis, |c| {
-            redis::pipe()
-                .del(keys.heartbeat(me))
-                .ignore()
-                .zrem(keys.heartbeats(), me)
-                .ignore()
-                .del(keys.instance_info(me))
-                .ignore()
-                .query::<()>(c)
-                .map_err(|e| Error::redis("deregister", e))
-        })
+        sh.pool.run(&sh.redis, |c| deregister_on(&sh.ctx, c))
     }
 
     /// One heartbeat tick on the calling thread (`Node::heartbeat_now`).
@@ -221,4 +211,19 @@ impl RedisStore {
         }
         Ok(counts.map(|(c, _)| c))
     }
+}
+
+/// `Node::leave`'s deregistration of instance `ctx.me`: its heartbeat key, sorted-set entry and
+/// info hash, in one round trip.
+pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<()> {
+    let (keys, me) = (&ctx.keys, &ctx.me);
+    redis::pipe()
+        .del(keys.heartbeat(me))
+        .ignore()
+        .zrem(keys.heartbeats(), me)
+        .ignore()
+        .del(keys.instance_info(me))
+        .ignore()
+        .query::<()>(con)
+        .map_err(|e| Error::redis("deregister", e))
 }
