@@ -125,7 +125,10 @@ pub(crate) type BeatReply = (String, i64, String, String, i64, i64, Vec<u8>, i64
 
 /// Sends one heartbeat (`heartbeat.lua`), remembers the dataset token and the highest epoch
 /// seen.
-pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten> {
+///
+/// `made`: the master-switch count the connection was made under ([`Link::run_fenced`]): the
+/// master this beat reached, as far as the node can tell.
+pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode, made: u64) -> Result<Beaten> {
     let op = "heartbeat";
     let known = sh.token.lock().clone();
     let peers = sh.local.peer_count();
@@ -193,17 +196,18 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode) -> Result<Beaten
         "ok" if !known.is_empty() && token != known => Beat::Restored,
         "ok" => Beat::Ok,
         "restored" => Beat::Restored,
-        "reaped" => Beat::Reaped,
-        "missing" if registration_lost(sh) => Beat::Unregistered,
-        "missing" => Beat::Reaped,
+        "missing" | "reaped" if registration_lost(sh, made) => Beat::Unregistered,
+        "missing" | "reaped" => Beat::Reaped,
         "duplicate" => Beat::Duplicate,
         s => return Err(Error::bad_data(op, format!("heartbeat.lua replied {s:?}"))),
     };
-    if matches!(beat, Beat::Restored) || (mode == BeatMode::Register && beat == Beat::Ok) {
-        // A registration written now: a failover may still lose it until a replica has it.
+    let written =
+        matches!(beat, Beat::Restored) || (mode == BeatMode::Register && beat == Beat::Ok);
+    // A registration written now, or found on another master than before (it survived a
+    // switch): until a replica of this master has it, a failover may still lose it.
+    if written || (beat == Beat::Ok && made != sh.registration_switches.load(Ordering::Relaxed)) {
         sh.registration_unconfirmed.store(true, Ordering::Relaxed);
-        sh.registration_switches
-            .store(sh.redis.master_switches(), Ordering::Relaxed);
+        sh.registration_switches.store(made, Ordering::Relaxed);
     }
     if beat == Beat::Restored {
         // The lease went with the data: stop acting now. (No new term starts anywhere until a
@@ -264,7 +268,7 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
         let t0 = link.run(&sh.redis, conn::server_time_us)?;
         return register(sh, link, t0);
     }
-    let beaten = match link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick)) {
+    let beaten = match link.run_fenced(&sh.redis, |c, made| beat(sh, c, BeatMode::Tick, made)) {
         Err(e @ Error::Schema { .. }) => {
             park(sh, &e);
             return Err(e);
@@ -410,7 +414,7 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
     if !lost.is_empty() {
         // A pin gone under us may mean we were reaped while paused mid-tick: ask again before
         // reporting, so a zombie reports all its rooms through `reaped_self`.
-        let again = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Tick))?;
+        let again = link.run_fenced(&sh.redis, |c, made| beat(sh, c, BeatMode::Tick, made))?;
         if again.beat == Beat::Reaped {
             return resume_after_reap(sh, link, again.server_us);
         }
@@ -946,12 +950,13 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
     register(sh, link, server_us)
 }
 
-/// Whether a heartbeat that finds this instance missing under an unchanged dataset token means
-/// a failover lost its registration rather than a reap: no replica had acknowledged the
-/// registration, and the master is not the one it was written on.
-fn registration_lost(sh: &Shared) -> bool {
+/// Whether a heartbeat that finds this instance missing (or being reaped) under an unchanged
+/// dataset token means a failover lost its registration rather than a reap: no replica of the
+/// master it was last found on had acknowledged it, and this beat reached another master
+/// (`made`, the connection's switch count).
+fn registration_lost(sh: &Shared, made: u64) -> bool {
     sh.registration_unconfirmed.load(Ordering::Relaxed)
-        && sh.redis.master_switches() != sh.registration_switches.load(Ordering::Relaxed)
+        && made != sh.registration_switches.load(Ordering::Relaxed)
 }
 
 /// Asks, until it is so, whether a replica has this life's registration (`lease::replicated`:
@@ -961,7 +966,12 @@ fn confirm_registration(sh: &Shared, link: &mut Link) {
     if !sh.registration_unconfirmed.load(Ordering::Relaxed) {
         return;
     }
-    let asked = link.run(&sh.redis, |c| {
+    let asked = link.run_fenced(&sh.redis, |c, made| {
+        // Only on the master the registration was last found on: WAIT covers this
+        // connection's own writes, and a promoted master has no replica history yet.
+        if made != sh.registration_switches.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
         // On a cluster a keyless command goes to the node of the last keyed one: the
         // control slot's master, where the registration is.
         redis::cmd("EXISTS")
@@ -985,9 +995,11 @@ fn confirm_registration(sh: &Shared, link: &mut Link) {
 /// order). It registers again and restores every pin and peer it holds, as after any master
 /// switch (`restore_pending`); its host was never told anything failed, so nothing is reported
 /// lost but rooms another instance took meanwhile. What an earlier life of this id left there
-/// is cleaned as at the first registration: rooms and records written before this life first
-/// registered (the lost registration's server time; what this life wrote since is newer, or
-/// comes back with the restore).
+/// is cleaned as at the first registration: rooms and records written before this life began
+/// (`Shared::life_t0_us`, the lost registration's clean-up boundary, in µs; what this life wrote
+/// since is newer, or comes back with the restore). Also met as 'reaped' (score 0): a reap
+/// under way on this master began before the registration reached it; registering merges the
+/// moved index back and the reap ends 'alive'.
 fn register_lost(sh: &Shared, link: &mut Link) -> Result<()> {
     log::warn!(
         "instance {} is missing on {}, and no replica had acknowledged its registration: a failover lost it; registering again and restoring pins and peers",
@@ -995,11 +1007,9 @@ fn register_lost(sh: &Shared, link: &mut Link) -> Result<()> {
         sh.redis.describe()
     );
     sh.restore_pending.store(true, Ordering::Relaxed);
-    let started_ms = sh.started_ms.load(Ordering::Relaxed);
-    let t0 = if started_ms > 0 {
-        started_ms.saturating_mul(1000)
-    } else {
-        link.run(&sh.redis, conn::server_time_us)?
+    let t0 = match sh.life_t0_us.load(Ordering::Relaxed) {
+        0 => link.run(&sh.redis, conn::server_time_us)?,
+        t0 => t0,
     };
     register(sh, link, t0)
 }
@@ -1014,7 +1024,8 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     // found the reap and this registration; a chaos check once took such a room for an
     // earlier life's, pinned 1 ms before the registration's own server time).
     sh.started_ms.store((t0 / 1000).max(1), Ordering::Relaxed);
-    let beaten = link.run(&sh.redis, |c| beat(sh, c, BeatMode::Register))?;
+    sh.life_t0_us.store(t0, Ordering::Relaxed);
+    let beaten = link.run_fenced(&sh.redis, |c, made| beat(sh, c, BeatMode::Register, made))?;
     if beaten.beat == Beat::Ok {
         // Mostly at once (WAIT returns when a replica acknowledges); else the ticks ask again.
         confirm_registration(sh, link);

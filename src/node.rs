@@ -269,6 +269,7 @@ impl Node {
             restore_pending: AtomicBool::new(false),
             registration_unconfirmed: AtomicBool::new(true),
             registration_switches: AtomicU64::new(0),
+            life_t0_us: AtomicI64::new(0),
             shards: Mutex::default(),
             switches_seen: AtomicU64::new(0),
             saw_duplicate: AtomicBool::new(false),

@@ -215,6 +215,9 @@ pub(crate) struct Shared {
     /// [`crate::conn::Redis::master_switches`] when this life registered: a missing record on
     /// the master it registered on is a reap, whatever the replicas acknowledged.
     pub registration_switches: AtomicU64,
+    /// Server µs this life began: its registration's clean-up boundary (`heartbeat::register`'s
+    /// `t0`); 0 before. A registration written again after a failover lost it keeps it.
+    pub life_t0_us: AtomicI64,
     /// On a Redis Cluster: the masters' dataset tokens this node knows and the rooms it still
     /// has to restore after one master lost its data (src/shards.rs). Taken by the heartbeat
     /// thread (and a host's manual tick) only.
