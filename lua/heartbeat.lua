@@ -63,7 +63,9 @@
 --   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
 --               its data, so the instance registered again (the caller restores its pins/peers);
 --   'reaped'    this instance is being reaped (score 0): a leader found it stale. Nothing is
---               written; the caller reports its rooms lost and registers again as a fresh life;
+--               written; the caller reports its rooms lost and registers again as a fresh life
+--               (unless, as for 'missing' below, its registration was never acknowledged and
+--               this is another master);
 --   'missing'   this instance is missing and the token is unchanged. Nothing is written. A
 --               leader reaped it (handled as 'reaped'), unless no replica has acknowledged
 --               its registration yet: then a failover promoted a replica that never got the
