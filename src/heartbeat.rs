@@ -51,10 +51,10 @@ pub(crate) enum Beat {
     Restored,
     /// A leader reaped this instance while it was unresponsive; nothing written.
     Reaped,
-    /// This instance is missing under an unchanged dataset token while no replica has
-    /// acknowledged its registration: a failover promoted a replica that never got it (a
-    /// reap needs a registration the leader saw, and replication keeps order). Nothing
-    /// written; the caller registers again and restores what it holds.
+    /// This instance is missing (or being reaped) under an unchanged dataset token on another
+    /// master than the one its registration was last found on, and no replica of that master
+    /// had acknowledged it (`registration_lost`): a failover promoted a replica that never got
+    /// it. Nothing written; the caller registers again and restores what it holds.
     Unregistered,
     /// Another live process uses this instance id (its heartbeat key holds another boot
     /// token). On register nothing was written.
