@@ -62,17 +62,35 @@ pub enum Mutation {
     /// `pin` writes the pin first and the room index entry in a later step; the host may upsert
     /// into the room in between (a record in a room not in the writer's index).
     UpsertBeforeIndex,
+    /// A call whose reply was lost is settled from the reply alone (the clean-up before issue
+    /// 11): a close whose reply was lost marks nothing uncertain, and the tick does not walk
+    /// the room index for members the node does not hold.
+    ReplyDependentCleanup,
+    /// The reaper's deferred `SREM`: at the end of a reap, the rooms it reaped are removed from
+    /// the dead instance's live room index, even if that instance registered again meanwhile
+    /// (and indexed those rooms anew).
+    DeferredSrem,
+    /// index_add.lua without its hand-over: an instance's index write after its reap
+    /// completed leaves it out of the sorted set (model findings 1 and 2).
+    UnregisteredIndexWriteUnmarked,
+    /// deregister.lua without its hand-over: a zombie's leave during its reap removes the
+    /// reap's mark from the sorted set (model finding 3).
+    LeaveDuringReapUnmarked,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 6] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::NoTwoPhaseRecheck,
         Mutation::NoOwnerCasInReapRoom,
         Mutation::LeaseRefreshNoOwnerCheck,
         Mutation::LeaveDeregistersAfterFailedClose,
         Mutation::MillisecondT0Ties,
         Mutation::UpsertBeforeIndex,
+        Mutation::ReplyDependentCleanup,
+        Mutation::DeferredSrem,
+        Mutation::UnregisteredIndexWriteUnmarked,
+        Mutation::LeaveDuringReapUnmarked,
     ];
 
     /// The scenario whose bounds expose the mutation.
@@ -80,6 +98,19 @@ impl Mutation {
         let base = match self {
             Mutation::LeaseRefreshNoOwnerCheck => Config::lease(),
             Mutation::LeaveDeregistersAfterFailedClose => Config::leave(),
+            // A pause is enough (no faults), and no takeovers.
+            Mutation::DeferredSrem => Config {
+                faulty: 0,
+                pinners: 0,
+                ..Config::default_bounds()
+            },
+            // One pin after the reap completed, then a crash.
+            Mutation::UnregisteredIndexWriteUnmarked => Config {
+                max_host_calls: Some(1),
+                ..Config::default_bounds()
+            },
+            // A pin, then the zombie's leave while its reap runs.
+            Mutation::LeaveDuringReapUnmarked => Config::leave_reap(),
             _ => Config::default_bounds(),
         };
         base.with(self)
@@ -94,6 +125,11 @@ impl Mutation {
             Mutation::LeaveDeregistersAfterFailedClose => crate::P_NOTHING_LEFT,
             Mutation::MillisecondT0Ties => crate::P_LIVE_SAFE,
             Mutation::UpsertBeforeIndex => crate::P_REACHABLE,
+            Mutation::ReplyDependentCleanup => crate::P_INDEX_MATCHES,
+            Mutation::DeferredSrem => crate::P_REACHABLE,
+            Mutation::UnregisteredIndexWriteUnmarked | Mutation::LeaveDuringReapUnmarked => {
+                crate::P_IN_REACH
+            }
         }
     }
 }
@@ -199,6 +235,16 @@ impl Config {
         }
     }
 
+    /// The "leave-reap" scenario: a leave while a reap of the instance may run (time 6 as
+    /// the default), with fewer host calls (a pin or two, then the leave).
+    pub fn leave_reap() -> Config {
+        Config {
+            max_host_calls: Some(2),
+            leave: true,
+            ..Config::default_bounds()
+        }
+    }
+
     /// The bigger run behind `SFU_MODEL_FULL=1`: the default scenario with leave, two upserts
     /// per room life, and the tick and the lease request split in two steps each.
     pub fn full() -> Config {
@@ -226,6 +272,7 @@ impl Config {
             ),
             ("lease", Config::lease()),
             ("leave", Config::leave()),
+            ("leave-reap", Config::leave_reap()),
         ]
     }
 

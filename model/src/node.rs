@@ -37,6 +37,8 @@ pub enum Reaper {
         token: u16,
         todo: Option<Rooms>,
         keep: Rooms,
+        /// Mutation `DeferredSrem` only (else 0): the rooms reaped, to unindex at the end.
+        reaped: Rooms,
     },
     /// reap_putback.lua ran; reap_finish.lua, in the same pipeline, is next.
     Finishing {
@@ -44,6 +46,8 @@ pub enum Reaper {
         dead: Id,
         token: u16,
         keep: Rooms,
+        /// As in `Rooms`.
+        reaped: Rooms,
     },
 }
 

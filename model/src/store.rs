@@ -957,10 +957,20 @@ impl Redis {
         log(|| Op::Advance);
     }
 
-    /// `SADD` to `i`'s room index (recorded); whether any room was new.
-    pub fn index_add(&mut self, i: Id, rooms: Rooms) -> bool {
-        let added = (rooms & !self.index[i as usize]).count_ones() as u8;
-        self.index[i as usize] |= rooms;
+    /// index_add.lua (recorded): `SADD` to `i`'s room index, and an instance that is not
+    /// registered (no sorted-set entry, no heartbeat key: reaped to completion, or gone) is
+    /// handed to the reaper (score 0); whether any room was new.
+    pub fn index_add(&mut self, c: &Config, i: Id, rooms: Rooms) -> bool {
+        let iu = i as usize;
+        let added = (rooms & !self.index[iu]).count_ones() as u8;
+        self.index[iu] |= rooms;
+        if rooms != 0
+            && self.zset[iu].is_none()
+            && self.hb[iu].is_none()
+            && !c.mutated(Mutation::UnregisteredIndexWriteUnmarked)
+        {
+            self.zset[iu] = Some(0);
+        }
         if rooms != 0 {
             log(|| Op::IndexAdd { i, rooms, added });
         }
@@ -975,10 +985,14 @@ impl Redis {
         }
     }
 
-    /// `Node::leave`'s deregistration (recorded).
-    pub fn deregister(&mut self, i: Id) {
-        self.hb[i as usize] = None;
-        self.zset[i as usize] = None;
+    /// deregister.lua, `Node::leave`'s deregistration (recorded): the heartbeat key goes;
+    /// the sorted-set entry too, unless a room index, a moved one or a reap's token is left
+    /// (a reap under way keeps its mark, leftovers are handed to the reaper: score 0).
+    pub fn deregister(&mut self, c: &Config, i: Id) {
+        let iu = i as usize;
+        self.hb[iu] = None;
+        let left = self.index[iu] != 0 || self.reaping[iu] != 0 || self.reaping_token[iu].is_some();
+        self.zset[iu] = (left && !c.mutated(Mutation::LeaveDuringReapUnmarked)).then_some(0);
         log(|| Op::Deregister { i });
     }
 
