@@ -98,12 +98,9 @@ impl Mutation {
         let base = match self {
             Mutation::LeaseRefreshNoOwnerCheck => Config::lease(),
             Mutation::LeaveDeregistersAfterFailedClose => Config::leave(),
-            // A pause is enough (no faults), and no takeovers.
-            Mutation::DeferredSrem => Config {
-                faulty: 0,
-                pinners: 0,
-                ..Config::default_bounds()
-            },
+            Mutation::NoTwoPhaseRecheck | Mutation::MillisecondT0Ties | Mutation::DeferredSrem => {
+                Config::pause_only()
+            }
             // One pin after the reap completed, then a crash.
             Mutation::UnregisteredIndexWriteUnmarked => Config {
                 max_host_calls: Some(1),
@@ -241,6 +238,17 @@ impl Config {
         Config {
             max_host_calls: Some(2),
             leave: true,
+            ..Config::default_bounds()
+        }
+    }
+
+    /// The reap scenario with no faults but a pause (any instance may idle while time
+    /// passes) and no takeovers: what the mutations that need only a pause are checked in
+    /// (a tenth of the states).
+    pub fn pause_only() -> Config {
+        Config {
+            faulty: 0,
+            pinners: 0,
             ..Config::default_bounds()
         }
     }
