@@ -93,9 +93,10 @@ impl Instance {
             .map_err(|e| Error::redis("unindex", e))
     }
 
-    /// `Node::leave`'s deregistration: heartbeat key, sorted-set entry, info.
+    /// `Node::leave`'s deregistration (`deregister.lua`): heartbeat key and info deleted; the
+    /// sorted-set entry removed, or set to 0 when a room index of the instance remains.
     pub fn deregister(&self, con: &mut Conn) -> Result<()> {
-        crate::store::deregister_on(&self.ctx, con)
+        crate::store::deregister_on(&self.ctx, con).map(|_| ())
     }
 
     /// One pin_room.lua call (`rooms::pin_room_script`): `(status, other)`, ids decoded.
