@@ -388,11 +388,7 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
                 if !sh.local.has_room(&room) {
                     if let Ok(w) = encode_id(IdKind::Room, &room) {
                         let put = link.run(&sh.redis, |c| {
-                            redis::cmd("SADD")
-                                .arg(sh.ctx.keys.instance_rooms(&sh.ctx.me))
-                                .arg(&w)
-                                .query::<()>(c)
-                                .map_err(|e| Error::redis("index a room pinned again", e))
+                            rooms::index_add(&sh.ctx, c, "index a room pinned again", &[&w])
                         });
                         if let Err(e) = put {
                             log::warn!("room {room:?}: {e}");
@@ -463,14 +459,16 @@ fn tick_once(sh: &Shared, link: &mut Link) -> Result<()> {
 /// once per `ROOM_LOCKS / REASSERT_STRIPES` (8) ticks.
 const REASSERT_STRIPES: usize = 8;
 
-/// Puts the rooms this node holds in lock stripes `stripes` back into its room index (`SADD`: a
-/// member already there is left as it is). What it repairs: an entry of this node removed by a
-/// clean-up that raced with a new write of the same room (this node's clean-up of its own
-/// earlier life, an operator's repair), which would otherwise leave a room, and the records in
-/// it, that no index reaches: an orphan once this instance dies (invariant 4, issue 11).
+/// Puts the rooms this node holds in lock stripes `stripes` back into its room index
+/// (`index_add.lua`: a member already there is left as it is; should this instance no longer
+/// be registered, it is handed to the reaper). What it repairs: an entry of this node removed
+/// by a clean-up that raced with a new write of the same room (this node's clean-up of its
+/// own earlier life, an operator's repair), which would otherwise leave a room, and the
+/// records in it, that no index reaches: an orphan once this instance dies (invariant 4,
+/// issue 11).
 /// Nothing is added before its record: a held room's pin exists (or the next tick reports it
 /// lost). No lock is held across the round trip (a hung connection must not hold host calls
-/// up): a room the host closed meanwhile (its `SREM` may have gone before this `SADD`) is
+/// up): a room the host closed meanwhile (its `SREM` may have gone before this write) is
 /// handed to the next tick's settlements, which remove its entry under the room lock once the
 /// room is known not to be ours.
 ///
@@ -512,8 +510,8 @@ impl<'a> Reassert<'a> {
         }
         let mut pipe = redis::pipe();
         let room_index = sh.ctx.keys.instance_rooms(&sh.ctx.me);
-        for chunk in wire_rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-            pipe.sadd(&room_index, chunk);
+        for inv in rooms::index_add_invocations(&sh.ctx, &wire_rooms) {
+            pipe.invoke_script(&inv);
         }
         let sadds = pipe.len();
         if walk {
@@ -599,7 +597,7 @@ impl<'a> Reassert<'a> {
     /// Handles the replies of the commands (never fails: see [`Reassert`]).
     fn handle(self, replies: Vec<redis::RedisResult<redis::Value>>) {
         let sh = self.sh;
-        // Closed while the round trip was under way: the SADD may have landed after its
+        // Closed while the round trip was under way: the index write may have landed after its
         // SREM; the settlements look again under the room lock.
         for room in &self.rooms {
             if !sh.local.has_room(room) {
@@ -609,8 +607,8 @@ impl<'a> Reassert<'a> {
         let mut replies = replies.into_iter();
         let mut added = 0;
         for reply in replies.by_ref().take(self.sadds) {
-            match conn::decode::<i64>(REASSERT_OP, reply) {
-                Ok(n) => added += n,
+            match rooms::indexed(&sh.ctx, REASSERT_OP, reply) {
+                Ok(i) => added += i.added,
                 Err(e) => log::warn!("{e}"),
             }
         }
@@ -934,13 +932,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
         .collect();
     if !wires.is_empty() {
         link.run(&sh.redis, |c| {
-            let mut pipe = redis::pipe();
-            for chunk in wires.chunks(conn::MEMBERS_PER_COMMAND) {
-                pipe.sadd(sh.ctx.keys.instance_rooms(&sh.ctx.me), chunk)
-                    .ignore();
-            }
-            pipe.query::<()>(c)
-                .map_err(|e| Error::redis("index the lost rooms for the clean-up", e))
+            rooms::index_add(&sh.ctx, c, "index the lost rooms for the clean-up", &wires)
         })?;
     }
     for (room, owner) in room_ids.into_iter().zip(owners) {

@@ -911,7 +911,7 @@ impl Node {
         }
         match first_error {
             // Deregistered only when nothing it owned is left (invariant 2).
-            None => store.deregister(),
+            None => store.deregister().map(|_| ()),
             // Still registered, its heartbeat released by the heartbeat thread's stop: its
             // score ages past the stale threshold and the leader reaps the rest, as for any
             // instance that died. Deregistering here would hide it from every reaper.

@@ -75,15 +75,12 @@ impl Instance {
         Ok(conn::call::<i64>(con, "release heartbeat", &inv)? == 1)
     }
 
-    /// `SADD` of `rooms` to this instance's room index (as `rooms::pin` and the re-assert):
-    /// how many were new.
+    /// `index_add.lua` of `rooms` to this instance's room index (`rooms::index_add`, as
+    /// `rooms::pin` and the re-assert send it; it marks an unregistered instance with score
+    /// 0): how many were new.
     pub fn index_add(&self, con: &mut Conn, rooms: &[&str]) -> Result<i64> {
         let rooms: Vec<String> = rooms.iter().map(|r| wire(IdKind::Room, r)).collect();
-        redis::cmd("SADD")
-            .arg(self.ctx.keys.instance_rooms(&self.ctx.me))
-            .arg(rooms)
-            .query(con)
-            .map_err(|e| Error::redis("index", e))
+        Ok(rooms::index_add(&self.ctx, con, "index", &rooms)?.added)
     }
 
     /// `SREM` of `rooms` from this instance's room index.
@@ -96,9 +93,10 @@ impl Instance {
             .map_err(|e| Error::redis("unindex", e))
     }
 
-    /// `Node::leave`'s deregistration: heartbeat key, sorted-set entry, info.
+    /// `Node::leave`'s deregistration (`deregister.lua`): heartbeat key and info deleted; the
+    /// sorted-set entry removed, or set to 0 when a room index of the instance remains.
     pub fn deregister(&self, con: &mut Conn) -> Result<()> {
-        crate::store::deregister_on(&self.ctx, con)
+        crate::store::deregister_on(&self.ctx, con).map(|_| ())
     }
 
     /// One pin_room.lua call (`rooms::pin_room_script`): `(status, other)`, ids decoded.

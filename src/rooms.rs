@@ -47,17 +47,116 @@ impl PinOutcome {
     }
 }
 
+/// What `index_add.lua` did: its reply `{added, marked}`, summed over calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Indexed {
+    /// How many members were new.
+    pub added: i64,
+    /// This instance was not registered (reaped to completion while unresponsive, or it
+    /// left): the script set its score to 0, handing it to the reaper.
+    pub marked: bool,
+}
+
+/// The `index_add.lua` calls that add `members` (wire forms) to this instance's own live room
+/// index, at most [`conn::MEMBERS_PER_COMMAND`] members each (none for no member). Every
+/// write of the instance's own room index goes through this script ([`index_add`], or these
+/// calls in a pipeline, each reply read with [`indexed`]): should the instance no longer be
+/// registered (no sorted-set entry, no heartbeat key), the script gives it score 0, so a
+/// leader reaps what the index reaches (docs/DESIGN.md "No leftovers out of reach").
+pub(crate) fn index_add_invocations<T: AsRef<str>>(
+    ctx: &Ctx,
+    members: &[T],
+) -> Vec<redis::ScriptInvocation<'static>> {
+    members
+        .chunks(conn::MEMBERS_PER_COMMAND)
+        .map(|chunk| {
+            let mut inv = SCRIPTS.index_add.prepare_invoke();
+            inv.key(ctx.keys.heartbeats())
+                .key(ctx.keys.heartbeat(&ctx.me))
+                .key(ctx.keys.instance_rooms(&ctx.me))
+                .arg(&ctx.me);
+            for m in chunk {
+                inv.arg(m.as_ref());
+            }
+            inv
+        })
+        .collect()
+}
+
+/// Adds `members` (wire forms) to this instance's own live room index (`index_add.lua`, one
+/// call per [`conn::MEMBERS_PER_COMMAND`] members, in one round trip), marking it for the
+/// reaper should it not be registered any more ([`index_add_invocations`]). `op` names the
+/// caller's step in errors and in the warning a mark logs.
+pub(crate) fn index_add<T: AsRef<str>>(
+    ctx: &Ctx,
+    con: &mut Conn,
+    op: &'static str,
+    members: &[T],
+) -> Result<Indexed> {
+    let mut invs = index_add_invocations(ctx, members);
+    if invs.len() > 1 {
+        // One round trip for all.
+        let mut pipe = redis::pipe();
+        for inv in &invs {
+            pipe.invoke_script(inv);
+        }
+        let mut out = Indexed::default();
+        for reply in conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))? {
+            let one = indexed(ctx, op, reply)?;
+            out.added += one.added;
+            out.marked |= one.marked;
+        }
+        return Ok(out);
+    }
+    let Some(inv) = invs.pop() else {
+        return Ok(Indexed::default());
+    };
+    let (added, marked): (i64, i64) = conn::call(con, op, &inv)?;
+    if marked == 1 {
+        warn_marked(ctx, op);
+    }
+    Ok(Indexed {
+        added,
+        marked: marked == 1,
+    })
+}
+
+/// The reply of one pipelined `index_add.lua` call ([`index_add_invocations`]); a mark is
+/// logged.
+pub(crate) fn indexed(
+    ctx: &Ctx,
+    op: &'static str,
+    reply: redis::RedisResult<redis::Value>,
+) -> Result<Indexed> {
+    let (added, marked): (i64, i64) = conn::decode(op, reply)?;
+    if marked == 1 {
+        warn_marked(ctx, op);
+    }
+    Ok(Indexed {
+        added,
+        marked: marked == 1,
+    })
+}
+
+fn warn_marked(ctx: &Ctx, op: &str) {
+    log::warn!(
+        "instance {} wrote its room index ({op}) while not registered (reaped while unresponsive, or it left): handed to the reaper (score 0); its next heartbeat registers it again",
+        ctx.me
+    );
+}
+
 /// Pins `room` (wire form, `room_id` the caller's) for this instance. A pin held by an
 /// instance whose heartbeat key is gone is taken over (owner CAS on that dead owner).
 ///
-/// The room goes into this instance's index first, in its own round trip, and the pin script
-/// runs only if that write succeeded (index before record). When the pin is definitely not ours
-/// afterwards (held elsewhere, or the script refused on bad data) the index entry is removed
-/// again if this call added it (the `SADD` said so; then no record of this instance can be in
-/// the room, as none could be without the entry). An entry that was there before (records of
-/// this instance left in a room it lost, not swept yet) stays, and the room is marked
-/// uncertain: the heartbeat sweeps those records before it removes the entry
-/// ([`sweep_own`]). When the outcome is unknown (the request was sent but timed out) nothing
+/// The room goes into this instance's index first, in its own round trip ([`index_add`]:
+/// should this instance no longer be registered, a zombie, it is handed to the reaper), and
+/// the pin script runs only if that write succeeded (index before record). When the pin is
+/// definitely not ours afterwards (held elsewhere, or the script refused on bad data) the
+/// index entry is removed again if this call added it (`added` said so; then no record of
+/// this instance can be in the room, as none could be without the entry). An entry that was
+/// there before (records of this instance left in a room it lost, not swept yet) stays, and
+/// the room is marked uncertain: the heartbeat sweeps those records before it removes the
+/// entry ([`sweep_own`]). When the outcome is unknown (the request was sent but timed out) nothing
 /// more is sent on that connection: the room is marked uncertain in `local` and the heartbeat
 /// settles it (releases a pin that did land).
 pub(crate) fn pin(
@@ -70,13 +169,9 @@ pub(crate) fn pin(
 ) -> Result<PinOutcome> {
     let op = "pin room";
     let index = ctx.keys.instance_rooms(&ctx.me);
-    let added = redis::cmd("SADD")
-        .arg(&index)
-        .arg(room)
-        .query::<i64>(con)
-        .map_err(|e| Error::redis(op, e));
+    let added = index_add(ctx, con, op, &[room]);
     let added = match added {
-        Ok(n) => n == 1,
+        Ok(i) => i.added == 1,
         Err(e) => {
             // The entry may have landed with its reply lost: the heartbeat settles the room
             // like an uncertain pin (nothing to release; the entry goes).
@@ -401,11 +496,11 @@ pub(crate) fn refresh_lapsed(
 ///
 /// Cross-slot order (docs/DESIGN.md): the index entry is written before the pin and metadata
 /// (`{ctl}` before `{<R>}`), so a crash in between leaves at most an entry pointing at nothing.
-/// The index `SADD`s go first in a round trip of their own, checked, and the re-pins follow
-/// only once every `SADD` succeeded (one more round trip, only when a restore runs): on a
-/// cluster a pipeline is split per master and the masters run their shares in any order, and
-/// on one server an `SADD` refused (an index key of the wrong type) must not be followed by
-/// re-pins and records that no index reaches.
+/// The index writes ([`index_add_invocations`]) go first in a round trip of their own,
+/// checked, and the re-pins follow only once every write succeeded (one more round trip, only
+/// when a restore runs): on a cluster a pipeline is split per master and the masters run their
+/// shares in any order, and on one server a refused write (an index key of the wrong type)
+/// must not be followed by re-pins and records that no index reaches.
 ///
 /// `ahead` (may be empty): commands of the caller sent first, in the first round trip; their
 /// replies are returned beside the outcomes.
@@ -416,15 +511,15 @@ pub(crate) fn restore_pins(
     ahead: &Pipeline,
 ) -> Result<(Replies, Vec<(String, Refreshed)>)> {
     let op = "restore pins";
-    let index = ctx.keys.instance_rooms(&ctx.me);
     let mut pipe = ahead.clone();
-    for chunk in rooms.chunks(conn::MEMBERS_PER_COMMAND) {
-        pipe.sadd(&index, chunk.iter().map(|(_, w)| w).collect::<Vec<_>>());
+    let wires: Vec<&str> = rooms.iter().map(|(_, w)| w.as_str()).collect();
+    for inv in index_add_invocations(ctx, &wires) {
+        pipe.invoke_script(&inv);
     }
     let mut replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     for r in replies.split_off(ahead.len().min(replies.len())) {
         // An entry not written: no re-pin (it could leave a room no index reaches).
-        conn::decode::<i64>(op, r)?;
+        indexed(ctx, op, r)?;
     }
     let mut scripts = redis::pipe();
     let (_, out) = pin_refresh_scripts(ctx, con, &mut scripts, 0, rooms, true)?;
@@ -564,5 +659,123 @@ mod tests {
         );
         assert_eq!(owner(&b, &mut con, "r1").unwrap().as_deref(), Some("b"));
         assert!(local.uncertain().is_empty());
+    }
+
+    fn zscore(con: &mut Conn, ctx: &Ctx) -> Option<i64> {
+        redis::cmd("ZSCORE")
+            .arg(ctx.keys.heartbeats())
+            .arg(&ctx.me)
+            .query(con)
+            .unwrap()
+    }
+
+    // Model check, finding 1: `index_add.lua` hands an instance that is not registered (no
+    // sorted-set entry, no heartbeat key: reaped to the end, or gone) to the reaper (score 0),
+    // and never touches a registered one's score: a live one, one whose heartbeat key expired
+    // while its score is still fresh (it may only have missed a beat: marking it would reap it
+    // at once, invariant 1), one being reaped, one with a heartbeat key but no entry. A pin of
+    // an unregistered instance marks it too; pipelined calls survive a flushed script cache,
+    // and more members than one command carries go in several calls.
+    #[test]
+    fn index_add_hands_only_an_unregistered_instance_to_the_reaper() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let url = server.url();
+        let mut con = crate::conn::Redis::new(&url, std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        let now = crate::conn::server_time_ms(&mut con).unwrap();
+        let op = "index";
+
+        let gone = ctx(&url, "gone");
+        let first = index_add(&gone, &mut con, op, &["r1"]).unwrap();
+        assert_eq!(
+            first,
+            Indexed {
+                added: 1,
+                marked: true
+            }
+        );
+        assert_eq!(zscore(&mut con, &gone), Some(0));
+        // Marked already: the entry (score 0, a reap's mark) is left as it is.
+        let again = index_add(&gone, &mut con, op, &["r1", "r2"]).unwrap();
+        assert_eq!(
+            again,
+            Indexed {
+                added: 1,
+                marked: false
+            }
+        );
+        assert_eq!(zscore(&mut con, &gone), Some(0));
+        assert_eq!(rooms_of(&mut con, &gone).len(), 2);
+
+        // (id, score, heartbeat key)
+        let registered: [(&str, Option<i64>, bool); 4] = [
+            ("live", Some(now), true),
+            ("late", Some(now - 100), false),
+            ("being-reaped", Some(0), false),
+            ("hb-only", None, true),
+        ];
+        for (id, score, hb) in registered {
+            let c = ctx(&url, id);
+            let mut pipe = redis::pipe();
+            if let Some(score) = score {
+                pipe.zadd(c.keys.heartbeats(), &c.me, score).ignore();
+            }
+            if hb {
+                pipe.set(c.keys.heartbeat(&c.me), "boot").ignore();
+            }
+            pipe.query::<()>(&mut con).unwrap();
+            let out = index_add(&c, &mut con, op, &["r1"]).unwrap();
+            assert_eq!(
+                out,
+                Indexed {
+                    added: 1,
+                    marked: false
+                },
+                "{id}"
+            );
+            assert_eq!(zscore(&mut con, &c), score, "{id}: its score untouched");
+        }
+
+        // The index write of a pin marks an unregistered instance.
+        let pinner = ctx(&url, "pinner");
+        let pinned = pin(&pinner, &Local::default(), &mut con, "p1", "p1", false).unwrap();
+        assert_eq!(pinned, PinOutcome::Pinned);
+        assert_eq!(zscore(&mut con, &pinner), Some(0));
+
+        // Pipelined (the re-assert, the restore), after the script cache was flushed: the
+        // calls that met NOSCRIPT are sent again.
+        let piped = ctx(&url, "piped");
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+        let mut p = redis::pipe();
+        for inv in index_add_invocations(&piped, &["a", "b"]) {
+            p.invoke_script(&inv);
+        }
+        let replies = conn::exec(&mut con, &mut p).unwrap();
+        assert_eq!(replies.len(), 1);
+        let out = indexed(&piped, op, replies.into_iter().next().unwrap()).unwrap();
+        assert_eq!(
+            out,
+            Indexed {
+                added: 2,
+                marked: true
+            }
+        );
+        assert_eq!(zscore(&mut con, &piped), Some(0));
+
+        // More members than one command carries: several calls, one round trip.
+        let many = ctx(&url, "many");
+        let rooms: Vec<String> = (0..conn::MEMBERS_PER_COMMAND + 10)
+            .map(|i| format!("m{i}"))
+            .collect();
+        assert_eq!(index_add_invocations(&many, &rooms).len(), 2);
+        let out = index_add(&many, &mut con, op, &rooms).unwrap();
+        assert_eq!(out.added, rooms.len() as i64);
+        assert!(out.marked);
+        assert_eq!(
+            index_add(&many, &mut con, op, &Vec::<String>::new()).unwrap(),
+            Indexed::default()
+        );
     }
 }

@@ -94,6 +94,8 @@ fn source(name: &str, compiled: &'static str) -> &'static str {
 scripts!(
     heartbeat,
     heartbeat_release,
+    deregister,
+    index_add,
     pin_room,
     pin_refresh,
     close_room,

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::conn::Conn;
+use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::Id;
 use crate::peers::{self, Upserted};
 use crate::rooms;
+use crate::scripts::SCRIPTS;
 use crate::state::{Ctx, Shared};
 
 // `ffi` names the outcome by this path.
@@ -153,8 +154,9 @@ impl RedisStore {
         Ok(left)
     }
 
-    /// Deletes this instance's heartbeat key and sorted-set entry (`Node::leave`).
-    pub(crate) fn deregister(&self) -> Result<()> {
+    /// Deletes this instance's heartbeat key, info and sorted-set entry (`Node::leave`), or
+    /// hands it to the reaper when a room index of it remains ([`deregister_on`]).
+    pub(crate) fn deregister(&self) -> Result<Deregistered> {
         let sh = &*self.sh;
         sh.pool.run(&sh.redis, |c| deregister_on(&sh.ctx, c))
     }
@@ -213,17 +215,103 @@ impl RedisStore {
     }
 }
 
-/// `Node::leave`'s deregistration of instance `ctx.me`: its heartbeat key, sorted-set entry and
-/// info hash, in one round trip.
-pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<()> {
+/// What [`deregister_on`] did (`deregister.lua`'s reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deregistered {
+    /// The sorted-set entry is gone: nothing of the instance is indexed.
+    Gone,
+    /// A room index of the instance still exists (a reap of it is under way, or entries the
+    /// leave could not settle): its score is 0, so a leader reaps what is left.
+    Handed,
+}
+
+/// `Node::leave`'s deregistration of instance `ctx.me` (`deregister.lua`, one round trip): its
+/// heartbeat key and info hash are deleted; its sorted-set entry is removed, unless a room
+/// index of it still exists (its live one, or one a reap moved aside): then its score becomes
+/// 0 and a leader reaps what the indexes reach (invariant 2; model check, finding 3: a
+/// zombie's leave during its reap removed the reap's mark, and no round listed it again).
+pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
+    let op = "deregister";
     let (keys, me) = (&ctx.keys, &ctx.me);
-    redis::pipe()
-        .del(keys.heartbeat(me))
-        .ignore()
-        .zrem(keys.heartbeats(), me)
-        .ignore()
-        .del(keys.instance_info(me))
-        .ignore()
-        .query::<()>(con)
-        .map_err(|e| Error::redis("deregister", e))
+    let mut inv = SCRIPTS.deregister.prepare_invoke();
+    inv.key(keys.heartbeats())
+        .key(keys.heartbeat(me))
+        .key(keys.instance_info(me))
+        .key(keys.instance_rooms(me))
+        .key(keys.instance_reaping_rooms(me))
+        .arg(me);
+    let status: String = conn::call(con, op, &inv)?;
+    match status.as_str() {
+        "gone" => Ok(Deregistered::Gone),
+        "handed" => {
+            log::info!(
+                "instance {me} left with rooms still indexed (a reap of it under way, or rooms the leave could not settle): handed to the reaper (score 0)"
+            );
+            Ok(Deregistered::Handed)
+        }
+        s => Err(Error::bad_data(op, format!("deregister.lua replied {s:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Timings};
+    use sfu_redis_testkit::devserver::LocalRedis;
+
+    // Model check, finding 3: `deregister.lua` deletes the heartbeat key and the info, and
+    // removes the sorted-set entry only when no room index of the instance is left ('gone');
+    // with its live index or the one a reap moved aside still there, the entry gets score 0
+    // ('handed'), so a leader reaps what they reach.
+    #[test]
+    fn a_deregistration_hands_an_instance_with_an_index_to_the_reaper() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        let ctx = |id: &str| {
+            let cfg = Config::builder()
+                .redis_url(Some(server.url()))
+                .stage("unit")
+                .instance_id(id)
+                .timings(Timings::fast())
+                .build()
+                .unwrap();
+            Ctx::from_config(&cfg).unwrap()
+        };
+        // (id, its live index, its moved index, what the deregistration finds)
+        let cases = [
+            ("clean", false, false, Deregistered::Gone),
+            ("live-left", true, false, Deregistered::Handed),
+            ("mid-reap", false, true, Deregistered::Handed),
+        ];
+        for (id, live, moved, want) in cases {
+            let c = ctx(id);
+            let (ks, me) = (&c.keys, &c.me);
+            let mut pipe = redis::pipe();
+            pipe.zadd(ks.heartbeats(), me, 12345)
+                .ignore()
+                .set(ks.heartbeat(me), "boot")
+                .ignore()
+                .hset(ks.instance_info(me), "started_ms", 1)
+                .ignore();
+            if live {
+                pipe.sadd(ks.instance_rooms(me), "r").ignore();
+            }
+            if moved {
+                pipe.sadd(ks.instance_reaping_rooms(me), "r").ignore();
+            }
+            pipe.query::<()>(&mut con).unwrap();
+            assert_eq!(deregister_on(&c, &mut con).unwrap(), want, "{id}");
+            let (score, hb, info): (Option<i64>, bool, bool) = redis::pipe()
+                .zscore(ks.heartbeats(), me)
+                .exists(ks.heartbeat(me))
+                .exists(ks.instance_info(me))
+                .query(&mut con)
+                .unwrap();
+            let want_score = (want == Deregistered::Handed).then_some(0);
+            assert_eq!((score, hb, info), (want_score, false, false), "{id}");
+        }
+    }
 }

@@ -33,6 +33,7 @@ mod regress_aside;
 mod regress_failover;
 mod regress_faults;
 mod regress_inputs;
+mod regress_orphans;
 mod regress_ownidx;
 mod regress_races;
 mod regress_reaper;

@@ -1123,8 +1123,8 @@ fn a_node_puts_back_its_stripped_entries_and_drops_dangling_ones() {
 }
 
 // Protects: invariant 4 after a pin whose first step's reply is lost (found by the chaos run
-// with churn): the room-index `SADD` ran, its reply never came, so the pin script was never
-// sent. The call fails; the entry names a room nobody pinned.
+// with churn): the room-index write (`index_add.lua`) ran, its reply never came, so the pin
+// script was never sent. The call fails; the entry names a room nobody pinned.
 // Protection: the room is marked uncertain like a pin whose script reply was lost, and the next
 // tick settles it (nothing to release; the entry goes). The tick's walk over its own index
 // would find it too, later.
@@ -1136,7 +1136,9 @@ fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
     let a = Node::start(config_for(&proxy.url(), RT, "sadd", Timings::fast())).unwrap();
     a.pin_room("kept").unwrap();
     let index = ks.instance_rooms("sadd");
-    proxy.lose_reply_of(format!("SADD\r\n${}\r\n{index}", index.len()).as_bytes());
+    // The pin's index write: index_add.lua's last key, the instance, then the room (the
+    // tick's re-assertion of "kept" sends the same script with another member).
+    proxy.lose_reply_of(format!("{index}\r\n$4\r\nsadd\r\n$5\r\nnever\r\n").as_bytes());
     let out = a.pin_room("never");
     assert!(out.is_err(), "the index write's reply was lost: {out:?}");
     assert!(

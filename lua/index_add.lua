@@ -1,0 +1,34 @@
+#!lua
+-- index_add.lua: an instance adds rooms to its own live room index; if it is not registered
+-- any more, it hands itself to the reaper.
+--
+-- KEYS[1] P:{ctl}:heartbeats
+-- KEYS[2] P:{ctl}:hb:<I>
+-- KEYS[3] P:{ctl}:instance:<I>:rooms
+-- ARGV[1] I, the calling instance (wire form)
+-- ARGV[2..] the members (rooms, wire form)
+--
+-- The members are added first (SADD). Then, if I has no sorted-set entry and no heartbeat
+-- key, I is not registered: a reap of it completed while it was paused (a zombie that has
+-- not noticed yet), or it left. Its score is then set to 0 ("being reaped"): candidates.lua
+-- lists it, reap_begin.lua re-checks the heartbeat key and the score before it reaps, and
+-- heartbeat.lua answers 'reaped' to its next tick, after which it registers again. Without
+-- the mark, a zombie that indexed a room (and pinned it, wrote records there) and then
+-- crashed before its next tick left an index, a pin, metadata and records that no leader
+-- reaps: nothing in the sorted set named it, and with per-boot ids no process reuses it
+-- (model check, finding 1).
+-- An existing entry (a live score, or 0: a reap under way) is never touched, and neither is
+-- an instance whose heartbeat key exists: a live instance is never marked.
+--
+-- Reply: {added, marked}: how many members were new (SADD), and 1 if I was marked (score 0),
+-- else 0.
+--
+-- Protects: invariant 2 (nothing of a dead instance is left out of a reaper's reach) and
+-- invariant 1 (a registered instance's score is never changed).
+local added = redis.call('SADD', KEYS[3], unpack(ARGV, 2))
+local marked = 0
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('ZADD', KEYS[1], 0, ARGV[1])
+  marked = 1
+end
+return {added, marked}

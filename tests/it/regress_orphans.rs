@@ -1,0 +1,204 @@
+//! Regression tests: nothing of a dead instance is left out of every reaper's reach because
+//! its sorted-set entry went before its leftovers did (model check, `model/README.md`
+//! "Findings" 1 to 3). An instance that writes its own room index while it is not registered
+//! (a zombie whose reap completed, a crash before its next tick) hands itself to the reaper
+//! (`index_add.lua`: score 0); a leave that finds a room index of itself still there (a reap
+//! of it under way) keeps the score-0 mark (`deregister.lua`: 'handed').
+//!
+//! Promises covered: docs/DESIGN.md invariant 2 (a dead instance leaves nothing behind) and
+//! the rule "No leftovers out of reach".
+use crate::support;
+
+use sfu_redis::keys::IdKind;
+use sfu_redis::replay;
+use sfu_redis::{PinOutcome, Timings};
+use support::*;
+
+const STAGE: &str = "orph";
+
+fn zscore(s: &Server, instance: &str) -> Option<i64> {
+    redis::cmd("ZSCORE")
+        .arg(ks(STAGE).heartbeats())
+        .arg(wire(IdKind::Instance, instance))
+        .query(&mut s.con())
+        .unwrap()
+}
+
+/// Every place a dump of the stage still names `instance` (keys, members, fields, values).
+fn naming(s: &Server, instance: &str) -> Vec<String> {
+    let ks = ks(STAGE);
+    references(
+        &s.dump(&ks.scan_pattern()),
+        &[wire(IdKind::Instance, instance)],
+    )
+}
+
+/// Waits until nothing of the stage names `instance`; the leftovers in the panic otherwise.
+fn wait_nothing_names(s: &Server, instance: &str) {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let left = naming(s, instance);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{LONG:?} after a leader started these still name {instance}: {left:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+// Model check, finding 1. A paused instance is reaped to completion (no sorted-set entry, no
+// heartbeat key, no index). It resumes and, before its next tick notices the reap, its host
+// pins a room and writes a peer record there; then it crashes (kill -9) before any tick
+// registers it again. Its index, pin, metadata and record used to stay for ever: nothing in
+// the sorted set named it, and per-boot ids mean no process reuses it. Protection: the index
+// write of the pin (`index_add.lua`) found it unregistered and set its score to 0, so the next
+// leader lists it, re-checks it and reaps everything it left.
+#[test]
+fn a_zombie_that_pins_after_its_completed_reap_and_crashes_is_reaped() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    // Quiet timings: the zombie never ticks during the test.
+    let z = s.node_with(STAGE, "zmb-pins", quiet());
+    let w = wire(IdKind::Instance, "zmb-pins");
+    assert_eq!(z.pin_room("zp-before").unwrap(), PinOutcome::Pinned);
+    // Paused past its stale threshold: a leader reaps it to the end, then stops.
+    s.make_stale(&ks, "zmb-pins", 1);
+    let (first, mut log) = s.leader(STAGE, "zp-first", Timings::fast());
+    log.wait(LONG, "the zombie reaped", |e| reaped(e, "zmb-pins"));
+    first.shutdown().unwrap();
+    drop(first);
+    assert_eq!(zscore(&s, "zmb-pins"), None, "the reap completed");
+    assert!(
+        naming(&s, "zmb-pins").is_empty(),
+        "{:#?}",
+        naming(&s, "zmb-pins")
+    );
+
+    // It resumes: its host pins a room and upserts a peer, then the process dies.
+    assert_eq!(z.pin_room("zp-after").unwrap(), PinOutcome::Pinned);
+    z.upsert_peer("zp-after", "zp-peer", Some("zp-guest"), &[("k", "v")])
+        .unwrap();
+    z.simulate_crash();
+    assert_eq!(
+        zscore(&s, "zmb-pins"),
+        Some(0),
+        "its index write handed it to the reaper"
+    );
+    let rk = ks.room("zp-after");
+    for key in [
+        ks.instance_rooms(&w),
+        rk.owner.clone(),
+        rk.meta.clone(),
+        ks.peer("zp-after", "zp-peer"),
+    ] {
+        assert!(
+            !s.dump(&key).is_empty(),
+            "{key}: the zombie's write is there"
+        );
+    }
+
+    // The next leader reaps all of it: index, moved index, pin, metadata, peers, record, entry.
+    let (_second, _log) = s.leader(STAGE, "zp-second", Timings::fast());
+    wait_nothing_names(&s, "zmb-pins");
+    assert!(s.keys(&format!("{}*zp-after*", ks.prefix())).is_empty());
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}
+
+// Model check, findings 1 and 2 (the crash between the two steps of a pin): an instance that
+// was never registered, or whose reap completed, writes its room index and dies before the
+// pin script runs. The entry named a room that does not exist, in the index of an instance no
+// sorted set named: only fsck found it. Protection: the same mark (`index_add.lua`, through
+// the library's call as the trace replay sends it); a leader then reaps the index.
+#[test]
+fn an_index_entry_written_unregistered_is_handed_to_the_reaper() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let ghost = replay::Instance::new(&ks, "zmb-index", Timings::fast());
+    let mut con = s.con();
+    assert_eq!(ghost.index_add(&mut con, &["zi-room"]).unwrap(), 1);
+    assert_eq!(zscore(&s, "zmb-index"), Some(0));
+    let (_leader, mut log) = s.leader(STAGE, "zi-leader", Timings::fast());
+    log.wait(LONG, "the index reaped", |e| reaped(e, "zmb-index"));
+    wait_nothing_names(&s, "zmb-index");
+}
+
+// Model check, finding 3. A zombie (reaped while paused, not noticed yet) leaves while a reap
+// of it is under way: reap_begin.lua moved its room index aside, set its score to 0 and wrote
+// its token. The leave closes the rooms it holds and settles its live index (empty: the reap
+// moved it), then deregistered, which removed the score-0 mark. A room of the moved index the
+// node did not hold (here one of its earlier life, pinned with a record) then stayed: the reap
+// puts kept rooms back and ends 'retry', but no later round lists an instance the sorted set
+// no longer names. Protection: `deregister.lua` finds the moved index and keeps score 0
+// ('handed'); the leader's next rounds reap everything.
+#[test]
+fn a_zombies_leave_during_its_reap_hands_it_to_the_reaper() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let z = s.node_with(STAGE, "zmb-leaves", quiet());
+    let w = wire(IdKind::Instance, "zmb-leaves");
+    assert_eq!(z.pin_room("zl-held").unwrap(), PinOutcome::Pinned);
+    z.upsert_peer("zl-held", "zl-held-peer", None, &[]).unwrap();
+    // A room of its index the node does not hold, with its pin and a record of it.
+    let now = s.server_ms();
+    s.fabricate_dead(
+        &ks,
+        "zmb-leaves",
+        now,
+        Some(600_000),
+        &[("zl-unheld", &[("zl-unheld-peer", Some("zl-guest"))])],
+    );
+    // Its heartbeat key expired while it was paused; a leader's reap began (and stalled).
+    let _: () = redis::cmd("DEL")
+        .arg(ks.heartbeat(&w))
+        .query(&mut s.con())
+        .unwrap();
+    s.interrupt_reap(&ks, &w);
+
+    z.leave().expect("the leave settles what it holds");
+    assert_eq!(
+        zscore(&s, "zmb-leaves"),
+        Some(0),
+        "the leave kept the reap's mark"
+    );
+    assert!(
+        s.dump(&ks.heartbeat(&w)).is_empty(),
+        "heartbeat key deleted"
+    );
+    assert!(s.dump(&ks.instance_info(&w)).is_empty(), "info deleted");
+    assert!(
+        !s.dump(&ks.room("zl-unheld").meta).is_empty(),
+        "the room it did not hold is still there"
+    );
+
+    let (_leader, mut log) = s.leader(STAGE, "zl-leader", Timings::fast());
+    log.wait(LONG, "the leaver reaped", |e| reaped(e, "zmb-leaves"));
+    wait_nothing_names(&s, "zmb-leaves");
+    assert!(
+        s.index_problems(&ks).is_empty(),
+        "{:#?}",
+        s.index_problems(&ks)
+    );
+}
+
+// The other side of the same script: a leave that settled everything (no room index left)
+// removes the sorted-set entry ('gone'), and nothing names the instance afterwards, without
+// any leader. Fails if `deregister.lua` handed every leaver to the reaper.
+#[test]
+fn a_clean_leave_removes_the_entry() {
+    let s = Server::start();
+    let n = s.node_with(STAGE, "zmb-clean", quiet());
+    assert_eq!(n.pin_room("zc-room").unwrap(), PinOutcome::Pinned);
+    n.upsert_peer("zc-room", "zc-peer", None, &[]).unwrap();
+    assert!(zscore(&s, "zmb-clean").is_some());
+    n.leave().unwrap();
+    assert_eq!(zscore(&s, "zmb-clean"), None);
+    let left = naming(&s, "zmb-clean");
+    assert!(left.is_empty(), "{left:#?}");
+}
