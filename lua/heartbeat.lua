@@ -60,9 +60,14 @@
 -- schema is what KEYS[9] holds after this call (its first 80 bytes: whatever was left there,
 -- the reply stays small); status is
 --   'ok'        heartbeat written;
---   'restored'  this instance was missing and the dataset token is gone or changed: Redis lost
---               its data, so the instance registered again (the caller restores its pins/peers);
---   'reaped'    this instance is being reaped (score 0): a leader found it stale. Nothing is
+--   'restored'  this instance was missing, or at score 0, and the dataset token is gone or
+--               changed: Redis lost its data, so the instance registered again (the caller
+--               restores its pins/peers). Score 0 under a token this instance never saw
+--               cannot be a reap of its registration (it never registered on this dataset):
+--               it is the mark index_add.lua set when the instance wrote its index between the
+--               loss and this tick (or fsck's hand-over of its leftovers);
+--   'reaped'    this instance is being reaped (score 0) and the token is unchanged: a leader
+--               found it stale, or index_add.lua / deregister.lua handed it over. Nothing is
 --               written; the caller reports its rooms lost and registers again as a fresh life
 --               (unless, as for 'missing' below, its registration was never acknowledged and
 --               this is another master);
@@ -120,7 +125,13 @@ if ARGV[3] ~= 'register' then
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    return {'reaped', now, token or '', epoch, now_us, 0, shown, 0}
+    if token and token == ARGV[4] then
+      return {'reaped', now, token, epoch, now_us, 0, shown, 0}
+    end
+    if foreign then
+      return {'schema', now, token or '', epoch, now_us, 0, shown, 0}
+    end
+    status = 'restored'
   end
 end
 if not schema or implied then

@@ -227,7 +227,7 @@ pub(crate) enum Deregistered {
 
 /// `Node::leave`'s deregistration of instance `ctx.me` (`deregister.lua`, one round trip): its
 /// heartbeat key and info hash are deleted; its sorted-set entry is removed, unless a room
-/// index of it still exists (its live one, or one a reap moved aside): then its score becomes
+/// index of it still exists (its live one, or one a reap moved aside) or a reap's token: then its score becomes
 /// 0 and a leader reaps what the indexes reach (invariant 2; model check, finding 3: a
 /// zombie's leave during its reap removed the reap's mark, and no round listed it again).
 pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
@@ -239,6 +239,7 @@ pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
         .key(keys.instance_info(me))
         .key(keys.instance_rooms(me))
         .key(keys.instance_reaping_rooms(me))
+        .key(keys.instance_reaping(me))
         .arg(me);
     let status: String = conn::call(con, op, &inv)?;
     match status.as_str() {
@@ -280,13 +281,20 @@ mod tests {
                 .unwrap();
             Ctx::from_config(&cfg).unwrap()
         };
-        // (id, its live index, its moved index, what the deregistration finds)
+        // (id, its live index, its moved index, a reap's token, what the deregistration finds)
         let cases = [
-            ("clean", false, false, Deregistered::Gone),
-            ("live-left", true, false, Deregistered::Handed),
-            ("mid-reap", false, true, Deregistered::Handed),
+            ("clean", false, false, false, Deregistered::Gone),
+            ("live-left", true, false, false, Deregistered::Handed),
+            ("mid-reap", false, true, false, Deregistered::Handed),
+            (
+                "mid-reap-no-rooms",
+                false,
+                false,
+                true,
+                Deregistered::Handed,
+            ),
         ];
-        for (id, live, moved, want) in cases {
+        for (id, live, moved, token, want) in cases {
             let c = ctx(id);
             let (ks, me) = (&c.keys, &c.me);
             let mut pipe = redis::pipe();
@@ -301,6 +309,9 @@ mod tests {
             }
             if moved {
                 pipe.sadd(ks.instance_reaping_rooms(me), "r").ignore();
+            }
+            if token {
+                pipe.set(ks.instance_reaping(me), "1").ignore();
             }
             pipe.query::<()>(&mut con).unwrap();
             assert_eq!(deregister_on(&c, &mut con).unwrap(), want, "{id}");

@@ -202,3 +202,49 @@ fn a_clean_leave_removes_the_entry() {
     let left = naming(&s, "zmb-clean");
     assert!(left.is_empty(), "{left:#?}");
 }
+
+// After Redis lost its data, a host pin that runs before the node's next tick writes the room
+// index of an instance the new dataset does not know: `index_add.lua` marks it (score 0), as
+// it marks a zombie. The next tick must still take this as the data loss it is and restore
+// (`heartbeat.lua`: a score 0 under a dataset token the instance never saw is 'restored'),
+// not as a reap: before, it answered 'reaped' and the node reported both rooms lost and
+// dropped them, the one it had just pinned included (found by review of the mark).
+#[test]
+fn a_pin_between_a_data_loss_and_the_next_tick_still_restores() {
+    let s = Server::start();
+    let n = s.node_with(STAGE, "dl", quiet());
+    assert_eq!(n.pin_room("r1").unwrap(), PinOutcome::Pinned);
+    let _: () = redis::cmd("FLUSHALL").query(&mut s.con()).unwrap();
+    assert_eq!(n.pin_room("r2").unwrap(), PinOutcome::Pinned);
+    assert_eq!(zscore(&s, "dl"), Some(0), "the pin's index write marks it");
+    n.heartbeat_now().unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let st = n.stats();
+        let owners: Vec<Option<String>> = ["r1", "r2"]
+            .iter()
+            .map(|r| n.room_owner(r).unwrap())
+            .collect();
+        let score = zscore(&s, "dl");
+        assert_eq!(st.reaped_self, 0, "taken as reaped after a data loss");
+        if st.data_losses == 1
+            && owners.iter().all(|o| o.as_deref() == Some("dl"))
+            && score.is_some_and(|v| v > 0)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no restore within {LONG:?}: data_losses {}, owners {owners:?}, score {score:?}",
+            st.data_losses
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let rooms: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks(STAGE).instance_rooms("dl"))
+        .query(&mut s.con())
+        .unwrap();
+    let mut rooms = rooms;
+    rooms.sort();
+    assert_eq!(rooms, ["r1", "r2"], "both rooms back in the index");
+}
