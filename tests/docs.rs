@@ -2,8 +2,9 @@
 //! `deploy/README.md` resolves to a file or directory of the repository, and every `#anchor`
 //! into a Markdown file to one of its headings, by GitHub's slug rules (which mdBook's match for
 //! the headings we write). Every page under `docs/src/` is listed in `docs/src/SUMMARY.md`, so
-//! `mdbook build docs` renders it. The README stays a front page of at most 200 lines, with the
-//! quick start's two commands exactly as `.ci/run` and operators use them.
+//! `mdbook build docs` renders it; every page with a `rust` example is compiled as a doctest
+//! (`src/lib.rs`, `mod book_doctests`). The README stays a front page of at most 200 lines,
+//! with the quick start's two commands exactly as `.ci/run` and operators use them.
 //!
 //! Pure file checks: no Redis, no dependency. Its own binary, so `cargo test --test docs` builds
 //! and runs in seconds. The checker is tested on a small tree of its own too, so a checker that
@@ -325,7 +326,10 @@ fn markdown_under(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
 /// The files whose links are checked: the README, the book and the other docs, the operator
 /// kit's page.
 fn checked_files(base: &Path) -> Vec<PathBuf> {
-    let mut files = vec![PathBuf::from("README.md"), PathBuf::from("deploy/README.md")];
+    let mut files = vec![
+        PathBuf::from("README.md"),
+        PathBuf::from("deploy/README.md"),
+    ];
     markdown_under(base, Path::new("docs"), &mut files);
     files
 }
@@ -384,6 +388,26 @@ fn the_readme_is_a_short_front_page_with_the_quick_start() {
     }
 }
 
+#[test]
+fn every_book_page_with_rust_code_is_a_doctest() {
+    let base = root();
+    let lib = fs::read_to_string(base.join("src/lib.rs")).expect("src/lib.rs");
+    let mut pages = Vec::new();
+    markdown_under(&base, Path::new("docs/src"), &mut pages);
+    let missing: Vec<_> = pages
+        .iter()
+        .filter(|p| {
+            let text = fs::read_to_string(base.join(p)).unwrap_or_default();
+            let include = format!("include_str!(\"../{}\")", p.display());
+            text.lines().any(|l| l.starts_with("```rust")) && !lib.contains(&include)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "book pages whose Rust examples no doctest compiles (list them in src/lib.rs, mod book_doctests): {missing:?}"
+    );
+}
+
 /// The checker itself, on a tree made for it: it must catch a missing file, a missing anchor
 /// and a link out of the repository, and accept what is fine (code is not a link, an anchor
 /// of a repeated heading, a heading with code and punctuation).
@@ -411,7 +435,10 @@ fn the_checker_catches_broken_links_and_anchors() {
     let has = |needle: &str| problems.iter().any(|p| p.contains(needle));
     assert!(has("`docs/src/b.md`: no file"), "{problems:#?}");
     assert!(has("#not-a-heading"), "{problems:#?}");
-    assert!(has("`../elsewhere.md` leaves the repository"), "{problems:#?}");
+    assert!(
+        has("`../elsewhere.md` leaves the repository"),
+        "{problems:#?}"
+    );
     assert!(has("`docs/pic.png`: no file"), "{problems:#?}");
     assert_eq!(problems.len(), 4, "only those four: {problems:#?}");
 }
