@@ -95,12 +95,12 @@ fn blank_code_spans(line: &str) -> String {
         }
         match close {
             Some(end) => {
-                out.extend(std::iter::repeat(' ').take(end - i));
+                out.push_str(&" ".repeat(end - i));
                 i = end;
             }
             None => {
                 // An unmatched run is literal text.
-                out.extend(std::iter::repeat('`').take(n));
+                out.push_str(&"`".repeat(n));
                 i += n;
             }
         }
