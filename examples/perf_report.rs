@@ -129,7 +129,7 @@ fn server_cpu_us(con: &mut impl redis::ConnectionLike) -> u64 {
 }
 
 /// With `SFU_PERF_CALLGRIND` set (the private `redis-server` then runs under
-/// `valgrind --tool=callgrind --collect-atstart=no`, see README "Performance"): instruction
+/// `valgrind --tool=callgrind --collect-atstart=no`, see docs/src/performance.md): instruction
 /// collection on (`on`) or off with a dump named `phase` (the dump's totals are the phase's
 /// instructions). A no-op otherwise.
 fn callgrind(con: &mut impl redis::ConnectionLike, on: bool, phase: &str) {

@@ -1,5 +1,5 @@
 //! Measures the steady-state Redis load of a fleet at the default timings, the numbers behind
-//! `docs/scale.md`:
+//! `docs/src/deploy/sizing.md`:
 //!
 //! ```sh
 //! cargo run --release --example scale_model                      # 10 instances x 1,000 rooms, 60 s

@@ -1,7 +1,8 @@
 #!lua
 -- reaper_paused.lua: the leader notes in its own record why it skipped a reap round, and
 -- clears the note when a round runs again (or when it no longer leads), so `status` and the
--- fleet page can say why stale instances are not reaped (README "Key schema", src/info.rs).
+-- fleet page can say why stale instances are not reaped (docs/src/reference/key-schema.md,
+-- src/info.rs).
 --
 -- KEYS[1] P:{ctl}:instance:<I>:info  HASH, the leader's own record (src/info.rs)
 -- ARGV[1] 'skip' (a round was skipped) or 'run' (clear the note)

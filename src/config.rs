@@ -523,7 +523,7 @@ impl ConfigBuilder {
     /// pipelined round trip of `reap_room.lua` / `reap_peer.lua` calls (default
     /// [`REAP_BATCH`] = 500, allowed 1 to [`MAX_REAP_BATCH`]). Larger batches reap faster on a
     /// slow network; smaller ones keep other clients' latency lower while a big instance is
-    /// reaped (measured trade-off: README "Performance", docs/scale.md).
+    /// reaped (measured trade-off: docs/src/performance.md "Batch size", docs/src/deploy/sizing.md).
     pub fn reap_batch(mut self, n: usize) -> Self {
         self.reap_batch = n;
         self
@@ -539,7 +539,7 @@ impl ConfigBuilder {
     /// batches of [`ConfigBuilder::reap_batch`] (the fastest reap).
     ///
     /// Default [`REAP_PACE`] = 1, allowed 0 to [`MAX_REAP_PACE`], any finite number in
-    /// between (measured trade-off: README "Reap pace"). Environment `SFU_REAP_PACE`.
+    /// between (measured trade-off: docs/src/design/reaping.md "Reap pace"). Environment `SFU_REAP_PACE`.
     ///
     /// A pause never follows the last batch, ends at once on shutdown, and the lease is
     /// re-checked after it: a reaper whose lease's local deadline passed during a pause stops
@@ -727,14 +727,14 @@ pub const ENV_VARS: [&str; 12] = [
 ];
 
 /// Default of [`ConfigBuilder::reap_batch`]: index members per reap batch, tuned with
-/// `examples/perf_report.rs --reap-batch` (README "Performance").
+/// `examples/perf_report.rs --reap-batch` (docs/src/performance.md "Batch size").
 pub const REAP_BATCH: usize = 500;
 
 /// Largest [`ConfigBuilder::reap_batch`]: bounds the work of one pipelined round trip.
 pub const MAX_REAP_BATCH: usize = 10_000;
 
 /// Default of [`ConfigBuilder::reap_pace`]: the reaper pauses as long as each batch took,
-/// tuned with `examples/perf_report.rs --pace` (README "Reap pace").
+/// tuned with `examples/perf_report.rs --pace` (docs/src/performance.md "Reap pace").
 pub const REAP_PACE: f64 = 1.0;
 
 /// Most index members of one batch of a paced reap ([`ConfigBuilder::reap_pace`] > 0; a
@@ -742,7 +742,7 @@ pub const REAP_PACE: f64 = 1.0;
 /// serving other clients in between for as long as one read of its input holds (16 KB, some 50
 /// `reap_room.lua` calls, about 2 ms): a smaller batch bounds what another client waits behind
 /// the reap, whatever the pause. Measured with `examples/perf_report.rs --pace-sweep`
-/// (README "Reap pace").
+/// (docs/src/performance.md "Reap pace").
 pub const PACED_REAP_BATCH: usize = 32;
 
 /// Largest [`ConfigBuilder::reap_pace`]: a reap at most 101 times as long as unpaced.

@@ -280,7 +280,7 @@ impl fmt::Display for Error {
                         "that is not a version number; find out who wrote it (`sfu-redis status`), and if the keys are in this release's layout delete the key (a node writes a missing stamp)"
                     )?,
                 }
-                write!(f, " (README \"Key schema versions\")")
+                write!(f, " (docs/src/ops/schema.md \"Key schema versions\")")
             }
         }
     }

@@ -9,7 +9,7 @@
 //! state machine ([`LeaseState`]); the reasoning above is spelled out where it sends
 //! (`Lease::step`).
 //!
-//! Across a failover (README "Failover: what is guaranteed"): every lease write on a master
+//! Across a failover (docs/src/deploy/failover.md "Failover: what is guaranteed"): every lease write on a master
 //! with replicas waits for one replica (`replicated`), and a term confirmed over a connection
 //! to the old master does not let the node act once any connection has found a new one
 //! (`Shared::is_leader` compares `Term::switches`): the lease thread refreshes at once, and
@@ -90,7 +90,7 @@ pub(crate) fn refresh(ctx: &Ctx, con: &mut Conn) -> Result<bool> {
 /// refresh there confirms it). Through sentinels, a write to a master any of them no longer
 /// names is unconfirmed too (a deposed master takes writes until it is demoted, and then
 /// undoes them).
-/// Measured cost and the decision: README "Failover".
+/// Measured cost and the decision: docs/src/deploy/failover.md "What the rules cost".
 pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<bool> {
     // Through sentinels: a master they no longer name (a failover in progress, this node's
     // connection not moved yet) may still take writes, all of which its demotion will undo.
@@ -158,7 +158,7 @@ pub(crate) fn replicated(ctx: &Ctx, redis: &Redis, con: &mut Conn) -> Result<boo
 /// After the master last listed a replica, lease writes stay unconfirmed for this many lease
 /// TTLs (15 minutes at the default 90 s): longer than Sentinel's window for promoting a replica
 /// that dropped off (10 x `down-after-milliseconds`, 5 minutes at its default 30 s) as long as
-/// `down-after-milliseconds` is below the lease TTL (README "Failover").
+/// `down-after-milliseconds` is below the lease TTL (docs/src/deploy/failover.md "Replicated lease writes").
 pub(crate) const REPLICA_GRACE_LEASES: u32 = 10;
 
 /// Deletes the lease if it still holds our id. `Ok(false)`: it did not.

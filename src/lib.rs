@@ -84,3 +84,25 @@ pub use rooms::PinOutcome;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// Compiles the Rust examples of the book (`docs/src/`) as doctests: every page with a
+/// `rust` block is listed here (`tests/docs.rs` checks the list).
+#[cfg(doctest)]
+mod book_doctests {
+    #[doc = include_str!("../docs/src/rust/index.md")]
+    struct RustHost;
+    #[doc = include_str!("../docs/src/rust/start.md")]
+    struct Start;
+    #[doc = include_str!("../docs/src/rust/rooms.md")]
+    struct Rooms;
+    #[doc = include_str!("../docs/src/rust/peers.md")]
+    struct Peers;
+    #[doc = include_str!("../docs/src/rust/events.md")]
+    struct Events;
+    #[doc = include_str!("../docs/src/rust/errors.md")]
+    struct Errors;
+    #[doc = include_str!("../docs/src/rust/observe.md")]
+    struct Observe;
+    #[doc = include_str!("../docs/src/deploy/tls.md")]
+    struct Tls;
+}

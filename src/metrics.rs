@@ -27,7 +27,7 @@ pub(crate) const TICK_BUCKETS: &[f64] = &[
 ];
 
 /// Upper bounds (s) of the reap-duration histogram's buckets: one dead instance's reap, from
-/// a few rooms (milliseconds) to 100 000 rooms (tens of seconds; README "Performance").
+/// a few rooms (milliseconds) to 100 000 rooms (tens of seconds; docs/src/performance.md).
 pub(crate) const REAP_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];

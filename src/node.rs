@@ -720,7 +720,7 @@ impl Node {
     /// ([`MetricsFormat::Prometheus`]; content type
     /// `text/plain; version=0.0.4; charset=utf-8`), for a host to serve on its own
     /// `/metrics` endpoint. Every name starts with `sfu_redis_`, durations are in seconds,
-    /// counters end in `_total`; the list is in the README ("Metrics"). Counters start at 0
+    /// counters end in `_total`; the list is in docs/src/reference/metrics.md. Counters start at 0
     /// when the node starts. Works in memory-only mode (heartbeat, leader and reap metrics
     /// stay 0) and after shutdown (the last values).
     ///

@@ -214,7 +214,7 @@ pub(crate) fn remove(
 /// Settles an upsert of `peer` (wire form, then caller's) in `room` whose reply was lost, for a
 /// node that does not hold the peer (the host was told the call failed): a record that names
 /// this instance is deleted by its own generation with `remove_peer.lua`, so nothing the host
-/// was told failed stays written (README "Using the library"). A record naming another instance
+/// was told failed stays written (docs/src/rust/errors.md "A reply that never came"). A record naming another instance
 /// or none is left alone. Returns whether a record was deleted.
 pub(crate) fn drop_unheld(
     ctx: &Ctx,

@@ -412,7 +412,7 @@ pub(crate) struct Plain {
 /// ours. (Should it name another instance, that instance's pin got at most one `pin_ttl`
 /// longer, which changes no owner: a pin whose owner has no heartbeat can be taken over and is
 /// reaped whatever its TTL.) On the server this costs about 2x a bare pipelined `PEXPIRE`,
-/// where a per-room script costs about 6x (README "Performance").
+/// where a per-room script costs about 6x (docs/src/performance.md "Tick").
 ///
 /// Rooms whose pin is gone are returned apart ([`Plain::lapsed`]): the caller sends them
 /// through `pin_refresh.lua` ([`refresh_lapsed`]; owner CAS, re-pins a free room) in a second

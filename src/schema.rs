@@ -174,7 +174,7 @@ impl MigrateReport {
             "nothing was written"
         };
         Some(format!(
-            "refused: {} live on prefix {} (a heartbeat key holding a boot token): {names}. Moving the prefix from key schema version {from} to {} needs the whole fleet stopped: stop them (or wait for their heartbeat keys to expire), then run `sfu-redis migrate --apply` again; {written} (README \"Key schema versions\")",
+            "refused: {} live on prefix {} (a heartbeat key holding a boot token): {names}. Moving the prefix from key schema version {from} to {} needs the whole fleet stopped: stop them (or wait for their heartbeat keys to expire), then run `sfu-redis migrate --apply` again; {written} (docs/src/ops/schema.md \"Key schema versions\")",
             if self.live.len() == 1 {
                 "1 instance is".to_owned()
             } else {

@@ -818,7 +818,7 @@ fn read_head(con: &mut Conn, ks: &KeySpace, problems: &mut Vec<String>) -> Resul
         .filter(|v| *v != crate::SCHEMA_VERSION.to_string())
     {
         problems.push(format!(
-            "{schema_key} names key schema version {:?}; this release speaks version {}: its nodes refuse to register here and this status may misread the keys (README \"Key schema versions\")",
+            "{schema_key} names key schema version {:?}; this release speaks version {}: its nodes refuse to register here and this status may misread the keys (docs/src/ops/schema.md \"Key schema versions\")",
             crate::error::stamp_shown(v),
             crate::SCHEMA_VERSION
         ));

@@ -120,7 +120,7 @@ enum SfuStatus
     /**
      * The prefix is laid out in a key schema version this release does not speak (the
      * message names both versions): `sfu_node_start` (nothing was written), or a write of a
-     * node parked after its re-registration was refused (README "Key schema versions").
+     * node parked after its re-registration was refused (docs/src/ops/schema.md "Key schema versions").
      */
     SFU_ERR_SCHEMA = 17,
 };
@@ -719,7 +719,7 @@ SfuStatus sfu_node_stats(const struct SfuNode *node, struct SfuStats *out_stats)
  * Writes the node's metrics in the Prometheus text exposition format 0.0.4 (content type
  * `text/plain; version=0.0.4; charset=utf-8`) to `*out_text`, for a host to serve on its own
  * `/metrics` endpoint. The string is owned by the caller: release it with `sfu_string_free`.
- * Every name starts with `sfu_redis_`; the list is in the README ("Metrics"). Rendered now,
+ * Every name starts with `sfu_redis_`; the list is in docs/src/reference/metrics.md. Rendered now,
  * from counters the node keeps anyway (no Redis call); works in memory-only mode and after
  * `sfu_node_stop`.
  *

@@ -57,7 +57,7 @@ pub enum SfuStatus {
     SFU_ERR_PANIC = 16,
     /// The prefix is laid out in a key schema version this release does not speak (the
     /// message names both versions): `sfu_node_start` (nothing was written), or a write of a
-    /// node parked after its re-registration was refused (README "Key schema versions").
+    /// node parked after its re-registration was refused (docs/src/ops/schema.md "Key schema versions").
     SFU_ERR_SCHEMA = 17,
 }
 

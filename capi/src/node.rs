@@ -466,7 +466,7 @@ pub unsafe extern "C" fn sfu_node_stats(
 /// Writes the node's metrics in the Prometheus text exposition format 0.0.4 (content type
 /// `text/plain; version=0.0.4; charset=utf-8`) to `*out_text`, for a host to serve on its own
 /// `/metrics` endpoint. The string is owned by the caller: release it with `sfu_string_free`.
-/// Every name starts with `sfu_redis_`; the list is in the README ("Metrics"). Rendered now,
+/// Every name starts with `sfu_redis_`; the list is in docs/src/reference/metrics.md. Rendered now,
 /// from counters the node keeps anyway (no Redis call); works in memory-only mode and after
 /// `sfu_node_stop`.
 ///

@@ -317,7 +317,7 @@ fn assert_metrics_agree_with_stats(r: &ffi_support::Run) {
 
 #[test]
 fn example_host_links_statically() {
-    // The README's static-link line: libsfu_redis.a plus -lpthread -ldl -lm.
+    // The static-link line of docs/src/c/install.md: libsfu_redis.a plus -lpthread -ldl -lm.
     let exe = build_static(
         "g++",
         "sfu_host_static",

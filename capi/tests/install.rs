@@ -1,4 +1,4 @@
-//! The install step of the README's "C and C++" section, `bash capi/install.sh --prefix DIR`,
+//! The install step of docs/src/c/install.md, `bash capi/install.sh --prefix DIR`,
 //! run into a temp prefix with the profile of this test binary (debug under `cargo test`):
 //!
 //! - the prefix holds the headers, `libsfu_redis.so.<version>` with SONAME

@@ -48,7 +48,7 @@ pub(crate) struct MigrateArgs {
     #[arg(long)]
     dry_run: bool,
     /// Run those steps. The step from version 1 needs every node of the prefix stopped; it is
-    /// refused while one runs (README "Key schema versions").
+    /// refused while one runs (docs/src/ops/schema.md "Key schema versions").
     #[arg(long)]
     apply: bool,
     /// Print one JSON object: {"prefix", "found", "version", "speaks", "dry_run", "steps",

@@ -23,7 +23,7 @@ use support::*;
 const STAGE: &str = "doctor";
 const LONG: Duration = Duration::from_secs(30);
 
-/// The check names, in output order (the README's contract).
+/// The check names, in output order (a contract: docs/src/deploy/doctor.md).
 const NAMES: [&str; 10] = [
     "connect",
     "server_version",

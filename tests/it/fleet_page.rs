@@ -7,8 +7,8 @@
 //!
 //! The browser: `chromium` on the PATH (or the `CHROMIUM` variable); `.ci/run` installs the
 //! Debian packages `chromium` and `chromium-driver` when missing. A missing browser fails the
-//! test (it is never skipped). `SFU_FLEET_PAGE_SCREENSHOT=docs/fleet-page.png` keeps the
-//! screenshot the page test takes (README "Fleet page"); without it the screenshot goes to a
+//! test (it is never skipped). `SFU_FLEET_PAGE_SCREENSHOT=docs/src/images/fleet-page.png`
+//! keeps the screenshot the page test takes (docs/src/ops/fleet-page.md); without it the screenshot goes to a
 //! temporary directory and is only checked to be a PNG.
 
 use crate::support;

@@ -263,7 +263,7 @@ fn live_churn_is_never_a_problem_and_repair_keeps_live_data() {
     }
     // Indexes exact: at once, or within a few heartbeats when a call of the churn timed out
     // on this loaded machine (its outcome unknown, the node settles it on a later tick:
-    // issue 11, README "Failures"). An entry that never goes fails here.
+    // issue 11, docs/src/design/failures.md "Unknown outcomes"). An entry that never goes fails here.
     let deadline = std::time::Instant::now() + LONG;
     loop {
         let problems = s.index_problems(&ks);

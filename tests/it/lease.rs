@@ -291,7 +291,7 @@ fn lease_key_of_the_wrong_type() {
     });
 }
 
-// Protects lease safety across a failover (issue 12, README "Failover: what is guaranteed"):
+// Protects lease safety across a failover (issue 12, docs/src/deploy/failover.md "Failover: what is guaranteed"):
 // on a master with a replica, a lease write no replica acknowledged (`WAIT 1`) starts no
 // term, so a failover right after it cannot hand a second node the lease while this one
 // leads. Fault: the replica is SIGSTOPped (connected, never acknowledging). Without the WAIT

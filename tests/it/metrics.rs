@@ -113,7 +113,7 @@ impl Parsed {
     }
 }
 
-/// Every metric the README lists, with its type (names as exposed).
+/// Every metric docs/src/reference/metrics.md lists, with its type (names as exposed).
 const EXPECTED: [(&str, &str); 27] = [
     ("sfu_redis_node", "gauge"),
     ("sfu_redis_healthy", "gauge"),

@@ -543,7 +543,7 @@ fn a_forced_reap_races_a_leader_reaping_the_same_instance() {
     });
     let o = cli.join().expect("CLI thread");
     // The CLI ran while the leader was reaping: each deleted a share. Which of them ends the
-    // reap depends on which began last and which finished first (README "Against a leader"):
+    // reap depends on which began last and which finished first (docs/src/ops/reap.md "Against a leader"):
     // the CLI reaped the rest (exit 0), found it finished (exit 2, not_registered), or left the
     // end to a leader round that began after it (exit 1, not finished); and the leader emits
     // instance_reaped only when its own reap ends the instance. On a loaded machine the

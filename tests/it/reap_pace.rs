@@ -3,7 +3,7 @@
 //! the reaper thread's nor a host's `Node::reap_now`.
 //!
 //! Promises covered: docs/DESIGN.md invariant 2 (a dead instance leaves nothing behind) with
-//! pauses between batches, and the README's bounded shutdown.
+//! pauses between batches, and the bounded shutdown of docs/src/design/reaping.md "Reap pace".
 
 use crate::support;
 

@@ -49,7 +49,7 @@ fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     (t.elapsed(), v)
 }
 
-/// Protects: bounded calls (README "Sentinel": a dead endpoint costs at most one timeout).
+/// Protects: bounded calls (docs/src/deploy/sentinel.md: a dead endpoint costs at most one timeout).
 /// Fault: the master is SIGSTOPped; the sentinels (down-after 60 s) keep naming it.
 /// Protection: one discovery tries a master address once (the review found it tried once per
 /// sentinel plus once as "last known master": 4 tries of about 2 timeouts each). Host calls,
@@ -96,7 +96,7 @@ fn a_frozen_master_costs_a_new_connection_one_try() {
     );
     eprintln!("{report}");
     // Expected: each bounded by about two timeouts (one for the sentinel step, one for the
-    // master step) -- the README's "each step bounded by the command timeout".
+    // master step) -- docs/src/deploy/sentinel.md's "Each step is bounded by the command timeout".
     for (what, took) in [
         ("pin_room (new connection)", t_pin2),
         ("fleet_status", t_status),
@@ -111,7 +111,7 @@ fn a_frozen_master_costs_a_new_connection_one_try() {
 }
 
 /// Protects: bounded calls. Fault: the first sentinel of the URL is SIGSTOPped, the second is
-/// behind a blackholed proxy. `Node::start` pays one timeout for each (README: "a dead
+/// behind a blackholed proxy. `Node::start` pays one timeout for each (docs/src/deploy/sentinel.md: "a dead
 /// sentinel costs at most one timeout"), then the working one is asked first.
 #[test]
 fn paused_and_blackholed_sentinels_first_in_the_list_cost_one_timeout_each() {
@@ -142,7 +142,7 @@ fn paused_and_blackholed_sentinels_first_in_the_list_cost_one_timeout_each() {
 }
 
 /// Protects: "rooms and peers of live instances written before a failover are back or
-/// reported lost, never silently gone" (README "Failover"), for a standalone URL whose
+/// reported lost, never silently gone" (docs/src/deploy/failover.md "Rooms and peers"), for a standalone URL whose
 /// address moves to the promoted replica (a managed Redis's primary endpoint, a VIP, DNS).
 /// Fault: the last peer records and pin never reached the replica.
 /// Protection: a new connection that finds another replication ID (`INFO replication`
@@ -305,7 +305,7 @@ fn a_replica_that_dropped_off_and_is_promoted_never_makes_two_leaders() {
     // The master lists no replica now, but listed one moments ago, which the sentinels may
     // still promote: lease writes confirm nothing, so a's term runs out on its deadline (its
     // last acknowledged refresh came before the replication broke, more than a lease TTL ago
-    // by then, and scheduling) and no new one starts (README "Failover": 10 lease TTLs after
+    // by then, and scheduling) and no new one starts (docs/src/deploy/failover.md "The lease": 10 lease TTLs after
     // the last replica was seen). The review found the term ran on for 9.6 s.
     let lease_ttl = timings().lease_ttl;
     wait_for(lease_ttl * 4, "a's term ends", || {
@@ -365,7 +365,7 @@ fn a_replica_that_dropped_off_and_is_promoted_never_makes_two_leaders() {
     // c's connections found the switch (64-125 ms on a loaded machine, 2 runs in 15). That
     // overlap is no second leader: c's lease and its fenced reap scripts were on the old
     // master, whose writes its demotion discards, and no connection of c reached the new
-    // master before its term ended there (README "Failover: what is guaranteed", "Not
+    // master before its term ended there (docs/src/deploy/failover.md, "Not
     // guaranteed"). The belief intervals alone cannot tell the masters apart.)
     let c = Node::start(config(&url, "lc")).unwrap_or_else(|e| panic!("start c: {e}"));
     let leader_key = k.leader();

@@ -5,7 +5,7 @@
 //!
 //! Promises covered: docs/DESIGN.md invariants 1 (a live instance is never reaped), 3 (at most
 //! one leader, epochs strictly increasing), 4 (no stale mapping), 6 (no thread dies; workers
-//! resume), and the README's "every call is blocking and bounded by `command_timeout`" and "a
+//! resume), and docs/src/rust/threads.md's "every call is blocking and bounded by `command_timeout`" and "a
 //! request whose reply never came is not re-sent; the node converges by itself".
 
 use crate::support;
@@ -282,7 +282,7 @@ fn send_signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-// Protects: the README's "every call is blocking and bounded by `command_timeout`", for
+// Protects: docs/src/rust/threads.md's "every call is blocking and bounded by `command_timeout`", for
 // Node::shutdown.
 // Fault: redis-server frozen with SIGSTOP while a leader holding a room runs.
 // Protection: every round trip of shutdown (stopping the threads, releasing the lease) is
@@ -305,7 +305,7 @@ fn shutdown_while_redis_is_frozen_returns_within_3s() {
     );
 }
 
-// Protects: the README's "Node::start fails fast if Redis is unreachable".
+// Protects: docs/src/rust/start.md's "Node::start fails fast if Redis is unreachable".
 // Fault: redis-server frozen with SIGSTOP (it accepts TCP connections but never answers).
 // Protection: the connect and every request of start are bounded by command_timeout. Without
 // it, start would hang on the first reply for as long as Redis stays frozen.
@@ -558,7 +558,7 @@ fn reaping_resumes_after_redis_restarts_mid_reap() {
     );
 }
 
-// Protects: the README's bounded calls, for Node::shutdown of a leader.
+// Protects: the bounded calls of docs/src/rust/threads.md, for Node::shutdown of a leader.
 // Fault: the leader's connections are blackholed (open, bytes vanish) 300 ms before shutdown.
 // Protection: each round trip (including the lease release) times out after command_timeout
 // and is not retried on the dead connection. Without the bound, shutdown would wait on a reply
@@ -595,7 +595,7 @@ fn shutdown_while_blackholed_returns_in_bounded_calls() {
     );
 }
 
-// Protects: the README's "a call that times out fails at once without sending anything more".
+// Protects: docs/src/rust/threads.md's "a call that times out fails at once without sending anything more".
 // Fault: redis-server frozen with SIGSTOP; pin_room on a pooled connection (used within the
 // last second, so it is not probed first).
 // Protection: pin_room's first request (the index SADD) times out after one command_timeout
@@ -646,7 +646,7 @@ fn run_and_lose_the_reply<T: Send + 'static>(
 /// exact (invariant 4: each index holds exactly what the records say; key schema version 2:
 /// every record naming an instance lies in a room of its room index, see
 /// `support::unreached_records`); panics with the last problems otherwise. For the lost-reply
-/// tests: "the node then converges by itself" (README).
+/// tests: "the node then converges by itself" (docs/src/rust/errors.md).
 fn wait_for_exact_indexes(s: &Server, ks: &sfu_redis::keys::KeySpace) {
     let bound = Timings::fast().heartbeat_interval * 30;
     let deadline = Instant::now() + bound;
@@ -663,7 +663,7 @@ fn wait_for_exact_indexes(s: &Server, ks: &sfu_redis::keys::KeySpace) {
     }
 }
 
-// Protects: the README's "when a request was sent but its reply never came, the call fails and
+// Protects: docs/src/rust/errors.md's "when a request was sent but its reply never came, the call fails and
 // is not re-sent; a close whose outcome is unknown is finished by the next heartbeat".
 // Fault: close_room runs on the server, then its reply is held by the proxy and the connection
 // reset.
@@ -781,7 +781,7 @@ fn remove_peer_with_a_lost_reply_is_not_resent_and_the_peer_is_forgotten() {
     assert_eq!(s.smembers(&ks.instance_rooms("b")), ["r".to_owned()].into());
 }
 
-// Protects: invariant 4 and the README's "a request whose reply never came is not re-sent; the
+// Protects: invariant 4 and docs/src/design/failures.md's "a request whose reply never came is not re-sent; the
 // node then converges by itself", for upsert_peer.
 // Fault: upsert_peer's request (one script call on every topology, key schema version 2) runs
 // on the server, then its reply is held by the proxy and the connection reset: the call fails
@@ -857,7 +857,7 @@ fn upsert_peer_whose_record_landed_but_reply_was_lost_is_undone() {
     );
 }
 
-// Protects: invariant 4 and the README's "nothing the host was told failed is ever written
+// Protects: invariant 4 and docs/src/design/failures.md's "nothing the host was told failed is ever written
 // back later".
 // Fault: remove_peer's reply is lost (the remove ran), then Redis loses its data (restart
 // without persistence) and the node restores its peers.

@@ -4,7 +4,7 @@
 //! reads, and the event channel's contract.
 //!
 //! Promises covered: docs/DESIGN.md "ids are data, not syntax", invariants 2 and 5 (nothing of a
-//! reaped instance remains; nothing crosses a prefix), and the README's "no error or log line
+//! reaped instance remains; nothing crosses a prefix), and docs/src/rust/errors.md's "no error or log line
 //! ever contains the password of a Redis URL", `status` robustness and the events contract.
 
 use crate::support;
@@ -235,7 +235,7 @@ fn error_texts(url: &str) -> Vec<String> {
     texts
 }
 
-// Protects: the README's "no error or log line ever contains the password of a Redis URL".
+// Protects: docs/src/rust/errors.md: "no error or log line ever contains the password of a Redis URL".
 // Fault: a Unix-socket URL whose password (read by redis-rs from the `?pass=` query) holds an
 // `@`, common in generated passwords.
 // Protection: redact_url parses the URL with the `url` crate and redacts the password
@@ -431,7 +431,7 @@ fn memory_node() -> Node {
     Node::start(Config::builder().instance_id("ev").build().unwrap()).unwrap()
 }
 
-// Protects: the README's events contract: the channel is bounded (EVENT_CAPACITY); overflow is
+// Protects: the events contract of docs/src/rust/events.md: the channel is bounded (EVENT_CAPACITY); overflow is
 // dropped and counted, nothing blocks.
 // Fault: nobody reads while EVENT_CAPACITY + 10 events are emitted.
 // Protection: a non-blocking send that counts what it drops. A blocking send would hang this

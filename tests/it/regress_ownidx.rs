@@ -8,7 +8,7 @@
 //!
 //! Promises covered: docs/DESIGN.md invariant 4 (indexes exact), invariant 2 (a dead instance is
 //! reaped whole), "no orphans", the rule "no clean-up that only a reply knows", and bounded host
-//! calls (README).
+//! calls (docs/src/rust/threads.md).
 use crate::support;
 
 use std::time::Duration;

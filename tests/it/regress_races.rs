@@ -1,6 +1,6 @@
 //! Regression tests: concurrent host calls on ONE node, generations across the lives of a
 //! room, and the cross-slot rule "index first, record second; record deleted first, index
-//! second" (README key schema, docs/DESIGN.md "Rules").
+//! second" (docs/src/reference/key-schema.md "Cross-slot order", docs/DESIGN.md "Rules").
 //!
 //! The cross-slot rule is only safe if nothing re-creates a record between its delete and the
 //! index clean-up, and if the index write really happened before the record is written. The
@@ -399,7 +399,7 @@ fn close_of_a_big_room_racing_upserts_leaves_no_key_of_the_room() {
     assert!(problems.is_empty(), "after the closes: {problems:#?}");
 }
 
-// Protects: the README's "a pin whose outcome is unknown is settled by the next heartbeat (a
+// Protects: docs/src/rust/errors.md's "a pin whose outcome is unknown is settled by the next heartbeat (a
 // pin that did land is released)", and invariant 2.
 // Fault: a latency spike on one pin_room call (proxy delay 250 ms each way: the reply comes
 // later than the 400 ms command_timeout, after the pin already ran on the server); then the
@@ -477,7 +477,7 @@ fn late_remove_from_a_previous_life_of_the_room_is_a_noop() {
     );
 }
 
-// Protects: the same promise in memory-only mode (README: the same rules as on Redis).
+// Protects: the same promise in memory-only mode (docs/src/rust/memory.md: the same rules as on Redis).
 // Fault: the same sequence (close, pin again, same peer id, late remove of the old one).
 // Protection: the memory store's generation counter is node-wide and never restarts. A
 // per-room counter dropped with the room would hand out the old generation again and the late

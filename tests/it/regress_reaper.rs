@@ -4,7 +4,7 @@
 //!
 //! Promises covered: docs/DESIGN.md invariants 2 (a dead instance leaves nothing behind,
 //! whatever the timing) and 3 (a reaper that has lost the lease stops before its next batch),
-//! and the README's bounded shutdown.
+//! and the bounded shutdown of docs/src/rust/stop.md.
 
 use crate::support;
 
@@ -224,7 +224,7 @@ fn reaper_stops_deleting_a_big_room_once_it_loses_the_lease() {
     );
 }
 
-// Protects: the README's bounded shutdown ("stops the threads"), during a long reap.
+// Protects: the bounded shutdown of docs/src/rust/stop.md ("stops the threads"), during a long reap.
 // Fault: Node::shutdown while the leader reaps a dead instance's room of 40 000 peers (proxy
 // delay 10 ms each way).
 // Protection: the per-batch check also asks whether the node is stopping, so the reaper thread

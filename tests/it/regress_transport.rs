@@ -4,7 +4,7 @@
 //! masters and servers; the documented `SFU_TLS_INSECURE=1`. Each `finding` of the review
 //! failed before its fix.
 //!
-//! Not covered, a known limit (README "Sentinel"): timeouts bound each socket read and write,
+//! Not covered, a known limit (docs/src/rust/threads.md "Every call blocks, for a bounded time"): timeouts bound each socket read and write,
 //! not a whole call, so a server that answers one byte at a time can stretch a call far past
 //! `command_timeout` (the review measured 5 s for a sentinel reply dripped a byte per 200 ms).
 
@@ -404,7 +404,7 @@ fn a_sentinel_naming_a_fake_master_with_garbage_role_fails_cleanly() {
 // Hangs
 
 /// Every sentinel names one master address that accepts TCP but never answers (a paused or
-/// black-holed master the sentinels have not marked down yet). README: "each step bounded by
+/// black-holed master the sentinels have not marked down yet). docs/src/deploy/sentinel.md: "each step bounded by
 /// the command timeout". One discovery tries that address once; the review found it tried once
 /// per sentinel (and again as the last known master), each try costing more than a timeout.
 #[test]
@@ -468,7 +468,7 @@ fn the_debug_of_redis_hides_a_sentinel_user_info() {
     assert!(!shown.contains("Zq9SECRETxw"), "Debug(Redis): {shown}");
 }
 
-/// README: "TLS without verification | `SFU_TLS_INSECURE=1` / `--tls-insecure`". The CLI's
+/// docs/src/reference/configuration.md: "TLS without verification | `SFU_TLS_INSECURE=1` / `--tls-insecure`". The CLI's
 /// clap flag reads the variable as a bool and accepts only `true`/`false`: the documented
 /// The documented `SFU_TLS_INSECURE=1` (and `0`) works for the CLI; the review found every
 /// CLI command failing with `invalid value '1' for '--tls-insecure'` (a plain bool flag).

@@ -3,8 +3,8 @@
 // --hammer N it also drives the node from N threads at once (pins, upserts, removes) and checks
 // the results.
 //
-// Build it against an installed sfu-redis (from the repository root; see the README's "C and
-// C++" section), with CMake (capi/examples/cpp/CMakeLists.txt) or with pkg-config:
+// Build it against an installed sfu-redis (from the repository root; see
+// docs/src/c/install.md), with CMake (capi/examples/cpp/CMakeLists.txt) or with pkg-config:
 //
 //   bash capi/install.sh --prefix $HOME/.local
 //   cmake -S capi/examples/cpp -B build/sfu_host -DCMAKE_PREFIX_PATH=$HOME/.local

@@ -96,8 +96,8 @@ pub fn need(tool: &str, debian_packages: &str) {
 }
 
 /// Compiles `sources` with `compiler` (`gcc` or `g++`) and `flags` into `out_dir()/name`,
-/// linked against the shared library (with an rpath, so it runs in place), as the README's
-/// C and C++ section says.
+/// linked against the shared library (with an rpath, so it runs in place), as
+/// docs/src/c/install.md says.
 pub fn build(compiler: &str, name: &str, sources: &[PathBuf], flags: &[&str]) -> PathBuf {
     let lib = lib_dir();
     let link = [
@@ -296,7 +296,7 @@ pub fn ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The install command of the README's "C and C++" section (`bash capi/install.sh --prefix
+/// The install command of docs/src/c/install.md (`bash capi/install.sh --prefix
 /// DIR`), with this test binary's profile and target directory.
 pub fn install_command(prefix: &Path) -> Command {
     let mut cmd = Command::new("bash");

@@ -191,7 +191,7 @@ impl Fleet {
             Some(v) => (
                 Status::Fail,
                 format!(
-                    "key schema version {v:?}, but this release speaks {speaks}: its nodes refuse to register on this prefix (README \"Key schema versions\")"
+                    "key schema version {v:?}, but this release speaks {speaks}: its nodes refuse to register on this prefix (docs/src/ops/schema.md \"Key schema versions\")"
                 ),
             ),
             None => match &st.schema_type {

@@ -80,7 +80,8 @@ impl Status {
     }
 }
 
-/// One check: a fixed name (the README's table), a status and one line of detail.
+/// One check: a fixed name (the table of docs/src/deploy/doctor.md), a status and one line of
+/// detail.
 #[derive(Debug, Clone)]
 pub(crate) struct Check {
     name: &'static str,
@@ -169,7 +170,8 @@ pub(crate) fn run(args: DoctorArgs) -> Result<(), Failure> {
 /// Every check runs on one connection (the connect check's), and a master that stopped
 /// answering in one check is left out of the later ones (`servers`); the fleet is read after
 /// the server checks (its records give the latency check's timeout) and not at all when the
-/// master holding `{ctl}` is down. The report keeps the order of the README's table.
+/// master holding `{ctl}` is down. The report keeps the order of the table in
+/// docs/src/deploy/doctor.md.
 fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
     let steps = Steps::new(!args.json, 9);
     steps.check("connect", &[], &[]);

@@ -170,12 +170,12 @@ fn bytes(n: u64) -> String {
     format!("{n} bytes ({:.1} MiB)", n as f64 / (1024.0 * 1024.0))
 }
 
-/// What a restart costs after losing everything (README "How a dead instance is reaped":
-/// Redis lost its data).
+/// What a restart costs after losing everything (docs/src/design/failures.md "Redis lost its
+/// data").
 const RESTORE: &str = "live instances see the data loss and register again, re-pin their rooms and write back their peers within two ticks (rooms taken by another instance meanwhile: room_lost), no lease is granted for a lease TTL, and what dead instances left is gone with the rest";
 
 /// What a restart costs after losing the last writes only.
-const PARTIAL: &str = "the next tick re-writes heartbeats and the pins whose room metadata survived; rooms and peers created since stay missing unless the instances see a data loss (README \"Redis lost its data\"), and instances reaped since reappear stale and are reaped again";
+const PARTIAL: &str = "the next tick re-writes heartbeats and the pins whose room metadata survived; rooms and peers created since stay missing unless the instances see a data loss (docs/src/design/failures.md \"Redis lost its data\"), and instances reaped since reappear stale and are reaped again";
 
 pub(super) fn persistence(c: &mut dyn ConnectionLike) -> (Status, String) {
     let conf = match config_get(c, &["save", "appendonly", "appendfsync"]) {

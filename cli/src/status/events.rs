@@ -1,6 +1,6 @@
 //! The recent events of a prefix for the fleet page: a thread subscribed to the prefix's
-//! events channel (`P:events`, README "Key schema"; each message is one event's `--json` line)
-//! keeps the last [`EVENT_RING`] in memory. It reconnects on any failure (with a capped,
+//! events channel (`P:events`, docs/src/reference/key-schema.md; each message is one event's
+//! `--json` line) keeps the last [`EVENT_RING`] in memory. It reconnects on any failure (with a capped,
 //! doubling delay) and stops when the [`EventRing`] is dropped.
 //!
 //! Pub/sub is fire-and-forget: events published while the subscriber is disconnected (Redis

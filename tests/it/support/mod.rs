@@ -6,7 +6,7 @@
 //! (with set members, hash fields and sorted-set entries) to prove that nothing refers to a
 //! reaped instance, the audit's consistency scan and key schema version 2's reach rule
 //! ([`unreached_records`]) as readable lines, a writer of a dead instance's data following the
-//! key schema (README / `sfu_redis::keys`), and a TCP [`FaultProxy`] that stalls one node's
+//! key schema (docs/src/reference/key-schema.md / `sfu_redis::keys`), and a TCP [`FaultProxy`] that stalls one node's
 //! connections (a network stall of one instance only).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 

@@ -1,0 +1,444 @@
+//! The docs hold together (issue 30): every relative link of `README.md`, `docs/**/*.md` and
+//! `deploy/README.md` resolves to a file or directory of the repository, and every `#anchor`
+//! into a Markdown file to one of its headings, by GitHub's slug rules (which mdBook's match for
+//! the headings we write). Every page under `docs/src/` is listed in `docs/src/SUMMARY.md`, so
+//! `mdbook build docs` renders it; every page with a `rust` example is compiled as a doctest
+//! (`src/lib.rs`, `mod book_doctests`). The README stays a front page of at most 200 lines,
+//! with the quick start's two commands exactly as `.ci/run` and operators use them.
+//!
+//! Pure file checks: no Redis, no dependency. Its own binary, so `cargo test --test docs` builds
+//! and runs in seconds. The checker is tested on a small tree of its own too, so a checker that
+//! finds nothing cannot pass unnoticed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+/// The README's line budget (issue 30, item 1).
+const README_MAX_LINES: usize = 200;
+
+/// The quick start's commands, byte for byte: `.ci/run` runs the second, operators the first.
+const QUICK_START: [&str; 2] = [
+    "cargo run --release -- demo   # the main job: a 3-node cluster demo on a real Redis",
+    "cargo test                    # the tests (each starts its own private redis-server)",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One link as written: the file it is in, its line, and its target.
+#[derive(Debug, Clone)]
+struct Link {
+    file: PathBuf,
+    line: usize,
+    target: String,
+}
+
+/// The lines of a Markdown text outside fenced code blocks, with inline code spans blanked,
+/// each with its 1-based number.
+fn prose_lines(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fence: Option<(char, usize)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let opener = ['`', '~']
+            .into_iter()
+            .find(|c| trimmed.starts_with(&c.to_string().repeat(3)));
+        if let Some(c) = opener {
+            let n = trimmed.chars().take_while(|x| *x == c).count();
+            match fence {
+                None => {
+                    fence = Some((c, n));
+                    continue;
+                }
+                Some((fc, fnum)) if fc == c && n >= fnum && trimmed[n..].trim().is_empty() => {
+                    fence = None;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if fence.is_none() {
+            out.push((i + 1, blank_code_spans(line)));
+        }
+    }
+    out
+}
+
+/// `line` with every inline code span (a run of n backticks up to the next run of exactly n)
+/// replaced by spaces, so that a link written inside code is not taken for a link.
+fn blank_code_spans(line: &str) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] != '`' {
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        let n = chars[i..].iter().take_while(|c| **c == '`').count();
+        let mut j = i + n;
+        let mut close = None;
+        while j < chars.len() {
+            if chars[j] == '`' {
+                let m = chars[j..].iter().take_while(|c| **c == '`').count();
+                if m == n {
+                    close = Some(j + m);
+                    break;
+                }
+                j += m;
+            } else {
+                j += 1;
+            }
+        }
+        match close {
+            Some(end) => {
+                out.push_str(&" ".repeat(end - i));
+                i = end;
+            }
+            None => {
+                // An unmatched run is literal text.
+                out.push_str(&"`".repeat(n));
+                i += n;
+            }
+        }
+    }
+    out
+}
+
+/// Every inline link and image target of `text` (`[text](target)`, `![alt](target)`) and every
+/// reference definition (`[label]: target`), outside code.
+fn links(file: &Path, text: &str) -> Vec<Link> {
+    let mut out = Vec::new();
+    for (number, line) in prose_lines(text) {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            if let Some(end) = t.find("]:") {
+                let target = t[end + 2..].split_whitespace().next().unwrap_or("");
+                if !target.is_empty() && !t[..end].contains('(') {
+                    out.push(Link {
+                        file: file.to_path_buf(),
+                        line: number,
+                        target: target.trim_matches(['<', '>']).to_owned(),
+                    });
+                    continue;
+                }
+            }
+        }
+        let mut rest = line.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let mut depth = 0usize;
+            let mut end = after.len();
+            for (k, c) in after.char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 0 => {
+                        end = k;
+                        break;
+                    }
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let inside = after[..end].trim();
+            let target = inside.split_whitespace().next().unwrap_or("");
+            out.push(Link {
+                file: file.to_path_buf(),
+                line: number,
+                target: target.trim_matches(['<', '>']).to_owned(),
+            });
+            rest = &after[end.min(after.len())..];
+        }
+    }
+    out
+}
+
+/// The anchors GitHub gives the headings of a Markdown text: the heading's text as rendered,
+/// lower-cased, with everything but letters, marks, digits, `_`, `-` and spaces dropped and
+/// each space made a `-`; a repeated slug gets `-1`, `-2`, ...
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    let mut fence: Option<char> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        for c in ['`', '~'] {
+            if t.starts_with(&c.to_string().repeat(3)) {
+                fence = match fence {
+                    None => Some(c),
+                    Some(f) if f == c => None,
+                    other => other,
+                };
+            }
+        }
+        if fence.is_some() || line.starts_with(' ') {
+            continue;
+        }
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let title = line[hashes..].trim().trim_end_matches('#').trim();
+        let slug = slug(&rendered(title));
+        let n = seen.entry(slug.clone()).or_insert(0);
+        let anchor = if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        };
+        *n += 1;
+        out.insert(anchor);
+    }
+    out
+}
+
+/// A heading's text as GitHub renders it: code spans keep their text, link texts stay and
+/// their targets go, emphasis marks go.
+fn rendered(title: &str) -> String {
+    let mut s = String::new();
+    let mut rest = title;
+    while let Some(open) = rest.find('[') {
+        match rest[open..].find("](") {
+            Some(mid) => {
+                let close = rest[open + mid..].find(')').map(|c| open + mid + c);
+                s.push_str(&rest[..open]);
+                s.push_str(&rest[open + 1..open + mid]);
+                rest = close.map_or("", |c| &rest[c + 1..]);
+            }
+            None => {
+                s.push_str(&rest[..=open]);
+                rest = &rest[open + 1..];
+            }
+        }
+    }
+    s.push_str(rest);
+    s.replace(['`', '*'], "")
+}
+
+fn slug(text: &str) -> String {
+    text.to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// `path` with `.` and `..` resolved lexically (the files need not exist); `None` when a `..`
+/// climbs above the start, out of the repository.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::CurDir => {}
+            Component::Normal(p) => out.push(p),
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+fn is_external(target: &str) -> bool {
+    target.contains("://") || target.starts_with("mailto:") || target.starts_with("tel:")
+}
+
+/// What is wrong with each relative link of `files` (paths relative to `base`): a missing
+/// file, a link out of the repository, or an anchor no heading of the target has.
+fn broken_links(base: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(base.join(file))
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        for link in links(file, &text) {
+            if link.target.is_empty() || is_external(&link.target) {
+                if link.target.is_empty() {
+                    problems.push(format!(
+                        "{}:{}: an empty link target",
+                        link.file.display(),
+                        link.line
+                    ));
+                }
+                continue;
+            }
+            let (path, anchor) = match link.target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (link.target.as_str(), None),
+            };
+            let path = path.replace("%20", " ");
+            let where_ = format!("{}:{}: `{}`", link.file.display(), link.line, link.target);
+            let resolved = if path.is_empty() {
+                Some(file.clone())
+            } else if let Some(abs) = path.strip_prefix('/') {
+                normalize(Path::new(abs))
+            } else {
+                normalize(&file.parent().unwrap_or(Path::new("")).join(&path))
+            };
+            let Some(resolved) = resolved.filter(|r| !r.as_os_str().is_empty()) else {
+                problems.push(format!("{where_} leaves the repository"));
+                continue;
+            };
+            if !base.join(&resolved).exists() {
+                problems.push(format!("{where_}: no file {}", resolved.display()));
+                continue;
+            }
+            let Some(anchor) = anchor else { continue };
+            if resolved.extension().is_some_and(|e| e == "md") {
+                let target = fs::read_to_string(base.join(&resolved)).unwrap_or_default();
+                if !anchors(&target).contains(anchor) {
+                    problems.push(format!(
+                        "{where_}: {} has no heading with the anchor #{anchor}",
+                        resolved.display()
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Every `.md` file under `dir` (relative to `base`), sorted.
+fn markdown_under(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(base.join(dir)) else {
+        return;
+    };
+    let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let rel = dir.join(e.file_name());
+        if e.path().is_dir() {
+            // docs/book is mdBook's output, not a source.
+            if rel != Path::new("docs/book") {
+                markdown_under(base, &rel, out);
+            }
+        } else if rel.extension().is_some_and(|x| x == "md") {
+            out.push(rel);
+        }
+    }
+}
+
+/// The files whose links are checked: the README, the book and the other docs, the operator
+/// kit's page.
+fn checked_files(base: &Path) -> Vec<PathBuf> {
+    let mut files = vec![
+        PathBuf::from("README.md"),
+        PathBuf::from("deploy/README.md"),
+    ];
+    markdown_under(base, Path::new("docs"), &mut files);
+    files
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    let base = root();
+    let files = checked_files(&base);
+    assert!(
+        files.iter().any(|f| f == Path::new("docs/src/SUMMARY.md")),
+        "the book is missing: {files:?}"
+    );
+    let problems = broken_links(&base, &files);
+    assert!(
+        problems.is_empty(),
+        "{} broken link(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn every_page_of_the_book_is_in_its_summary() {
+    let base = root();
+    let summary_path = Path::new("docs/src/SUMMARY.md");
+    let summary = fs::read_to_string(base.join(summary_path)).expect("docs/src/SUMMARY.md");
+    let listed: BTreeSet<PathBuf> = links(summary_path, &summary)
+        .into_iter()
+        .filter_map(|l| normalize(&Path::new("docs/src").join(l.target)))
+        .collect();
+    let mut pages = Vec::new();
+    markdown_under(&base, Path::new("docs/src"), &mut pages);
+    let missing: Vec<_> = pages
+        .iter()
+        .filter(|p| p.as_path() != summary_path && !listed.contains(*p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "pages mdbook would not render (add them to docs/src/SUMMARY.md): {missing:?}"
+    );
+}
+
+#[test]
+fn the_readme_is_a_short_front_page_with_the_quick_start() {
+    let readme = fs::read_to_string(root().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines, more than {README_MAX_LINES}: move the detail into the book (docs/src/)"
+    );
+    for command in QUICK_START {
+        assert!(
+            readme.lines().any(|l| l == command),
+            "README.md lost the quick start's command, byte for byte: {command:?}"
+        );
+    }
+}
+
+#[test]
+fn every_book_page_with_rust_code_is_a_doctest() {
+    let base = root();
+    let lib = fs::read_to_string(base.join("src/lib.rs")).expect("src/lib.rs");
+    let mut pages = Vec::new();
+    markdown_under(&base, Path::new("docs/src"), &mut pages);
+    let missing: Vec<_> = pages
+        .iter()
+        .filter(|p| {
+            let text = fs::read_to_string(base.join(p)).unwrap_or_default();
+            let include = format!("include_str!(\"../{}\")", p.display());
+            text.lines().any(|l| l.starts_with("```rust")) && !lib.contains(&include)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "book pages whose Rust examples no doctest compiles (list them in src/lib.rs, mod book_doctests): {missing:?}"
+    );
+}
+
+/// The checker itself, on a tree made for it: it must catch a missing file, a missing anchor
+/// and a link out of the repository, and accept what is fine (code is not a link, an anchor
+/// of a repeated heading, a heading with code and punctuation).
+#[test]
+fn the_checker_catches_broken_links_and_anchors() {
+    let base = std::env::temp_dir().join(format!("sfu-docs-check-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&base);
+    fs::create_dir_all(base.join("docs/src")).unwrap();
+    fs::write(
+        base.join("docs/src/a.md"),
+        "# Page A\n\n## HTTP limits (`--metrics-addr` and `--serve`)\n\n## Notes\n\n## Notes\n\n\
+         ```sh\n# not a heading\n[not](a-link.md)\n```\n",
+    )
+    .unwrap();
+    fs::write(
+        base.join("README.md"),
+        "[ok](docs/src/a.md) and [ok](docs/src/a.md#http-limits---metrics-addr-and---serve)\n\
+         [ok](docs/src/a.md#notes-1) `[code](nowhere.md)` [ok](#top)\n\n# Top\n\n\
+         [missing file](docs/src/b.md)\n[missing anchor](docs/src/a.md#not-a-heading)\n\
+         [outside](../elsewhere.md)\n![missing image](docs/pic.png)\n[web](https://example.com/x.md)\n",
+    )
+    .unwrap();
+    let problems = broken_links(&base, &[PathBuf::from("README.md")]);
+    let _ = fs::remove_dir_all(&base);
+    let has = |needle: &str| problems.iter().any(|p| p.contains(needle));
+    assert!(has("`docs/src/b.md`: no file"), "{problems:#?}");
+    assert!(has("#not-a-heading"), "{problems:#?}");
+    assert!(
+        has("`../elsewhere.md` leaves the repository"),
+        "{problems:#?}"
+    );
+    assert!(has("`docs/pic.png`: no file"), "{problems:#?}");
+    assert_eq!(problems.len(), 4, "only those four: {problems:#?}");
+}
