@@ -39,7 +39,18 @@ fn every_property_holds() {
         for p in &properties {
             match p.expectation {
                 Expectation::Always | Expectation::Eventually => {
-                    checker.assert_no_discovery(p.name)
+                    if let Some(path) = checker.discovery(p.name) {
+                        let actions = path.into_actions();
+                        println!(
+                            "scenario {scenario}: counterexample for {:?} ({} steps):",
+                            p.name,
+                            actions.len()
+                        );
+                        for a in actions {
+                            println!("    {a:?}");
+                        }
+                        panic!("scenario {scenario}: {:?} fails", p.name);
+                    }
                 }
                 Expectation::Sometimes => {
                     sometimes.insert(p.name);
