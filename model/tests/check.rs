@@ -131,3 +131,18 @@ fn millisecond_t0_ties_are_caught() {
 fn upsert_before_index_is_caught() {
     caught(Mutation::UpsertBeforeIndex);
 }
+
+#[test]
+fn no_dataset_wait_is_caught() {
+    caught(Mutation::NoDatasetWait);
+}
+
+#[test]
+fn no_epoch_write_back_is_caught() {
+    caught(Mutation::NoEpochWriteBack);
+}
+
+#[test]
+fn no_restore_after_a_master_switch_is_caught() {
+    caught(Mutation::NoRestoreAfterSwitch);
+}
