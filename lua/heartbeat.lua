@@ -62,10 +62,13 @@
 --   'ok'        heartbeat written;
 --   'restored'  this instance was missing, or at score 0, and the dataset token is gone or
 --               changed: Redis lost its data, so the instance registered again (the caller
---               restores its pins/peers). Score 0 under a token this instance never saw
---               cannot be a reap of its registration (it never registered on this dataset):
---               it is the mark index_add.lua set when the instance wrote its index between the
---               loss and this tick (or fsck's hand-over of its leftovers);
+--               restores its pins/peers). Score 0 under a token this instance never saw,
+--               with no reap of it under way (KEYS[8] absent), is the mark index_add.lua set
+--               when the instance wrote its index between the loss and this tick (or fsck's
+--               hand-over of its leftovers), not a reap of its registration. Once a reap
+--               began (KEYS[8] holds its token), the instance was silent through a
+--               two-phase wait after the loss: 'reaped', as for any zombie (the reap's t0
+--               would otherwise delete rooms of a life that goes on: model check);
 --   'reaped'    this instance is being reaped (score 0) and the token is unchanged: a leader
 --               found it stale, or index_add.lua / deregister.lua handed it over. Nothing is
 --               written; the caller reports its rooms lost and registers again as a fresh life
@@ -125,8 +128,8 @@ if ARGV[3] ~= 'register' then
     end
     status = 'restored'
   elseif tonumber(score) == 0 then
-    if token and token == ARGV[4] then
-      return {'reaped', now, token, epoch, now_us, 0, shown, 0}
+    if (token and token == ARGV[4]) or redis.call('EXISTS', KEYS[8]) == 1 then
+      return {'reaped', now, token or '', epoch, now_us, 0, shown, 0}
     end
     if foreign then
       return {'schema', now, token or '', epoch, now_us, 0, shown, 0}

@@ -1031,6 +1031,18 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
             ),
         ));
     }
+    if beaten.beat == Beat::Restored {
+        // Redis lost its data since this node last saw it (a zombie registering again after
+        // the loss, say): what its host holds now, pinned since the reap was noticed, is
+        // written back by the next tick as after any data loss, not reported lost (model
+        // check, finding 6).
+        log::warn!(
+            "instance {} registered under a new dataset token: Redis lost its data; restoring pins and peers",
+            sh.id
+        );
+        sh.counters.data_losses.fetch_add(1, Ordering::Relaxed);
+        sh.restore_pending.store(true, Ordering::Relaxed);
+    }
     let cleaned = link
         .run(&sh.redis, |c| {
             reaper::clean_own_leftovers(&sh.ctx, &sh.counters, &sh.local, c, t0)

@@ -149,6 +149,40 @@ impl Instance {
         }
     }
 
+    /// The restore of one held room after Redis lost its data (`rooms::restore_pins`: its
+    /// room index entry, then pin_refresh.lua '1'): "ok", "repinned" or the owner.
+    pub fn restore_pin(&self, con: &mut Conn, room: &str) -> Result<String> {
+        let rooms = vec![(room.to_owned(), wire(IdKind::Room, room))];
+        match rooms::restore_pins(&self.ctx, con, rooms, &redis::pipe())?
+            .1
+            .pop()
+        {
+            Some((_, Refreshed::Ok)) => Ok("ok".into()),
+            Some((_, Refreshed::Repinned)) => Ok("repinned".into()),
+            Some((_, Refreshed::Lost(None))) => Ok("gone".into()),
+            Some((_, Refreshed::Lost(Some(o)))) => Ok(o),
+            Some((_, Refreshed::Failed(e))) => Err(e),
+            None => Err(Error::bad_data("restore", "no reply")),
+        }
+    }
+
+    /// The write-back of one held peer record with its generation (`peers::restore`, no
+    /// guest, no fields): whether it was written ('not_owner' writes nothing).
+    pub fn restore_peer(
+        &self,
+        con: &mut Conn,
+        room: &str,
+        peer: &str,
+        generation: u64,
+    ) -> Result<bool> {
+        let held = crate::state::LocalPeer {
+            guest: None,
+            fields: Vec::new(),
+            generation,
+        };
+        Ok(peers::restore(&self.ctx, con, &[(room.to_owned(), peer.to_owned(), held)])? == 1)
+    }
+
     /// close_room.lua until closed (`rooms::close_scripts`): `Ok(None)` closed, `Ok(Some(o))`
     /// not the owner (`o` the owner, empty if none).
     pub fn close_room(&self, con: &mut Conn, room: &str) -> Result<Option<String>> {

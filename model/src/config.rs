@@ -76,21 +76,27 @@ pub enum Mutation {
     /// deregister.lua without its hand-over: a zombie's leave during its reap removes the
     /// reap's mark from the sorted set (model finding 3).
     LeaveDuringReapUnmarked,
+    /// `lease_acquire.lua` does not wait a lease TTL after a new dataset (data loss).
+    NoDatasetWait,
+    /// `heartbeat.lua` does not write the caller's highest epoch back (ARGV[7]).
+    NoEpochWriteBack,
+    /// The heartbeat does not restore what the node holds after a master switch.
+    NoRestoreAfterSwitch,
 }
 
 impl Mutation {
     /// Every mutation.
     pub const ALL: [Mutation; 10] = [
+        Mutation::ReplyDependentCleanup,
+        Mutation::DeferredSrem,
+        Mutation::UnregisteredIndexWriteUnmarked,
+        Mutation::LeaveDuringReapUnmarked,
         Mutation::NoTwoPhaseRecheck,
         Mutation::NoOwnerCasInReapRoom,
         Mutation::LeaseRefreshNoOwnerCheck,
         Mutation::LeaveDeregistersAfterFailedClose,
         Mutation::MillisecondT0Ties,
         Mutation::UpsertBeforeIndex,
-        Mutation::ReplyDependentCleanup,
-        Mutation::DeferredSrem,
-        Mutation::UnregisteredIndexWriteUnmarked,
-        Mutation::LeaveDuringReapUnmarked,
     ];
 
     /// The scenario whose bounds expose the mutation.
@@ -108,6 +114,8 @@ impl Mutation {
             },
             // A pin, then the zombie's leave while its reap runs.
             Mutation::LeaveDuringReapUnmarked => Config::leave_reap(),
+            Mutation::NoDatasetWait | Mutation::NoEpochWriteBack => Config::loss_lease(),
+            Mutation::NoRestoreAfterSwitch => Config::failover(),
             _ => Config::default_bounds(),
         };
         base.with(self)
@@ -127,6 +135,9 @@ impl Mutation {
             Mutation::UnregisteredIndexWriteUnmarked | Mutation::LeaveDuringReapUnmarked => {
                 crate::P_IN_REACH
             }
+            Mutation::NoDatasetWait => crate::P_ONE_LEADER,
+            Mutation::NoEpochWriteBack => crate::P_EPOCHS,
+            Mutation::NoRestoreAfterSwitch => crate::P_HELD_STORED,
         }
     }
 }
@@ -173,6 +184,12 @@ pub struct Config {
     pub restarts: bool,
     /// Whether `leave` is explored.
     pub leave: bool,
+    /// Whether Redis may lose its data (`Action::DataLoss`, a fault): every key gone, the
+    /// dataset token with them.
+    pub data_loss: bool,
+    /// Whether a replica is kept and may replace the master (`Action::Replicate`,
+    /// `Action::Failover`, a fault), with the lost-registration rule and the switch fence.
+    pub failover: bool,
     pub timings: Timings,
     pub mutation: Option<Mutation>,
 }
@@ -201,6 +218,8 @@ impl Config {
             lost_replies: true,
             restarts: true,
             leave: false,
+            data_loss: false,
+            failover: false,
             timings: Timings::SMALL,
             mutation: None,
         }
@@ -253,6 +272,56 @@ impl Config {
         }
     }
 
+    /// The "loss" scenario: the default with Redis data loss as the one fault (no crash, no
+    /// lost reply) and two host calls: restores (pins still free taken again, records written
+    /// back, a room taken over meanwhile reported lost), reaps across the loss.
+    pub fn loss() -> Config {
+        Config {
+            max_host_calls: Some(2),
+            faulty: 0,
+            lost_replies: false,
+            data_loss: true,
+            ..Config::default_bounds()
+        }
+    }
+
+    /// The "loss-lease" scenario: the "lease" scenario with data loss as the one fault
+    /// instead of a crash: a leader of the lost dataset acting on its local deadline while
+    /// another waits out lease_acquire.lua's lease TTL after the new dataset.
+    pub fn loss_lease() -> Config {
+        Config {
+            faulty: 0,
+            data_loss: true,
+            ..Config::lease()
+        }
+    }
+
+    /// The "failover" scenario: the default with a replica and a failover to it as the one
+    /// fault (no crash, no lost reply), one host call and no pinner: registrations lost or
+    /// met reaped on the new master, restores after the switch, reaps across it.
+    pub fn failover() -> Config {
+        Config {
+            max_host_calls: Some(1),
+            pinners: 0,
+            faulty: 0,
+            lost_replies: false,
+            failover: true,
+            ..Config::default_bounds()
+        }
+    }
+
+    /// The "failover-lease" scenario: the "lease" scenario with a failover as the one fault
+    /// instead of a crash (the lease request in one step: a request sent before a switch and
+    /// executed after it is not modelled): the switch fence and `WAIT 1` after lease writes.
+    pub fn failover_lease() -> Config {
+        Config {
+            faulty: 0,
+            split_lease: false,
+            failover: true,
+            ..Config::lease()
+        }
+    }
+
     /// The bigger run behind `SFU_MODEL_FULL=1`: the default scenario with leave, two upserts
     /// per room life, and the tick and the lease request split in two steps each.
     pub fn full() -> Config {
@@ -266,7 +335,8 @@ impl Config {
     }
 
     /// The scenarios the default test checks (with `SFU_MODEL_FULL=1`, `full` instead of
-    /// the first), each with `from_env`'s overrides.
+    /// the first; `SFU_MODEL_ONLY=loss,failover`: only those), each with `from_env`'s
+    /// overrides.
     pub fn scenarios() -> Vec<(&'static str, Config)> {
         let full = std::env::var("SFU_MODEL_FULL").is_ok_and(|v| v == "1");
         vec![
@@ -281,13 +351,29 @@ impl Config {
             ("lease", Config::lease()),
             ("leave", Config::leave()),
             ("leave-reap", Config::leave_reap()),
+            ("loss", Config::loss()),
+            ("loss-lease", Config::loss_lease()),
+            ("failover", Config::failover()),
+            ("failover-lease", Config::failover_lease()),
         ]
+        .into_iter()
+        .filter(|(name, _)| Config::selected(name))
+        .collect()
+    }
+
+    /// `SFU_MODEL_ONLY` (comma-separated scenario names): only those run; unset, all.
+    fn selected(name: &str) -> bool {
+        std::env::var("SFU_MODEL_ONLY").map_or(true, |only| only.split(',').any(|n| n == name))
     }
 
     /// `self` with the bounds given in the environment (`SFU_MODEL_MAX_TIME`,
     /// `SFU_MODEL_MAX_FAULTS`, `SFU_MODEL_HOST_CALLS` (0: unbounded), `SFU_MODEL_LEAVE`,
     /// `SFU_MODEL_MAX_UPSERTS`, `SFU_MODEL_HOSTS`, `SFU_MODEL_PINNERS`, `SFU_MODEL_LEADERS`,
-    /// `SFU_MODEL_FAULTY` (bit masks)), to explore how the state count grows.
+    /// `SFU_MODEL_FAULTY` (bit masks), `SFU_MODEL_LOSS`, `SFU_MODEL_FAILOVER`,
+    /// `SFU_MODEL_LOST_REPLIES` (0 or 1), `SFU_MODEL_LIVES`, `SFU_MODEL_TERMS`,
+    /// `SFU_MODEL_ROOMS`, `SFU_MODEL_PEERS`, `SFU_MODEL_SPLIT_LEASE`, `SFU_MODEL_SPLIT_TICK`),
+    /// to explore how
+    /// the state count grows.
     pub fn env_overrides(self) -> Config {
         let mut c = self;
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u8>().ok());
@@ -317,6 +403,33 @@ impl Config {
         }
         if let Some(f) = num("SFU_MODEL_MAX_FAULTS") {
             c.max_faults = f;
+        }
+        if let Some(l) = num("SFU_MODEL_LOSS") {
+            c.data_loss = l != 0;
+        }
+        if let Some(f) = num("SFU_MODEL_FAILOVER") {
+            c.failover = f != 0;
+        }
+        if let Some(l) = num("SFU_MODEL_LIVES") {
+            c.max_lives = l;
+        }
+        if let Some(t) = num("SFU_MODEL_TERMS") {
+            c.max_terms = t;
+        }
+        if let Some(l) = num("SFU_MODEL_SPLIT_LEASE") {
+            c.split_lease = l != 0;
+        }
+        if let Some(l) = num("SFU_MODEL_SPLIT_TICK") {
+            c.split_tick = l != 0;
+        }
+        if let Some(p) = num("SFU_MODEL_PEERS") {
+            c.peers = p;
+        }
+        if let Some(r) = num("SFU_MODEL_ROOMS") {
+            c.rooms = r;
+        }
+        if let Some(l) = num("SFU_MODEL_LOST_REPLIES") {
+            c.lost_replies = l != 0;
         }
         c
     }

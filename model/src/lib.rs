@@ -4,7 +4,8 @@
 //! Redis is one store ([`store::Redis`]) whose scripts are atomic functions mirroring
 //! `lua/*.lua`; each instance ([`node::Node`]) acts through the steps of the Rust code
 //! (`src/heartbeat.rs`, `src/lease.rs`, `src/reaper.rs`, `src/rooms.rs`, `src/peers.rs`,
-//! `src/node.rs`); faults (crash, pause, lost reply, crash between two steps) are actions.
+//! `src/node.rs`); faults (crash, pause, lost reply, crash between two steps, Redis data loss,
+//! a failover to a replica missing the last writes) are actions.
 //! See README.md for what is modelled, the bounds and every simplification.
 
 pub mod config;
@@ -31,6 +32,12 @@ pub const P_NOTHING_LEFT: &str = "c: nothing left of a reaped or departed instan
 pub const P_REACHABLE: &str = "d: every record is reachable from its instance's index";
 /// (e) After a clean tick, an instance's room index is exactly the rooms it holds.
 pub const P_INDEX_MATCHES: &str = "e: a ticked instance's index matches what it holds";
+/// (f) At the end of a tick, every room an instance holds is pinned by it (pin and metadata
+/// naming it) and every peer it holds has its record; and the first full tick after data loss
+/// or a master switch reports a room it held lost only if another instance's pin or metadata
+/// names it (everything else is written back).
+pub const P_HELD_STORED: &str =
+    "f: after a tick, what an instance holds is on Redis (after a loss: lost only to another)";
 /// Examples: the check is not vacuous.
 pub const S_REAP_DONE: &str = "sometimes: a reap completes";
 pub const S_TAKEOVER: &str = "sometimes: a room is taken over";
@@ -41,16 +48,55 @@ pub const S_ZOMBIE: &str = "sometimes: a reaped zombie registers again";
 /// model findings 1-3, fixed by index_add.lua and deregister.lua handing it to the reaper).
 pub const P_IN_REACH: &str = "c: a down instance's leftovers are in a leader's reach";
 pub const S_KEPT: &str = "sometimes: a reap keeps a room written after t0";
+pub const S_RESTORED: &str = "sometimes: a heartbeat finds Redis lost its data (restored)";
+pub const S_WRITTEN_BACK: &str =
+    "sometimes: an instance writes back what it holds (after data loss or a master switch)";
+pub const S_REREGISTERED: &str =
+    "sometimes: a failover loses a registration that is registered again";
+/// An epoch handed out a second time (data loss or failover; see README "Findings").
+pub const S_EPOCH_AGAIN: &str =
+    "finding: an epoch is handed out again (its holder did not write it back within a lease TTL of the loss)";
+/// A failover lost the heartbeat that made an instance live again after a pause past the
+/// stale threshold: the new master's leader reaps it (README "Findings").
+pub const S_BEAT_LOST: &str =
+    "finding: a live instance whose last heartbeat a failover lost is reaped on the new master";
+/// A registration that finds Redis lost its data (a zombie's, between the tick that found it
+/// reaped and its registration) asks for no restore: rooms its host pinned meanwhile are
+/// reported lost at the next tick instead of written back (README "Findings").
+pub const S_REGISTER_RESTORED: &str =
+    "finding: data loss before a zombie registers again: rooms pinned meanwhile are reported lost, not written back";
+/// The documented price of the lost-registration rule (README "Failover: what is guaranteed").
+pub const S_PRICE: &str =
+    "finding: a zombie reaped on a new master before a replica acknowledged its registration registers again as lost by the failover";
+/// The same price, when the reap is still under way: it deletes rooms the zombie wrote back
+/// (reported lost at its next tick).
+/// index_add.lua's hand-over meets a registration a failover lost: the instance's own index
+/// write (a pin before its next tick) sets score 0, a leader reaps it while it is live, and
+/// its tick registers it again as lost by the failover (README "Findings").
+pub const S_MARK_PRICE: &str =
+    "finding: a live instance whose registration a failover lost is handed to the reaper by its own index write";
+pub const S_PRICE_REAPED: &str =
+    "finding: a reap under way deletes rooms a zombie wrote back after registering again as lost by the failover";
 
 const BAD_LIVE: u8 = 1;
 const BAD_LEFT: u8 = 2;
 const BAD_EPOCH: u8 = 4;
+const BAD_HELD: u8 = 8;
 
-const SEEN_REAP_DONE: u8 = 1;
-const SEEN_TAKEOVER: u8 = 2;
-const SEEN_LEASE_MOVED: u8 = 4;
-const SEEN_ZOMBIE: u8 = 8;
-const SEEN_KEPT: u8 = 16;
+const SEEN_REAP_DONE: u16 = 1;
+const SEEN_TAKEOVER: u16 = 2;
+const SEEN_LEASE_MOVED: u16 = 4;
+const SEEN_ZOMBIE: u16 = 8;
+const SEEN_KEPT: u16 = 16;
+const SEEN_RESTORED: u16 = 32;
+const SEEN_WRITTEN_BACK: u16 = 64;
+const SEEN_REREGISTERED: u16 = 128;
+const SEEN_PRICE: u16 = 256;
+const SEEN_EPOCH_AGAIN: u16 = 512;
+const SEEN_BEAT_LOST: u16 = 1024;
+const SEEN_REGISTER_RESTORED: u16 = 2048;
+const SEEN_PRICE_REAPED: u16 = 4096;
+const SEEN_MARK_PRICE: u16 = 8192;
 
 /// A fault injected into one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,6 +142,17 @@ pub enum Action {
     /// `Node::leave`; `Fault::LostReply`: its first close fails.
     Leave(Id, Fault),
     Crash(Id),
+    /// `heartbeat::confirm_registration`: `WAIT 1` (`lease::replicated`) on the master the
+    /// registration was last found on, after a registration or at the end of a tick.
+    Confirm(Id),
+    /// Redis loses its data (a fault; `Config::data_loss`).
+    DataLoss,
+    /// The replica catches up with the master (asynchronous replication, at any time;
+    /// `Config::failover`).
+    Replicate,
+    /// The replica replaces the master, without the writes since it last caught up (a fault;
+    /// `Config::failover`).
+    Failover,
 }
 
 /// The whole system.
@@ -111,7 +168,15 @@ pub struct State {
     pub bad: u8,
     /// Ghost: interesting things the last action did (SEEN_*; cleared by the next action, so
     /// that it multiplies only the states right after such an action).
-    pub seen: u8,
+    pub seen: u16,
+    /// The replica (`Config::failover`): the master as it was when the replica last caught
+    /// up. `None` without failover, or once no fault is left (no failover can come).
+    pub replica: Option<Redis>,
+    /// Master switches so far: what every connection made from now on counts
+    /// (`conn::Redis::master_switches`; a switch drops every older connection).
+    pub switches: u8,
+    /// Ghost (with data loss or failover): the highest epoch handed out so far.
+    pub epoch_hwm: u8,
 }
 
 /// The model: its configuration.
@@ -123,6 +188,12 @@ pub struct SfuModel {
 impl SfuModel {
     pub fn new(cfg: Config) -> SfuModel {
         assert!(cfg.rooms <= 8 && cfg.rooms * cfg.peers <= 8 && cfg.instances <= 8);
+        // A lease request sent before a switch and executed after it is not modelled (it
+        // would run on the old master).
+        assert!(
+            !(cfg.failover && cfg.split_lease),
+            "failover with split_lease"
+        );
         assert!((cfg.max_upserts as u16) < store::GEN_SCALE);
         SfuModel { cfg }
     }
@@ -141,15 +212,24 @@ impl SfuModel {
             && n.last_beat as i16 >= s.redis.now as i16 - self.cfg.timings.stale as i16
     }
 
-    /// Flags what a reap deleted of a live instance's current life.
+    /// Flags what a reap deleted of a live instance's current life. Two lives are set apart
+    /// as findings (README): one live only by a heartbeat a failover lost, and one that paid
+    /// the documented price of the lost-registration rule.
     fn check_deleted(&self, s: &mut State, d: &Deleted) {
         let victims = d
             .room_of
             .into_iter()
             .chain(d.records.iter().flatten().copied());
         for (i, life) in victims {
-            if self.live(s, i) && s.nodes[i as usize].life == life {
-                s.bad |= BAD_LIVE;
+            let n = &s.nodes[i as usize];
+            if self.live(s, i) && n.life == life {
+                if n.beat_lost {
+                    s.seen |= SEEN_BEAT_LOST;
+                } else if n.priced {
+                    s.seen |= SEEN_PRICE_REAPED;
+                } else {
+                    s.bad |= BAD_LIVE;
+                }
             }
         }
     }
@@ -180,13 +260,82 @@ impl SfuModel {
         }
     }
 
+    /// `heartbeat::beat`: heartbeat.lua with what the node knows (the dataset token it saw
+    /// last, the highest epoch it has seen), the status as the library reads it, and what it
+    /// notes: the token, the epoch in the reply, whether the registration awaits a replica's
+    /// acknowledgement (written now, or found on another master); a term ends when Redis
+    /// lost its data.
+    fn beat(&self, s: &mut State, i: Id, register: bool) -> Beat {
+        let c = &self.cfg;
+        let iu = i as usize;
+        let made = s.switches;
+        let (boot, known, seen) = {
+            let n = &s.nodes[iu];
+            (n.boot, n.token, n.max_epoch)
+        };
+        let reply = if register {
+            s.redis.heartbeat_register(c, i, boot, known, seen)
+        } else {
+            s.redis.heartbeat_tick(c, i, boot, known, seen)
+        };
+        // Ghost: a reap of this very life marked or removed the entry (not one of an earlier
+        // life whose mark the new master still has).
+        let reaped_here =
+            s.redis.reaped_mark & (1 << i) != 0 && s.redis.entry_life[iu] == s.nodes[iu].life;
+        // Ghost: the entry is index_add.lua's mark (a reply that writes nothing leaves it).
+        let index_marked = s.redis.index_mark & (1 << i) != 0;
+        let n = &mut s.nodes[iu];
+        // `registration_lost`.
+        let lost = n.unconfirmed && made != n.reg_switches;
+        let beat = match reply.status {
+            Beat::Ok if known.is_some() && reply.token != known => Beat::Restored,
+            Beat::Missing | Beat::Reaped if lost => Beat::Unregistered,
+            b => b,
+        };
+        if beat == Beat::Unregistered && index_marked && !reaped_here {
+            // The mark widened the price: a leader could list the instance at once.
+            n.priced = true;
+            s.seen |= SEEN_MARK_PRICE;
+        }
+        if beat == Beat::Unregistered && reaped_here {
+            // A real reap on this master, taken as a lost registration: the price.
+            n.priced = true;
+            s.seen |= SEEN_PRICE;
+        }
+        let written = beat == Beat::Restored || (register && beat == Beat::Ok);
+        if c.failover && (written || (beat == Beat::Ok && made != n.reg_switches)) {
+            n.unconfirmed = true;
+            n.reg_switches = made;
+        }
+        if beat == Beat::Restored {
+            n.demote();
+        }
+        if matches!(beat, Beat::Ok | Beat::Restored) || (beat == Beat::Duplicate && !register) {
+            n.token = reply.token;
+            n.beat_lost = false;
+            if c.failover {
+                s.redis.entry_life[iu] = n.life;
+            }
+        }
+        if c.data_loss || c.failover {
+            n.max_epoch = n.max_epoch.max(reply.epoch);
+        }
+        beat
+    }
+
     /// heartbeat.lua ('register'), the clean-up of the earlier life, the held rooms put back
     /// (`heartbeat::register`). `false`: refused as a duplicate (nothing written).
     fn register(&self, s: &mut State, i: Id, t0: u8) -> bool {
         let iu = i as usize;
-        let boot = s.nodes[iu].boot;
-        if s.redis.heartbeat_register(&self.cfg, i, boot) == Beat::Duplicate {
-            return false;
+        if self.cfg.failover {
+            s.nodes[iu].life_t0 = t0;
+        }
+        match self.beat(s, i, true) {
+            Beat::Duplicate => return false,
+            // `heartbeat::register` asks for a restore: what the host holds (pinned since the
+            // reap was noticed) is written back by the next tick (README "Findings" 6, fixed).
+            Beat::Restored => s.nodes[iu].restore = true,
+            _ => {}
         }
         let now = s.redis.now;
         let n = &mut s.nodes[iu];
@@ -211,7 +360,62 @@ impl SfuModel {
         n.last_beat = 0;
         n.clean = false;
         n.beat_done = false;
+        n.restore = false;
+        n.priced = false;
         n.phase = Phase::Reregister { t0: now, lost };
+    }
+
+    /// `heartbeat::register_lost`: a failover lost this life's registration; registered again
+    /// with this life's clean-up boundary, and what it holds is written back (the rest of this
+    /// tick, or the next one). `false`: refused as a duplicate.
+    fn register_lost(&self, s: &mut State, i: Id) -> bool {
+        let iu = i as usize;
+        s.nodes[iu].restore = true;
+        s.seen |= SEEN_REREGISTERED;
+        let t0 = match s.nodes[iu].life_t0 {
+            0 => s.redis.now,
+            t0 => t0,
+        };
+        self.register(s, i, t0)
+    }
+
+    /// `heartbeat::tick_once` up to the settlements: the heartbeat and what its status asks
+    /// for, then the master-switch check. `false`: the tick ends there (reaped: the zombie's
+    /// registration is next).
+    fn tick_beat(&self, s: &mut State, i: Id) -> bool {
+        let iu = i as usize;
+        match self.beat(s, i, false) {
+            Beat::Reaped | Beat::Missing => {
+                self.reaped(s, i);
+                return false;
+            }
+            Beat::Unregistered => {
+                if !self.register_lost(s, i) {
+                    return false;
+                }
+            }
+            b => {
+                s.nodes[iu].last_beat = s.redis.now;
+                if b == Beat::Restored {
+                    s.nodes[iu].restore = true;
+                    s.seen |= SEEN_RESTORED;
+                }
+            }
+        }
+        let n = &mut s.nodes[iu];
+        if n.switches_seen != s.switches {
+            n.switches_seen = s.switches;
+            n.restore = !self.cfg.mutated(Mutation::NoRestoreAfterSwitch);
+        }
+        true
+    }
+
+    /// `lease::replicated` after a write that went through (`WAIT 1`): the replica has
+    /// everything the master has (a replica always acknowledges in time in this model).
+    fn wait_replica(&self, s: &mut State) {
+        if s.replica.is_some() {
+            s.replica = Some(s.redis.clone());
+        }
     }
 
     fn crash(&self, s: &mut State, i: Id) {
@@ -223,6 +427,7 @@ impl SfuModel {
         let c = &self.cfg;
         let iu = i as usize;
         let life = s.nodes[iu].life;
+        let held_before = s.nodes[iu].held;
         let mut clean = true;
         // settle_uncertain: rooms.
         let uncertain = s.nodes[iu].uncertain;
@@ -268,38 +473,73 @@ impl SfuModel {
                 }
             }
         }
-        // Reassert: held rooms back into the index; the walk marks members not held.
+        let restore = s.nodes[iu].restore;
         let held = s.nodes[iu].held;
-        s.redis.index_add(&self.cfg, i, held);
-        let unheld = s.redis.index[iu] & !held;
-        if unheld != 0 && !c.mutated(Mutation::ReplyDependentCleanup) {
-            clean = false;
-            s.nodes[iu].uncertain |= unheld;
-        }
-        // Pin refresh: plain, then pin_refresh.lua for the lapsed ones.
         let mut lost: Rooms = 0;
-        for r in 0..c.rooms {
-            if held & (1 << r) == 0 {
-                continue;
+        if restore {
+            // `rooms::restore_pins`: every held room into the index first, then
+            // pin_refresh.lua '1' (a pin still free is taken again, metadata and all).
+            clean = false;
+            if held != 0 {
+                s.seen |= SEEN_WRITTEN_BACK;
             }
-            let out = match s.redis.refresh_plain(c, i, r) {
-                Some(o) => o,
-                None => s.redis.pin_refresh(c, i, life, r),
-            };
-            if matches!(out, Refreshed::Lost(_) | Refreshed::Gone) {
-                lost |= 1 << r;
+            s.redis.index_add(&self.cfg, i, held);
+            for r in 0..c.rooms {
+                if held & (1 << r) != 0
+                    && matches!(
+                        s.redis.pin_restore(c, i, life, r),
+                        Refreshed::Lost(_) | Refreshed::Gone
+                    )
+                {
+                    lost |= 1 << r;
+                }
+            }
+        } else {
+            // Reassert: held rooms back into the index; the walk marks members not held.
+            s.redis.index_add(c, i, held);
+            let unheld = s.redis.index[iu] & !held;
+            if unheld != 0 && !c.mutated(Mutation::ReplyDependentCleanup) {
+                clean = false;
+                s.nodes[iu].uncertain |= unheld;
+            }
+            // Pin refresh: plain, then pin_refresh.lua for the lapsed ones.
+            for r in 0..c.rooms {
+                if held & (1 << r) == 0 {
+                    continue;
+                }
+                let out = match s.redis.refresh_plain(c, i, r) {
+                    Some(o) => o,
+                    None => s.redis.pin_refresh(c, i, life, r),
+                };
+                if matches!(out, Refreshed::Lost(_) | Refreshed::Gone) {
+                    lost |= 1 << r;
+                }
             }
         }
         if lost != 0 {
             clean = false;
             // Ask again before reporting: reaped while paused mid-tick?
-            let boot = s.nodes[iu].boot;
-            if matches!(
-                s.redis.heartbeat_tick(c, i, boot),
-                Beat::Reaped | Beat::Missing
-            ) {
-                self.reaped(s, i);
-                return;
+            match self.beat(s, i, false) {
+                Beat::Reaped | Beat::Missing => {
+                    self.reaped(s, i);
+                    return;
+                }
+                Beat::Unregistered => {
+                    // The restore runs at the next tick.
+                    self.register_lost(s, i);
+                    return;
+                }
+                Beat::Restored => {
+                    // Lost its data between the two beats: restored at the next tick.
+                    let n = &mut s.nodes[iu];
+                    n.last_beat = s.redis.now;
+                    n.restore = true;
+                    n.beat_done = false;
+                    n.clean = false;
+                    s.seen |= SEEN_RESTORED;
+                    return;
+                }
+                Beat::Ok | Beat::Duplicate => {}
             }
             s.nodes[iu].last_beat = s.redis.now;
             for r in 0..c.rooms {
@@ -309,9 +549,57 @@ impl SfuModel {
                 }
             }
         }
+        if restore {
+            // `peers::restore`: every held record written back with its generation.
+            for r in 0..c.rooms {
+                for (p, k) in self.peers_of(r) {
+                    if let Some(g) = s.nodes[iu].peers[k] {
+                        s.redis.restore_peer(i, r, p, g, life);
+                    }
+                }
+            }
+            s.nodes[iu].restore = false;
+        }
         let n = &mut s.nodes[iu];
         n.beat_done = false;
         n.clean = clean;
+        if !self.held_stored(s, i) {
+            s.bad |= BAD_HELD;
+        }
+        if s.nodes[iu].faulted {
+            s.nodes[iu].faulted = false;
+            let gone = held_before & !s.nodes[iu].held;
+            let taken = (0..c.rooms).all(|r| {
+                let room = &s.redis.rooms[r as usize];
+                gone & (1 << r) == 0
+                    || room.pin.is_some_and(|(o, _)| o != i)
+                    || room.meta.is_some_and(|m| m.owner != i)
+            });
+            if !taken && std::mem::take(&mut s.nodes[iu].register_restored) {
+                s.seen |= SEEN_REGISTER_RESTORED;
+            } else if !taken {
+                s.bad |= BAD_HELD;
+            }
+        }
+        s.nodes[iu].register_restored = false;
+    }
+
+    /// Whether every room `i` holds is pinned by it (pin and metadata) and every peer it
+    /// holds has its record (instance and generation).
+    fn held_stored(&self, s: &State, i: Id) -> bool {
+        let n = &s.nodes[i as usize];
+        (0..self.cfg.rooms).all(|r| {
+            let room = &s.redis.rooms[r as usize];
+            n.held & (1 << r) == 0
+                || (room.pin.is_some_and(|(o, _)| o == i)
+                    && room.meta.is_some_and(|m| m.owner == i)
+                    && self.peers_of(r).all(|(p, k)| {
+                        n.peers[k].map_or(true, |g| {
+                            room.records[p as usize]
+                                .is_some_and(|x| x.instance == i && x.generation == g)
+                        })
+                    }))
+        })
     }
 
     /// `rooms::pin` (index first, then pin_room.lua with the takeover of a holder whose
@@ -471,10 +759,27 @@ impl SfuModel {
         match s.nodes[iu].term {
             None => {
                 let seen = s.nodes[iu].max_epoch;
-                let before = s.redis.epoch;
+                // Above the counter, and above every epoch known to a process that has
+                // heartbeated on this dataset (its heartbeats wrote its highest epoch back):
+                // after data loss, what heartbeat.lua and lease_acquire.lua promise.
+                let token = s.redis.dataset.map(|d| d.gen);
+                let known = s
+                    .nodes
+                    .iter()
+                    .filter(|n| n.phase != Phase::Down && n.token.is_some() && n.token == token)
+                    .map(|n| n.max_epoch)
+                    .max()
+                    .unwrap_or(0);
+                let before = s.redis.epoch.max(known);
                 if let Ok(epoch) = s.redis.lease_acquire(c, i, seen) {
                     if epoch <= before {
                         s.bad |= BAD_EPOCH;
+                    }
+                    if c.data_loss || c.failover {
+                        if epoch <= s.epoch_hwm {
+                            s.seen |= SEEN_EPOCH_AGAIN;
+                        }
+                        s.epoch_hwm = s.epoch_hwm.max(epoch);
                     }
                     if s.winner.is_some_and(|w| w != i) {
                         s.seen |= SEEN_LEASE_MOVED;
@@ -490,16 +795,22 @@ impl SfuModel {
                         s.redis.lease_release(i);
                     } else {
                         n.term = Some((epoch, c.deadline(sent)));
+                        n.term_switches = s.switches;
+                        self.wait_replica(s);
                     }
                 }
             }
             Some((epoch, deadline)) => {
                 let held = s.redis.lease_refresh(c, i);
+                if held && fault == Fault::None {
+                    self.wait_replica(s);
+                }
                 let n = &mut s.nodes[iu];
                 if fault == Fault::LostReply || !held || now >= deadline {
                     n.demote();
                 } else {
                     n.term = Some((epoch, c.deadline(sent)));
+                    n.term_switches = s.switches;
                 }
             }
         }
@@ -510,9 +821,19 @@ impl SfuModel {
         let c = &self.cfg;
         let iu = i as usize;
         let now = s.redis.now;
-        let leading = s.nodes[iu].leading(now);
+        let leading = s.nodes[iu].leading(now, s.switches);
         let step = s.nodes[iu].reaper;
         if !leading && !matches!(step, Reaper::Finishing { .. }) {
+            s.nodes[iu].reaper = Reaper::Idle;
+            return;
+        }
+        // `reap_instance` runs on one connection, made at its `reap_begin`: once the master
+        // switched, what follows reaches the old master (lost with it) or fails; the round
+        // ends. (A refused call, READONLY, runs the whole reap again on the new master from
+        // its re-check: a later round here, whose two-phase wait only matters for liveness.)
+        if matches!(step, Reaper::Rooms { .. } | Reaper::Finishing { .. })
+            && s.nodes[iu].reap_made != s.switches
+        {
             s.nodes[iu].reaper = Reaper::Idle;
             return;
         }
@@ -532,15 +853,21 @@ impl SfuModel {
                 let d = cands.trailing_zeros() as Id;
                 let rest = cands & !(1 << d);
                 match s.redis.reap_begin(c, d, i) {
-                    Begin::Dead { t0, token } => Reaper::Rooms {
-                        cands: rest,
-                        dead: d,
-                        t0,
-                        token,
-                        todo: None,
-                        keep: 0,
-                        reaped: 0,
-                    },
+                    Begin::Dead { t0, token } => {
+                        if c.failover {
+                            s.redis.reaped_mark |= 1 << d;
+                        }
+                        s.nodes[iu].reap_made = s.switches;
+                        Reaper::Rooms {
+                            cands: rest,
+                            dead: d,
+                            t0,
+                            token,
+                            todo: None,
+                            keep: 0,
+                            reaped: 0,
+                        }
+                    }
                     Begin::Alive | Begin::Gone => next_of(rest),
                     Begin::NotLeader => Reaper::Idle,
                 }
@@ -631,7 +958,7 @@ impl SfuModel {
                         s.bad |= BAD_LEFT;
                     }
                 }
-                if s.nodes[iu].leading(now) {
+                if s.nodes[iu].leading(now, s.switches) {
                     next_of(cands)
                 } else {
                     Reaper::Idle
@@ -649,6 +976,21 @@ impl SfuModel {
     fn count_call(&self, s: &mut State) {
         if self.cfg.max_host_calls.is_some() {
             s.host_calls += 1;
+        }
+    }
+
+    /// Drops what can no longer matter, so that states differing only there merge: once no
+    /// fault is left no failover can come, so the replica is forgotten, and so is whether a
+    /// replica acknowledged a registration already found on the current master (only a
+    /// later master switch would read it).
+    fn reduce(&self, s: &mut State) {
+        if self.cfg.failover && s.faults >= self.cfg.max_faults {
+            s.replica = None;
+            for n in s.nodes.iter_mut() {
+                if n.reg_switches == s.switches {
+                    n.unconfirmed = false;
+                }
+            }
         }
     }
 
@@ -673,7 +1015,15 @@ impl Model for SfuModel {
             winner: None,
             bad: 0,
             seen: 0,
+            replica: None,
+            switches: 0,
+            epoch_hwm: 0,
         };
+        // The replica has the dataset as it was before the instances registered: no replica
+        // has acknowledged a registration yet.
+        if c.failover {
+            s.replica = Some(s.redis.clone());
+        }
         // Every instance starts (registers) at time 1.
         for i in 0..c.instances {
             s.nodes[i as usize].boot = 1;
@@ -693,6 +1043,17 @@ impl Model for SfuModel {
         if now < c.max_time && !finishing {
             out.push(Action::Advance);
         }
+        if s.faults < c.max_faults {
+            if c.data_loss {
+                out.push(Action::DataLoss);
+            }
+            if c.failover {
+                out.push(Action::Failover);
+            }
+        }
+        if s.replica.as_ref().is_some_and(|r| *r != s.redis) {
+            out.push(Action::Replicate);
+        }
         for i in 0..c.instances {
             let n = &s.nodes[i as usize];
             let faults = self.faults_left(s, i);
@@ -706,6 +1067,14 @@ impl Model for SfuModel {
             }
             if faults {
                 out.push(Action::Crash(i));
+            }
+            if c.failover
+                && n.phase == Phase::Running
+                && n.unconfirmed
+                && !n.beat_done
+                && n.reg_switches == s.switches
+            {
+                out.push(Action::Confirm(i));
             }
             match n.phase {
                 Phase::Running if n.beat_done => out.push(Action::Refresh(i)),
@@ -738,12 +1107,12 @@ impl Model for SfuModel {
             // The reaper thread.
             match n.reaper {
                 Reaper::Idle => {
-                    if n.leading(now) && s.redis.candidates(c, i) != 0 {
+                    if n.leading(now, s.switches) && s.redis.candidates(c, i) != 0 {
                         out.push(Action::Reap(i));
                     }
                 }
                 Reaper::Waiting { since, .. } => {
-                    if now >= since + c.timings.two_phase || !n.leading(now) {
+                    if now >= since + c.timings.two_phase || !n.leading(now, s.switches) {
                         out.push(Action::Reap(i));
                     }
                 }
@@ -818,6 +1187,11 @@ impl Model for SfuModel {
             Action::Advance => {
                 s.redis.advance();
                 let now = s.redis.now;
+                if let Some(r) = s.replica.as_mut() {
+                    // A replica's keys expire at the same absolute times.
+                    r.now = now;
+                    r.expire();
+                }
                 for n in s.nodes.iter_mut() {
                     // A term whose deadline passed ends (the lease thread's step); one with a
                     // request on the wire ends when its reply comes.
@@ -827,26 +1201,14 @@ impl Model for SfuModel {
                 }
             }
             Action::Beat(i) => {
-                let boot = s.nodes[i as usize].boot;
-                match s.redis.heartbeat_tick(c, i, boot) {
-                    Beat::Reaped | Beat::Missing => self.reaped(&mut s, i),
-                    _ => {
-                        let now = s.redis.now;
-                        let n = &mut s.nodes[i as usize];
-                        n.last_beat = now;
-                        n.beat_done = true;
-                    }
+                if self.tick_beat(&mut s, i) {
+                    s.nodes[i as usize].beat_done = true;
                 }
             }
             Action::Refresh(i) => self.refresh(&mut s, i),
             Action::Tick(i) => {
-                let boot = s.nodes[i as usize].boot;
-                match s.redis.heartbeat_tick(c, i, boot) {
-                    Beat::Reaped | Beat::Missing => self.reaped(&mut s, i),
-                    _ => {
-                        s.nodes[i as usize].last_beat = s.redis.now;
-                        self.refresh(&mut s, i);
-                    }
+                if self.tick_beat(&mut s, i) {
+                    self.refresh(&mut s, i);
                 }
             }
             Action::Register(i) => {
@@ -861,9 +1223,13 @@ impl Model for SfuModel {
             }
             Action::Restart(i) => {
                 let now = s.redis.now;
+                let switches = s.switches;
                 let n = &mut s.nodes[i as usize];
                 n.boot += 1;
                 n.life += 1;
+                // A new process: its connector counts switches from here.
+                n.switches_seen = switches;
+                n.reg_switches = switches;
                 if !self.register(&mut s, i, now) {
                     return None;
                 }
@@ -935,14 +1301,53 @@ impl Model for SfuModel {
                 s.faults += 1;
                 self.crash(&mut s, i);
             }
+            Action::Confirm(i) => {
+                // WAIT 1 on the master the registration was last found on.
+                self.wait_replica(&mut s);
+                s.nodes[i as usize].unconfirmed = false;
+            }
+            Action::DataLoss => {
+                s.faults += 1;
+                s.redis.data_loss();
+                // A replica resyncs from the emptied master.
+                self.wait_replica(&mut s);
+                for n in s.nodes.iter_mut() {
+                    n.clean = false;
+                    n.faulted = true;
+                }
+            }
+            Action::Replicate => {
+                s.replica = Some(s.redis.clone());
+            }
+            Action::Failover => {
+                s.faults += 1;
+                let mut promoted = s.replica.clone().expect("a replica");
+                promoted.now = s.redis.now;
+                promoted.expire();
+                s.redis = promoted;
+                s.switches += 1;
+                for (i, n) in s.nodes.iter_mut().enumerate() {
+                    n.clean = false;
+                    n.faulted = true;
+                    // Ghost: live only by a heartbeat the new master lacks.
+                    n.beat_lost = n.last_beat != 0 && s.redis.zset[i] != Some(n.last_beat);
+                }
+                // Its own replica starts as a full copy of it.
+                self.wait_replica(&mut s);
+            }
         }
+        self.reduce(&mut s);
         Some(s)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(P_ONE_LEADER, |_, s: &State| {
-                s.nodes.iter().filter(|n| n.leading(s.redis.now)).count() <= 1
+                s.nodes
+                    .iter()
+                    .filter(|n| n.leading(s.redis.now, s.switches))
+                    .count()
+                    <= 1
             }),
             Property::always(P_EPOCHS, |_, s: &State| s.bad & BAD_EPOCH == 0),
             Property::always(P_LEASE_TERM, |_, s: &State| {
@@ -952,6 +1357,7 @@ impl Model for SfuModel {
             }),
             Property::always(P_LIVE_SAFE, |_, s: &State| s.bad & BAD_LIVE == 0),
             Property::always(P_NOTHING_LEFT, |_, s: &State| s.bad & BAD_LEFT == 0),
+            Property::always(P_HELD_STORED, |_, s: &State| s.bad & BAD_HELD == 0),
             Property::always(P_IN_REACH, |_, s: &State| {
                 (0..s.nodes.len()).all(|i| {
                     s.nodes[i].phase != Phase::Down
@@ -983,6 +1389,23 @@ impl Model for SfuModel {
             Property::sometimes(S_LEASE_MOVED, |_, s: &State| s.seen & SEEN_LEASE_MOVED != 0),
             Property::sometimes(S_ZOMBIE, |_, s: &State| s.seen & SEEN_ZOMBIE != 0),
             Property::sometimes(S_KEPT, |_, s: &State| s.seen & SEEN_KEPT != 0),
+            Property::sometimes(S_RESTORED, |_, s: &State| s.seen & SEEN_RESTORED != 0),
+            Property::sometimes(S_WRITTEN_BACK, |_, s: &State| {
+                s.seen & SEEN_WRITTEN_BACK != 0
+            }),
+            Property::sometimes(S_REREGISTERED, |_, s: &State| {
+                s.seen & SEEN_REREGISTERED != 0
+            }),
+            Property::sometimes(S_PRICE, |_, s: &State| s.seen & SEEN_PRICE != 0),
+            Property::sometimes(S_MARK_PRICE, |_, s: &State| s.seen & SEEN_MARK_PRICE != 0),
+            Property::sometimes(S_PRICE_REAPED, |_, s: &State| {
+                s.seen & SEEN_PRICE_REAPED != 0
+            }),
+            Property::sometimes(S_EPOCH_AGAIN, |_, s: &State| s.seen & SEEN_EPOCH_AGAIN != 0),
+            Property::sometimes(S_BEAT_LOST, |_, s: &State| s.seen & SEEN_BEAT_LOST != 0),
+            Property::sometimes(S_REGISTER_RESTORED, |_, s: &State| {
+                s.seen & SEEN_REGISTER_RESTORED != 0
+            }),
         ]
     }
 }

@@ -84,6 +84,41 @@ pub struct Node {
     pub last_beat: u8,
     /// Ghost: the last tick found nothing to settle and no fault happened since.
     pub clean: bool,
+    /// The dataset token seen last (`Shared::token`; `None`: '', a process that has not
+    /// heartbeated yet).
+    pub token: Option<u8>,
+    /// `Shared::restore_pending`: the next tick (or the rest of this one) writes back every
+    /// pin, index entry and record held (after data loss, a lost registration, a master
+    /// switch).
+    pub restore: bool,
+    /// `Shared::registration_unconfirmed` (only with `Config::failover`): no replica of
+    /// the master the registration was last found on has acknowledged it yet.
+    pub unconfirmed: bool,
+    /// `Shared::registration_switches`: the master-switch count of the connection that wrote
+    /// the registration or last found it on a new master.
+    pub reg_switches: u8,
+    /// `Shared::switches_seen`: the master-switch count the heartbeat last saw.
+    pub switches_seen: u8,
+    /// `Term::switches`: the master-switch count of the connection that confirmed the term.
+    pub term_switches: u8,
+    /// `Shared::life_t0_us` (only with `Config::failover`): this life's clean-up boundary,
+    /// which a registration a failover lost registers again with.
+    pub life_t0: u8,
+    /// Ghost: this life went through the documented price of the lost-registration rule (a
+    /// reap on a new master taken as a lost registration: README "Failover: what is
+    /// guaranteed").
+    pub priced: bool,
+    /// Ghost: a failover lost this life's last heartbeat (the new master has an older score);
+    /// until it heartbeats again.
+    pub beat_lost: bool,
+    /// The master-switch count of the connection the reaper's current `reap_instance` runs
+    /// on (made at its `reap_begin`).
+    pub reap_made: u8,
+    /// Ghost: data loss or a failover happened since this node's last full tick.
+    pub faulted: bool,
+    /// Ghost: this life's registration found Redis had lost its data ('ok' under a new
+    /// dataset token: `Beat::Restored`), which asks for no restore; until its next full tick.
+    pub register_restored: bool,
 }
 
 impl Node {
@@ -106,10 +141,24 @@ impl Node {
             reaper: Reaper::Idle,
             last_beat: 0,
             clean: false,
+            token: None,
+            restore: false,
+            unconfirmed: false,
+            reg_switches: 0,
+            switches_seen: 0,
+            term_switches: 0,
+            life_t0: 0,
+            priced: false,
+            beat_lost: false,
+            reap_made: 0,
+            faulted: false,
+            register_restored: false,
         }
     }
 
     /// Everything local is lost (a crash, or the end of a leave); boot and life stay counted.
+    /// (A new process's connector counts master switches from its start: a restart sets
+    /// `switches_seen` to the current count.)
     pub fn reset(&mut self) {
         let (boot, life) = (self.boot, self.life);
         let n = self.peers.len();
@@ -149,8 +198,11 @@ impl Node {
         }
     }
 
-    /// `Shared::is_leader`: a term whose local deadline has not passed.
-    pub fn leading(&self, now: u8) -> bool {
-        self.phase != Phase::Down && self.term.is_some_and(|(_, d)| now < d)
+    /// `Shared::is_leader`: a term whose local deadline has not passed, confirmed on the
+    /// master every connection reaches now (`switches`, the master-switch count).
+    pub fn leading(&self, now: u8, switches: u8) -> bool {
+        self.phase != Phase::Down
+            && self.term.is_some_and(|(_, d)| now < d)
+            && self.term_switches == switches
     }
 }

@@ -37,6 +37,17 @@ pub struct Lease {
     pub term: u8,
 }
 
+/// `P:{ctl}:dataset`: the dataset token, `<random>:<server ms>` as the first heartbeat after
+/// Redis started empty writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dataset {
+    /// Which token (the random part): 0 is the one the checked run starts with (an old
+    /// dataset, no creation time to wait out), `n` the one written after the `n`-th data loss.
+    pub gen: u8,
+    /// The server time in it (lease_acquire.lua waits a lease TTL after it); unused for gen 0.
+    pub created: u8,
+}
+
 /// `P:room:{R}:meta` (the fields the protocol reads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Meta {
@@ -89,6 +100,22 @@ pub struct Redis {
     pub reaping: Vec<Rooms>,
     /// `P:{ctl}:instance:<I>:reaping`: the token of the reap that moved the index.
     pub reaping_token: Vec<Option<u16>>,
+    /// `P:{ctl}:dataset` (`None`: gone with the data, until a heartbeat writes a new one).
+    pub dataset: Option<Dataset>,
+    /// Not a key: data losses so far (survives them), so that each new dataset token differs
+    /// from every earlier one (the random part of the real token).
+    pub losses: u8,
+    /// Ghost (only with `Config::failover`): instances whose sorted-set entry is absent or 0
+    /// because of a reap (`reap_begin.lua` marked it, `reap_finish.lua` removed it); a
+    /// registration clears it. With `entry_life`, tells the price of the lost-registration
+    /// rule (README) from a registration a failover really lost.
+    pub reaped_mark: u8,
+    /// Ghost (only with `Config::failover`): instances whose entry index_add.lua created as
+    /// score 0 (the hand-over of an unregistered instance); a registration clears it.
+    pub index_mark: u8,
+    /// Ghost (only with `Config::failover`): per instance, the life whose heartbeat wrote its
+    /// sorted-set entry last.
+    pub entry_life: Vec<u8>,
 }
 
 /// The generation counter of a room starts at the server time "in microseconds": in model units
@@ -141,16 +168,33 @@ pub enum Finish {
     Retry,
 }
 
-/// heartbeat.lua's reply (no data loss in this slice: never 'restored'; one schema).
+/// heartbeat.lua's status (one schema), and the library's reading of it (`heartbeat::Beat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
     Ok,
+    /// 'restored': no entry and the dataset token gone or changed (Redis lost its data): the
+    /// instance was registered again. The library also reads an 'ok' whose token differs from
+    /// the one the node knew as this.
+    Restored,
     /// Being reaped (score 0).
     Reaped,
-    /// No entry, the dataset token unchanged: a completed reap (the model has no failover
-    /// that could lose a registration).
+    /// No entry, the dataset token unchanged: a completed reap, or a registration a failover
+    /// lost.
     Missing,
     Duplicate,
+    /// Not a status of the script: the library's `Beat::Unregistered` ('missing' or 'reaped'
+    /// on another master than the one the registration was last found on, no replica having
+    /// acknowledged it).
+    Unregistered,
+}
+
+/// heartbeat.lua's reply: the status, the dataset token after the call (`None`: '') and the
+/// epoch counter after the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeatReply {
+    pub status: Beat,
+    pub token: Option<u8>,
+    pub epoch: u8,
 }
 
 /// What a reap deleted that it must not have, seen by the script as it ran (ghost).
@@ -169,13 +213,18 @@ pub struct Deleted {
 pub enum Op {
     /// One unit of time passes; `Redis::expire` drops what ran out.
     Advance,
-    /// heartbeat.lua 'tick' / 'register'.
+    /// heartbeat.lua 'tick' / 'register' (`known`: the token the node saw last, `seen` the
+    /// highest epoch it has seen).
     Heartbeat {
         i: Id,
         boot: u8,
         register: bool,
-        reply: Beat,
+        known: Option<u8>,
+        seen: u8,
+        reply: BeatReply,
     },
+    /// Redis lost its data: every key of the prefix gone, the dataset token with them.
+    DataLoss,
     /// heartbeat_release.lua.
     HeartbeatRelease {
         i: Id,
@@ -215,10 +264,12 @@ pub enum Op {
         r: Id,
         reply: Option<Refreshed>,
     },
-    /// pin_refresh.lua ('0').
+    /// pin_refresh.lua ('0'; `restore`: '1', after the room's index entry, as
+    /// `rooms::restore_pins` sends it).
     PinRefresh {
         i: Id,
         r: Id,
+        restore: bool,
         reply: Refreshed,
     },
     /// close_room.lua until 'closed' or 'not_owner'.
@@ -240,6 +291,15 @@ pub enum Op {
         p: Id,
         reply: Result<u16, Option<Id>>,
     },
+    /// upsert_peer.lua writing back a held record with its generation (`peers::restore`);
+    /// `reply`: written (else 'not_owner').
+    RestorePeer {
+        i: Id,
+        r: Id,
+        p: Id,
+        gen: u16,
+        reply: bool,
+    },
     /// remove_peer.lua.
     RemovePeer {
         i: Id,
@@ -254,10 +314,11 @@ pub enum Op {
         p: Id,
         reply: Option<(Id, u16)>,
     },
+    /// `Err(None)`: '<dataset new>'.
     LeaseAcquire {
         i: Id,
         seen: u8,
-        reply: Result<u8, Id>,
+        reply: Result<u8, Option<Id>>,
     },
     LeaseRefresh {
         i: Id,
@@ -349,6 +410,11 @@ impl Redis {
             index: vec![0; n],
             reaping: vec![0; n],
             reaping_token: vec![None; n],
+            dataset: Some(Dataset { gen: 0, created: 0 }),
+            losses: 0,
+            reaped_mark: 0,
+            index_mark: 0,
+            entry_life: vec![0; n],
         }
     }
 
@@ -378,48 +444,89 @@ impl Redis {
         self.rooms[r as usize].meta.map(|m| m.owner)
     }
 
-    /// heartbeat.lua, 'tick' mode (KEYS: heartbeats, hb key; no data loss: a missing member
-    /// with an unchanged dataset token, the script's 'missing', is a reap here as in the
-    /// library once a replica acknowledged the registration; the model has no failover, so
-    /// the library's `Beat::Unregistered`, a registration a failover lost, never arises).
-    fn heartbeat_tick_(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+    /// The writes heartbeat.lua makes once it goes on ('ok', 'restored', a tick's
+    /// 'duplicate', a registration): a new dataset token if it is gone, the highest epoch the
+    /// caller has seen written back, the score and the heartbeat key.
+    fn beat_writes(&mut self, c: &Config, i: Id, boot: u8, seen: u8) {
         let iu = i as usize;
-        match self.zset[iu] {
-            None => return Beat::Missing,
-            Some(0) => return Beat::Reaped,
-            Some(_) => {}
+        if self.dataset.is_none() {
+            self.dataset = Some(Dataset {
+                gen: self.losses,
+                created: self.now,
+            });
         }
-        let holder = self.hb[iu].map(|k| k.boot);
+        if seen > self.epoch && !c.mutated(Mutation::NoEpochWriteBack) {
+            self.epoch = seen;
+        }
         self.zset[iu] = Some(self.now);
         self.hb[iu] = Some(HbKey {
             boot: Boot::Process(boot),
             expires: self.now + c.timings.heartbeat_ttl,
         });
-        match holder {
-            Some(b) if b != Boot::Process(boot) => Beat::Duplicate,
-            _ => Beat::Ok,
+        if c.failover {
+            self.reaped_mark &= !(1 << i);
+            self.index_mark &= !(1 << i);
         }
     }
 
+    fn beat_reply(&self, status: Beat) -> BeatReply {
+        BeatReply {
+            status,
+            token: self.dataset.map(|d| d.gen),
+            epoch: self.epoch,
+        }
+    }
+
+    /// heartbeat.lua, 'tick' mode: 'missing' for no entry under the token the caller knows
+    /// (nothing written), 'restored' for no entry under another token or none (Redis lost its
+    /// data: registered again), 'reaped' for a 0 score (nothing written), else the heartbeat
+    /// ('duplicate' if another boot token held the key).
+    fn heartbeat_tick_(
+        &mut self,
+        c: &Config,
+        i: Id,
+        boot: u8,
+        known: Option<u8>,
+        seen: u8,
+    ) -> BeatReply {
+        let iu = i as usize;
+        let same = self.dataset.is_some_and(|d| Some(d.gen) == known);
+        let status = match self.zset[iu] {
+            None if same => return self.beat_reply(Beat::Missing),
+            None => Beat::Restored,
+            Some(0) if same || self.reaping_token[iu].is_some() => {
+                return self.beat_reply(Beat::Reaped)
+            }
+            // A score 0 under a token the caller never saw, no reap under way: index_add.lua's
+            // mark of a write between the loss and this tick, not a reap of its registration.
+            Some(0) => Beat::Restored,
+            Some(_) => Beat::Ok,
+        };
+        let holder = self.hb[iu].map(|k| k.boot);
+        self.beat_writes(c, i, boot, seen);
+        let status = match holder {
+            Some(b) if status == Beat::Ok && b != Boot::Process(boot) => Beat::Duplicate,
+            _ => status,
+        };
+        self.beat_reply(status)
+    }
+
     /// heartbeat.lua, 'register' mode: refused ('duplicate') while another process's boot
-    /// token holds the heartbeat key; else writes the heartbeat, merges a room index a reap
-    /// moved aside back into the live one and deletes that reap's token.
-    fn heartbeat_register_(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
+    /// token holds the heartbeat key; else writes the heartbeat (and a new dataset token if it
+    /// is gone, the epoch written back), merges a room index a reap moved aside back into the
+    /// live one and deletes that reap's token.
+    fn heartbeat_register_(&mut self, c: &Config, i: Id, boot: u8, seen: u8) -> BeatReply {
         let iu = i as usize;
         if let Some(k) = self.hb[iu] {
             if k.boot != Boot::Process(boot) && k.boot != Boot::Released {
-                return Beat::Duplicate;
+                return self.beat_reply(Beat::Duplicate);
             }
         }
-        self.zset[iu] = Some(self.now);
-        self.hb[iu] = Some(HbKey {
-            boot: Boot::Process(boot),
-            expires: self.now + c.timings.heartbeat_ttl,
-        });
+        self.beat_writes(c, i, boot, seen);
         self.index[iu] |= self.reaping[iu];
         self.reaping[iu] = 0;
         self.reaping_token[iu] = None;
-        Beat::Ok
+        self.beat_reply(Beat::Ok)
     }
 
     /// heartbeat_release.lua.
@@ -483,8 +590,9 @@ impl Redis {
         })
     }
 
-    /// pin_refresh.lua with ARGV[3] = '0' (no restore in this slice).
-    fn pin_refresh_(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
+    /// pin_refresh.lua (ARGV[3] '1' with `restore`: a room whose metadata is gone too is
+    /// pinned again, pinned now).
+    fn pin_refresh_(&mut self, c: &Config, i: Id, life: u8, r: Id, restore: bool) -> Refreshed {
         let now = self.now;
         let owner = self.pin_owner(r);
         let room = &mut self.rooms[r as usize];
@@ -497,6 +605,16 @@ impl Redis {
         }
         match room.meta {
             Some(m) if m.owner != i => Refreshed::Lost(m.owner),
+            None if restore => {
+                room.pin = Some((i, now + c.timings.pin_ttl));
+                room.meta = Some(Meta {
+                    owner: i,
+                    pinned: now,
+                    peer_seq: None,
+                    life,
+                });
+                Refreshed::Repinned
+            }
             None => Refreshed::Gone,
             Some(mut m) => {
                 room.pin = Some((i, now + c.timings.pin_ttl));
@@ -551,6 +669,30 @@ impl Redis {
         Ok(gen)
     }
 
+    /// upsert_peer.lua with ARGV[4] = `gen` (a record written back): the owner check, the
+    /// room's counter raised to at least `gen`, the record written with it. `false`:
+    /// 'not_owner'.
+    fn restore_peer_(&mut self, i: Id, r: Id, p: Id, gen: u16, life: u8) -> bool {
+        let owner = self.pin_owner(r);
+        if owner != Some(i) && (owner.is_some() || self.meta_owner(r) != Some(i)) {
+            return false;
+        }
+        let now = self.now;
+        let room = &mut self.rooms[r as usize];
+        let meta = room.meta.as_mut().expect("a room with a pin has metadata");
+        if meta.peer_seq.map_or(true, |s| s < gen) {
+            meta.peer_seq = Some(gen);
+        }
+        room.records[p as usize] = Some(Record {
+            instance: i,
+            generation: gen,
+            at: now,
+            life,
+        });
+        room.members |= 1 << p;
+        true
+    }
+
     /// remove_peer.lua. `Ok(true)` removed, `Ok(false)` gone or another generation,
     /// `Err(owner)` another instance's record.
     fn remove_peer_(&mut self, i: Id, r: Id, p: Id, gen: u16) -> Result<bool, Id> {
@@ -569,11 +711,23 @@ impl Redis {
         Ok(true)
     }
 
-    /// lease_acquire.lua (the dataset token is old enough: no data loss in this slice).
-    /// `Ok(epoch)` won, `Err(holder)` held.
-    fn lease_acquire_(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
+    /// lease_acquire.lua. `Ok(epoch)` won, `Err(Some(holder))` held, `Err(None)` '<dataset
+    /// new>': the dataset token is gone or younger than a lease TTL (a leader of the lost
+    /// dataset may still act until its local deadline).
+    fn lease_acquire_(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Option<Id>> {
+        match self.dataset {
+            None => return Err(None),
+            Some(d)
+                if d.gen > 0
+                    && self.now - d.created < c.timings.lease_ttl
+                    && !c.mutated(Mutation::NoDatasetWait) =>
+            {
+                return Err(None)
+            }
+            Some(_) => {}
+        }
         if let Some(l) = self.lease {
-            return Err(l.owner);
+            return Err(Some(l.owner));
         }
         self.epoch = self.epoch.max(seen) + 1;
         self.lease = Some(Lease {
@@ -716,7 +870,13 @@ impl Redis {
             }
             if drop {
                 if let Some(rec) = rec {
-                    deleted.records[p as usize] = Some((rec.instance, rec.life));
+                    // A record another instance left in a room taken over from it is no data
+                    // of a room it holds: it lost the room (its next tick reports it lost and
+                    // sweeps the record, `sweep_own`).
+                    let leftover = whole && meta_owner.is_some_and(|o| o != rec.instance);
+                    if !leftover {
+                        deleted.records[p as usize] = Some((rec.instance, rec.life));
+                    }
                 }
                 room.records[p as usize] = None;
                 room.members &= !(1 << p);
@@ -786,24 +946,42 @@ impl Redis {
     }
 
     /// heartbeat.lua, 'tick' mode (recorded).
-    pub fn heartbeat_tick(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
-        let reply = self.heartbeat_tick_(c, i, boot);
+    pub fn heartbeat_tick(
+        &mut self,
+        c: &Config,
+        i: Id,
+        boot: u8,
+        known: Option<u8>,
+        seen: u8,
+    ) -> BeatReply {
+        let reply = self.heartbeat_tick_(c, i, boot, known, seen);
         log(|| Op::Heartbeat {
             i,
             boot,
             register: false,
+            known,
+            seen,
             reply,
         });
         reply
     }
 
     /// heartbeat.lua, 'register' mode (recorded).
-    pub fn heartbeat_register(&mut self, c: &Config, i: Id, boot: u8) -> Beat {
-        let reply = self.heartbeat_register_(c, i, boot);
+    pub fn heartbeat_register(
+        &mut self,
+        c: &Config,
+        i: Id,
+        boot: u8,
+        known: Option<u8>,
+        seen: u8,
+    ) -> BeatReply {
+        let reply = self.heartbeat_register_(c, i, boot, seen);
         log(|| Op::Heartbeat {
             i,
             boot,
             register: true,
+            known,
+            seen,
             reply,
         });
         reply
@@ -844,9 +1022,74 @@ impl Redis {
 
     /// pin_refresh.lua (recorded).
     pub fn pin_refresh(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
-        let reply = self.pin_refresh_(c, i, life, r);
-        log(|| Op::PinRefresh { i, r, reply });
+        let reply = self.pin_refresh_(c, i, life, r, false);
+        log(|| Op::PinRefresh {
+            i,
+            r,
+            restore: false,
+            reply,
+        });
         reply
+    }
+
+    /// pin_refresh.lua with '1' (`rooms::restore_pins`, after the room's index entry;
+    /// recorded).
+    pub fn pin_restore(&mut self, c: &Config, i: Id, life: u8, r: Id) -> Refreshed {
+        let reply = self.pin_refresh_(c, i, life, r, true);
+        log(|| Op::PinRefresh {
+            i,
+            r,
+            restore: true,
+            reply,
+        });
+        reply
+    }
+
+    /// upsert_peer.lua writing back a record this instance holds, with its generation
+    /// (`peers::restore`; recorded): `false` for 'not_owner' (nothing written).
+    pub fn restore_peer(&mut self, i: Id, r: Id, p: Id, gen: u16, life: u8) -> bool {
+        let reply = self.restore_peer_(i, r, p, gen, life);
+        log(|| Op::RestorePeer {
+            i,
+            r,
+            p,
+            gen,
+            reply,
+        });
+        reply
+    }
+
+    /// Redis lost its data (recorded): every key gone, server time goes on.
+    pub fn data_loss(&mut self) {
+        let now = self.now;
+        let losses = self.losses + 1;
+        let n = self.zset.len();
+        let rooms = self.rooms.len();
+        let peers = self.rooms[0].records.len();
+        *self = Redis {
+            now,
+            losses,
+            zset: vec![None; n],
+            hb: vec![None; n],
+            epoch: 0,
+            lease: None,
+            rooms: (0..rooms)
+                .map(|_| Room {
+                    pin: None,
+                    meta: None,
+                    members: 0,
+                    records: vec![None; peers],
+                })
+                .collect(),
+            index: vec![0; n],
+            reaping: vec![0; n],
+            reaping_token: vec![None; n],
+            dataset: None,
+            reaped_mark: 0,
+            index_mark: 0,
+            entry_life: vec![0; n],
+        };
+        log(|| Op::DataLoss);
     }
 
     /// close_room.lua (recorded).
@@ -877,7 +1120,7 @@ impl Redis {
     }
 
     /// lease_acquire.lua (recorded).
-    pub fn lease_acquire(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Id> {
+    pub fn lease_acquire(&mut self, c: &Config, i: Id, seen: u8) -> Result<u8, Option<Id>> {
         let reply = self.lease_acquire_(c, i, seen);
         log(|| Op::LeaseAcquire { i, seen, reply });
         reply
@@ -970,6 +1213,9 @@ impl Redis {
             && !c.mutated(Mutation::UnregisteredIndexWriteUnmarked)
         {
             self.zset[iu] = Some(0);
+            if c.failover {
+                self.index_mark |= 1 << i;
+            }
         }
         if rooms != 0 {
             log(|| Op::IndexAdd { i, rooms, added });

@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use model::store::{self, Beat, Begin, Boot, Finish, Id, Op, PinReply, Refreshed, RoomStatus};
+use model::store::{
+    self, Beat, Begin, Boot, Dataset, Finish, Id, Op, PinReply, Refreshed, RoomStatus,
+};
 use model::{Action, Config, SfuModel, State};
 use sfu_redis::conn::{Conn, Redis as Connector};
 use sfu_redis::keys::KeySpace;
@@ -24,6 +26,11 @@ use stateright::Model;
 const U: i64 = 60_000;
 /// reap_room.lua's t0 for `rooms::sweep_own` (every record).
 const SWEEP_ALL: i64 = (1 << 53) - 1;
+/// The dataset token a trace starts with (an old dataset: no time in it to wait out).
+const FIRST_DATASET: &str = "replay:0";
+/// How far before its unit's canonical value a dataset token's creation time is kept (see
+/// `Replay::dataset_ms`).
+const DATASET_BACK: i64 = U * 7 / 8;
 
 fn env_num(k: &str) -> Option<u64> {
     std::env::var(k).ok().and_then(|v| v.parse().ok())
@@ -50,6 +57,11 @@ fn config(seed: u64) -> Config {
         leave: n % 2 == 0,
         split_tick: n % 3 == 0,
         split_lease: base.split_lease || n % 3 == 1,
+        // Data loss in one trace of five (a single Redis reproduces it: every key of the
+        // prefix deleted). Failover is never replayed: one Redis cannot promote a replica
+        // missing the last writes.
+        data_loss: n % 5 == 2,
+        failover: false,
         ..base
     }
 }
@@ -72,6 +84,9 @@ fn boot(b: u8) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct View {
     now: u8,
+    /// The dataset token: the model's token number, and its creation unit (`None` for the
+    /// first token, which has none to wait out).
+    dataset: Option<(u8, Option<u8>)>,
     /// Sorted-set score per instance, in model units (0 = being reaped).
     zset: Vec<Option<u8>>,
     /// hb key: boot token, expiry (model units).
@@ -105,12 +120,15 @@ struct Replay<'a> {
     now: u8,
     /// The model time stored timestamps are canonical for (`now`, but for `advance`).
     decode_at: u8,
-    dataset: String,
+    /// Model dataset token number -> the token on Redis (as last re-written).
+    datasets: HashMap<u8, String>,
     /// (room, model generation) -> the library's (each room has its own counter).
     gens: HashMap<(Id, u16), u64>,
     /// Model reap token -> the library's.
     tokens: HashMap<u16, i64>,
     ops: usize,
+    /// Rare paths replayed (data loss and what follows it), counted for the summary.
+    rare: BTreeMap<&'static str, usize>,
 }
 
 fn cmd<T: redis::FromRedisValue>(con: &mut Conn, c: &mut redis::Cmd) -> T {
@@ -142,6 +160,23 @@ impl Replay<'_> {
         self.anchor - (self.now - unit) as i64 * U
     }
 
+    /// The time kept in a dataset token created in unit `unit`: `DATASET_BACK` before the
+    /// unit's canonical value. lease_acquire.lua compares `now - created < lease_ttl` on the
+    /// server clock (half a unit to three quarters behind the canonical value of the current
+    /// unit): kept so, a token created in unit `c` lets an acquire in unit `n` through exactly
+    /// when `n - c >= lease_ttl`, the model's rule, and still decodes to `c`.
+    fn dataset_ms(&self, unit: u8) -> i64 {
+        self.canonical_ms(unit) - DATASET_BACK
+    }
+
+    /// The model's number of the dataset token `v` on Redis.
+    fn dataset_gen(&self, v: &str) -> Option<u8> {
+        self.datasets
+            .iter()
+            .find(|(_, s)| s.as_str() == v)
+            .map(|(g, _)| *g)
+    }
+
     /// Expiry in model units from a PTTL.
     fn expiry(&self, pttl: i64) -> u8 {
         assert!(pttl > 0, "a key without TTL or gone: {pttl}");
@@ -168,6 +203,7 @@ impl Replay<'_> {
             pipe.get(k.instance_reaping(&w));
         }
         pipe.get(k.epoch()).get(k.leader()).pttl(k.leader());
+        pipe.get(k.dataset());
         for r in 0..c.rooms {
             let rk = k.room(&rid(r));
             pipe.get(&rk.owner).pttl(&rk.owner);
@@ -223,6 +259,25 @@ impl Replay<'_> {
         v.epoch = e.unwrap_or(0);
         let (l, t): (Option<String>, i64) = (next!(), next!());
         v.lease = l.map(|o| (o, self.expiry(t)));
+        let d: Option<String> = next!();
+        v.dataset = d.map(|d| {
+            let Some(g) = self.dataset_gen(&d) else {
+                // Not a token of the model's (a number no heartbeat reply told).
+                return (u8::MAX, None);
+            };
+            if d == FIRST_DATASET {
+                return (g, None);
+            }
+            let (random, ms) = d.rsplit_once(':').expect("<random>:<ms>");
+            let ms: i64 = ms.parse().expect("ms");
+            // A fresh token holds the server time (inside the current unit); one re-written
+            // holds `dataset_ms` of its unit: both decode to their unit.
+            let u = self.unit_of_ms(ms);
+            let canon = format!("{random}:{}", self.dataset_ms(u));
+            writes.set(k.dataset(), &canon).ignore();
+            self.datasets.insert(g, canon);
+            (g, Some(u))
+        });
         for r in 0..c.rooms {
             let rk = k.room(&rid(r));
             let mut rv = RoomView::default();
@@ -257,7 +312,9 @@ impl Replay<'_> {
             }
             v.rooms.push(rv);
         }
-        let _: () = writes.query(self.con).expect("re-write timestamps");
+        if !writes.is_empty() {
+            let _: () = writes.query(self.con).expect("re-write timestamps");
+        }
         v
     }
 
@@ -277,6 +334,9 @@ impl Replay<'_> {
         };
         View {
             now: m.now,
+            dataset: m
+                .dataset
+                .map(|Dataset { gen, created }| (gen, (gen != 0).then_some(created))),
             zset: m.zset.clone(),
             hb: m
                 .hb
@@ -389,6 +449,19 @@ impl Replay<'_> {
 
     fn call(&mut self, op: Op) -> Result<(), String> {
         self.ops += 1;
+        let rare = match op {
+            Op::DataLoss => Some("data loss"),
+            Op::Heartbeat { reply, .. } if reply.status == Beat::Restored => Some("'restored'"),
+            Op::PinRefresh { restore: true, .. } => Some("pin restored"),
+            Op::RestorePeer { .. } => Some("record restored"),
+            Op::LeaseAcquire {
+                reply: Err(None), ..
+            } => Some("'<dataset new>'"),
+            _ => None,
+        };
+        if let Some(k) = rare {
+            *self.rare.entry(k).or_default() += 1;
+        }
         let c = &mut *self.con;
         let inst = &self.inst;
         let got: String;
@@ -408,19 +481,53 @@ impl Replay<'_> {
                 i,
                 boot: b,
                 register,
+                known,
+                seen,
                 reply,
             } => {
+                let known = match known {
+                    None => String::new(),
+                    Some(g) => self
+                        .datasets
+                        .get(&g)
+                        .cloned()
+                        .ok_or(format!("{op:?}: unknown dataset token {g}"))?,
+                };
                 let (status, _, _) = ok(
                     op,
-                    inst[i as usize].heartbeat(c, register, &self.dataset, &boot(b), 0),
+                    inst[i as usize].heartbeat(c, register, &known, &boot(b), seen as u64),
                 )?;
-                let w = match reply {
+                // The token after the call: learnt the first time, compared after.
+                if let Some(g) = reply.token {
+                    let real: Option<String> = cmd(c, redis::cmd("GET").arg(self.keys.dataset()));
+                    let real = real.ok_or(format!("{op:?}: no dataset token"))?;
+                    match self.datasets.get(&g) {
+                        Some(t) if *t != real => {
+                            return Err(format!(
+                                "{op:?}: dataset token {real:?}, the model's {g} is {t:?}"
+                            ))
+                        }
+                        Some(_) => {}
+                        None => {
+                            self.datasets.insert(g, real);
+                        }
+                    }
+                }
+                let w = match reply.status {
                     Beat::Ok => "ok",
+                    Beat::Restored => "restored",
                     Beat::Reaped => "reaped",
                     Beat::Missing => "missing",
                     Beat::Duplicate => "duplicate",
+                    Beat::Unregistered => "(not a status)",
                 };
                 check!(w, status.as_str());
+            }
+            Op::DataLoss => {
+                // Redis lost its data: every key of the prefix, the dataset token and the
+                // schema stamp included.
+                self.clear();
+                return Ok(());
             }
             Op::HeartbeatRelease { i, boot: b, reply } => {
                 check!(
@@ -472,14 +579,40 @@ impl Replay<'_> {
                 });
                 check!(w, ok(op, inst[i as usize].refresh_plain(c, &rid(r)))?);
             }
-            Op::PinRefresh { i, r, reply } => {
+            Op::PinRefresh {
+                i,
+                r,
+                restore,
+                reply,
+            } => {
                 let w = match reply {
                     Refreshed::Ok => "ok".to_owned(),
                     Refreshed::Repinned => "repinned".to_owned(),
                     Refreshed::Gone => "gone".to_owned(),
                     Refreshed::Lost(o) => iid(o),
                 };
-                check!(w, ok(op, inst[i as usize].pin_refresh(c, &rid(r)))?);
+                let got = if restore {
+                    inst[i as usize].restore_pin(c, &rid(r))
+                } else {
+                    inst[i as usize].pin_refresh(c, &rid(r))
+                };
+                check!(w, ok(op, got)?);
+            }
+            Op::RestorePeer {
+                i,
+                r,
+                p,
+                gen,
+                reply,
+            } => {
+                let g = *self
+                    .gens
+                    .get(&(r, gen))
+                    .ok_or(format!("{op:?}: unknown generation"))?;
+                check!(
+                    reply,
+                    ok(op, inst[i as usize].restore_peer(c, &rid(r), &pid(p), g))?
+                );
             }
             Op::CloseRoom { i, r, reply } => {
                 let w = reply.err().map(|o| o.map_or(String::new(), iid));
@@ -542,7 +675,9 @@ impl Replay<'_> {
                 check!(w, inst_.map(|x| (x, g)));
             }
             Op::LeaseAcquire { i, seen, reply } => {
-                let w = reply.map(|e| e as u64).map_err(iid);
+                let w = reply
+                    .map(|e| e as u64)
+                    .map_err(|o| o.map_or("<dataset new>".to_owned(), iid));
                 check!(w, ok(op, inst[i as usize].lease_acquire(c, seen as u64))?);
             }
             Op::LeaseRefresh { i, reply } => {
@@ -673,13 +808,21 @@ fn actor(a: &Action) -> Option<Id> {
         | Action::Lease(i, ..)
         | Action::Reap(i)
         | Action::Leave(i, ..)
-        | Action::Crash(i) => Some(i),
+        | Action::Crash(i)
+        | Action::Confirm(i) => Some(i),
+        Action::DataLoss | Action::Replicate | Action::Failover => None,
     }
 }
 
 /// Replays one random trace of `steps` steps from `seed`; `Err`: the trace and the first
 /// disagreement.
-fn trace(con: &mut Conn, n: u64, seed: u64, steps: usize) -> Result<(usize, usize), String> {
+fn trace(
+    con: &mut Conn,
+    n: u64,
+    seed: u64,
+    steps: usize,
+    rare: &mut BTreeMap<&'static str, usize>,
+) -> Result<(usize, usize), String> {
     let cfg = config(seed);
     let model = SfuModel::new(cfg.clone());
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -700,10 +843,12 @@ fn trace(con: &mut Conn, n: u64, seed: u64, steps: usize) -> Result<(usize, usiz
         ..Timings::default()
     };
     let keys = KeySpace::new("replay", &format!("t{n}"), "m").expect("key space");
-    // An old dataset token (no data loss in the model: lease_acquire.lua's wait after a new
-    // dataset never applies) and the schema stamp of this release.
-    let dataset = "replay:0".to_owned();
-    let _: () = cmd(con, redis::cmd("SET").arg(keys.dataset()).arg(&dataset));
+    // An old dataset token (the model's token 0: nothing to wait out) and the schema stamp of
+    // this release.
+    let _: () = cmd(
+        con,
+        redis::cmd("SET").arg(keys.dataset()).arg(FIRST_DATASET),
+    );
     let _: () = cmd(
         con,
         redis::cmd("SET")
@@ -721,10 +866,11 @@ fn trace(con: &mut Conn, n: u64, seed: u64, steps: usize) -> Result<(usize, usiz
         anchor,
         now: 1,
         decode_at: 1,
-        dataset,
+        datasets: HashMap::from([(0, FIRST_DATASET.to_owned())]),
         gens: HashMap::new(),
         tokens: HashMap::new(),
         ops: 0,
+        rare: BTreeMap::new(),
     };
     let mut log: Vec<String> = Vec::new();
     let fail = |log: &[String], e: String| -> String {
@@ -804,6 +950,9 @@ fn trace(con: &mut Conn, n: u64, seed: u64, steps: usize) -> Result<(usize, usiz
         done += 1;
     }
     let n_ops = r.ops;
+    for (k, v) in std::mem::take(&mut r.rare) {
+        *rare.entry(k).or_default() += v;
+    }
     r.clear();
     Ok((done, n_ops))
 }
@@ -821,9 +970,10 @@ fn traces_replay_on_redis() {
         .expect("connect");
     let started = Instant::now();
     let (mut total_steps, mut total_ops) = (0, 0);
+    let mut rare = BTreeMap::new();
     let mut lengths: BTreeMap<usize, usize> = BTreeMap::new();
     for n in 0..traces {
-        match trace(&mut con, n, base.wrapping_add(n), steps) {
+        match trace(&mut con, n, base.wrapping_add(n), steps, &mut rare) {
             Ok((s, o)) => {
                 total_steps += s;
                 total_ops += o;
@@ -833,7 +983,7 @@ fn traces_replay_on_redis() {
         }
     }
     println!(
-        "trace replay: {traces} traces, {total_steps} steps, {total_ops} Redis operations compared (every key after every step) in {:.1?}; trace lengths {lengths:?}",
+        "trace replay: {traces} traces, {total_steps} steps, {total_ops} Redis operations compared (every key after every step) in {:.1?}; trace lengths {lengths:?}; data loss and after: {rare:?}",
         started.elapsed()
     );
 }

@@ -248,3 +248,35 @@ fn a_pin_between_a_data_loss_and_the_next_tick_still_restores() {
     rooms.sort();
     assert_eq!(rooms, ["r1", "r2"], "both rooms back in the index");
 }
+
+// The other side of that rule: once a leader's reap of the marked instance began (its token
+// is there), the instance was silent through a two-phase wait after the loss, and the reap's
+// t0 would delete the rooms it pinned before: its tick must take this as a reap (a zombie:
+// rooms reported lost, a fresh life), not restore and keep rooms the reap deletes under it
+// (model check, loss scenario, property b).
+#[test]
+fn a_reap_begun_after_a_data_loss_and_a_pin_makes_a_zombie() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let n = s.node_with(STAGE, "dlz", quiet());
+    let w = wire(IdKind::Instance, "dlz");
+    assert_eq!(n.pin_room("z1").unwrap(), PinOutcome::Pinned);
+    let _: () = redis::cmd("FLUSHALL").query(&mut s.con()).unwrap();
+    assert_eq!(n.pin_room("z2").unwrap(), PinOutcome::Pinned);
+    assert_eq!(zscore(&s, "dlz"), Some(0), "the pin's index write marks it");
+    s.interrupt_reap(&ks, &w);
+    n.heartbeat_now().unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    while n.stats().reaped_self == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not taken as reaped within {LONG:?}: {:?}",
+            n.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        zscore(&s, "dlz").is_some_and(|v| v > 0),
+        "registered again as a fresh life"
+    );
+}
