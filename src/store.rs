@@ -227,8 +227,8 @@ pub(crate) enum Deregistered {
 
 /// `Node::leave`'s deregistration of instance `ctx.me` (`deregister.lua`, one round trip): its
 /// heartbeat key and info hash are deleted; its sorted-set entry is removed, unless a room
-/// index of it still exists (its live one, or one a reap moved aside) or a reap's token: then its score becomes
-/// 0 and a leader reaps what the indexes reach (invariant 2; model check, finding 3: a
+/// index of it still exists (its live one, or one a reap moved aside) or a reap's token: then
+/// its score becomes 0 and a leader reaps what the indexes reach (invariant 2; model check, finding 3: a
 /// zombie's leave during its reap removed the reap's mark, and no round listed it again).
 pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
     let op = "deregister";
@@ -236,11 +236,12 @@ pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
     let mut inv = SCRIPTS.deregister.prepare_invoke();
     inv.key(keys.heartbeats())
         .key(keys.heartbeat(me))
-        .key(keys.instance_info(me))
-        .key(keys.instance_rooms(me))
-        .key(keys.instance_reaping_rooms(me))
-        .key(keys.instance_reaping(me))
-        .arg(me);
+        .key(keys.instance_info(me));
+    // Its live room index, the one a reap moved aside, and that reap's token.
+    for key in keys.instance_index_keys(me) {
+        inv.key(key);
+    }
+    inv.arg(me);
     let status: String = conn::call(con, op, &inv)?;
     match status.as_str() {
         "gone" => Ok(Deregistered::Gone),
