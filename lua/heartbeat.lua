@@ -10,6 +10,8 @@
 -- KEYS[7] P:{ctl}:instance:<I>:reaping-rooms   ... as a reap of an earlier life moved it
 -- KEYS[8] P:{ctl}:instance:<I>:reaping         aside (reap_begin.lua), and that reap's token
 -- KEYS[9] P:{ctl}:schema      STRING, the key schema version the prefix is laid out in
+-- KEYS[10] P:{ctl}:instance:<I>:reaped         STRING: the started_ms of the life a reap of I
+--          began on (reap_begin.lua, reap_force_begin.lua)
 -- ARGV[1] instance id (wire form)
 -- ARGV[2] heartbeat_ttl, ms
 -- ARGV[3] 'register' (first heartbeat of a life) or 'tick'
@@ -32,8 +34,12 @@
 -- ARGV[11..] the info's other fields, name and value pairs
 --
 -- The info hash is written (whole, replacing what was there) at 'register', after Redis lost
--- its data ('restored'), and whenever a heartbeat finds it missing or of another type; its
--- started_ms is ARGV[8], or this call's server time when ARGV[8] is '0'.
+-- its data ('restored'), and whenever a heartbeat finds it missing, of another type, or
+-- naming another life (its started_ms is not ARGV[8], when ARGV[8] is not '0': a master that
+-- never saw this life's registration kept an earlier life's record); its started_ms is
+-- ARGV[8], or this call's server time when ARGV[8] is '0'. reap_begin.lua copies it into the
+-- tombstone KEYS[10], so it must name the life the sorted-set entry is. 'register' and 'restored'
+-- delete KEYS[10] (a new registration, nothing reaped).
 -- It goes with the registration: reap_finish.lua and Node::leave delete it.
 --
 -- At 'register', a room index a reap of an earlier life moved aside (a reap under way, or one
@@ -74,6 +80,12 @@
 --               written; the caller reports its rooms lost and registers again as a fresh life
 --               (unless, as for 'missing' below, its registration was never acknowledged and
 --               this is another master);
+--   'zombie'    as 'reaped' or 'missing', and KEYS[10] names this very life (ARGV[8], not
+--               '0'): a reap of it began, on this master or on one this master replicated.
+--               The caller handles it as 'reaped' even when its registration was never
+--               acknowledged and this is another master: a failover did not lose it, a reap
+--               took it (without KEYS[10] the two look alike: the price the lost-registration
+--               rule used to pay, docs/src/deploy/failover.md; model check);
 --   'missing'   this instance is missing and the token is unchanged. Nothing is written. A
 --               leader reaped it (handled as 'reaped'), unless no replica has acknowledged
 --               its registration yet: then a failover promoted a replica that never got the
@@ -119,8 +131,13 @@ end
 local status = 'ok'
 if ARGV[3] ~= 'register' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  -- KEYS[10] naming this life: a reap of it began ('zombie').
+  local function taken()
+    return ARGV[8] ~= '0' and get(KEYS[10]) == ARGV[8]
+  end
   if score == false then
     if token and token == ARGV[4] then
+      if taken() then return {'zombie', now, token, epoch, now_us, 0, shown, 0} end
       return {'missing', now, token, epoch, now_us, 0, shown, 0}
     end
     if foreign then
@@ -129,6 +146,7 @@ if ARGV[3] ~= 'register' then
     status = 'restored'
   elseif tonumber(score) == 0 then
     if (token and token == ARGV[4]) or redis.call('EXISTS', KEYS[8]) == 1 then
+      if taken() then return {'zombie', now, token or '', epoch, now_us, 0, shown, 0} end
       return {'reaped', now, token or '', epoch, now_us, 0, shown, 0}
     end
     if foreign then
@@ -175,7 +193,10 @@ if ARGV[3] == 'register' then
   end
   redis.call('DEL', KEYS[8])
 end
-if ARGV[3] == 'register' or status == 'restored' or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
+if ARGV[3] == 'register' or status == 'restored' then redis.call('DEL', KEYS[10]) end
+local stale_info = ARGV[8] ~= '0' and redis.pcall('HGET', KEYS[5], 'started_ms') ~= ARGV[8]
+if ARGV[3] == 'register' or status == 'restored' or stale_info
+    or redis.call('TYPE', KEYS[5]).ok ~= 'hash' then
   local started = ARGV[8]
   if started == '0' then started = string.format('%d', now) end
   redis.call('DEL', KEYS[5])

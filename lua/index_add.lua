@@ -6,7 +6,10 @@
 -- KEYS[2] P:{ctl}:hb:<I>
 -- KEYS[3] P:{ctl}:instance:<I>:rooms
 -- ARGV[1] I, the calling instance (wire form)
--- ARGV[2..] the members (rooms, wire form)
+-- ARGV[2] '1': I may be marked (below); '0': never (I's registration is not acknowledged by a
+--         replica yet: a failover may have lost it, and I lives on; heartbeat.rs
+--         `registration_lost`)
+-- ARGV[3..] the members (rooms, wire form)
 --
 -- The members are added first (SADD). Then, if I has no sorted-set entry and no heartbeat
 -- key, I is not registered: a reap of it completed while it was paused (a zombie that has
@@ -18,16 +21,22 @@
 -- reaps: nothing in the sorted set named it, and with per-boot ids no process reuses it
 -- (model check, finding 1).
 -- An existing entry (a live score, or 0: a reap under way) is never touched, and neither is
--- an instance whose heartbeat key exists: a live instance is never marked.
+-- an instance whose heartbeat key exists: a live instance is never marked. Nor is one whose
+-- registration no replica acknowledged (ARGV[2] '0'): missing here, it may be a live
+-- instance whose registration a failover lost, not a reaped one; marked, a leader would
+-- reap it once it is silent for the two-phase delay (model check). Its next tick registers
+-- it again (heartbeat.lua 'missing', handled as a lost registration) or tells it it was
+-- reaped ('zombie'); only a crash before that tick leaves these rooms to fsck.
 --
 -- Reply: {added, marked}: how many members were new (SADD), and 1 if I was marked (score 0),
 -- else 0.
 --
 -- Protects: invariant 2 (nothing of a dead instance is left out of a reaper's reach) and
 -- invariant 1 (a registered instance's score is never changed).
-local added = redis.call('SADD', KEYS[3], unpack(ARGV, 2))
+local added = redis.call('SADD', KEYS[3], unpack(ARGV, 3))
 local marked = 0
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('EXISTS', KEYS[2]) == 0 then
+if ARGV[2] == '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1])
+    and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('ZADD', KEYS[1], 0, ARGV[1])
   marked = 1
 end

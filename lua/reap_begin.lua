@@ -8,7 +8,10 @@
 -- KEYS[4] P:{ctl}:instance:<D>:rooms           the live room index ...
 -- KEYS[5] P:{ctl}:instance:<D>:reaping-rooms   ... and where the reap moves it
 -- KEYS[6] P:{ctl}:instance:<D>:reaping         STRING: the token of the reap that owns it
--- KEYS[7] P:{ctl}:instance:<D>:info            HASH: D's own stale_threshold_ms, if any
+-- KEYS[7] P:{ctl}:instance:<D>:info            HASH: D's own stale_threshold_ms, if any, and
+--         the started_ms of the life that registered it
+-- KEYS[8] P:{ctl}:instance:<D>:reaped          STRING, PX a day: the started_ms of the life a
+--         reap of D began on
 -- ARGV[1] candidate instance id (wire form)
 -- ARGV[2] the leader's stale_threshold, ms: used when D has no readable record
 -- ARGV[3] the calling leader's instance id (wire form)
@@ -32,6 +35,12 @@
 -- and heartbeat.lua merges it back into the live one should D register again first. KEYS[6]
 -- gets this reap's token (server_us), so that only the reap that scanned the moved index
 -- deletes it.
+--
+-- The tombstone KEYS[8] gets the started_ms of the life being reaped (from KEYS[7]; nothing when D has no
+-- readable record: index_add.lua's mark of an unregistered instance), kept a day (the
+-- longest pause after which a zombie is still told apart, below). heartbeat.lua answers
+-- 'zombie' to that life's next heartbeat, whatever master it reaches: a reap of this very
+-- life, never a registration a failover lost (docs/src/deploy/failover.md; model check).
 --
 -- The moved index and the token are the reaps' own keys: one holding another type (written
 -- by something else: bad data) would stop every reap of D for ever, so it is deleted (counted in
@@ -71,4 +80,6 @@ if moved == 'none' and redis.call('TYPE', KEYS[4]).ok == 'set' then
   redis.call('RENAME', KEYS[4], KEYS[5])
 end
 redis.call('SET', KEYS[6], now_us)
+local started = redis.pcall('HGET', KEYS[7], 'started_ms')
+if type(started) == 'string' then redis.call('SET', KEYS[8], started, 'PX', 86400000) end
 return {'dead', now, now_us, replaced}

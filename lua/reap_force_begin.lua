@@ -11,6 +11,9 @@
 -- KEYS[3] P:{ctl}:instance:<D>:rooms           moved aside with 'begin', as reap_begin.lua
 -- KEYS[4] P:{ctl}:instance:<D>:reaping-rooms   does (see there)
 -- KEYS[5] P:{ctl}:instance:<D>:reaping
+-- KEYS[6] P:{ctl}:instance:<D>:info            started_ms of the life being reaped ...
+-- KEYS[7] P:{ctl}:instance:<D>:reaped          ... written here with 'begin', as reap_begin.lua
+--                                               does (see there)
 -- ARGV[1] D, the instance to reap (wire form)
 -- ARGV[2] D's stale threshold, ms (its own record's, else the caller's configuration)
 -- ARGV[3] '1': forced (a heartbeat key holding 'released' and a last heartbeat within the
@@ -64,5 +67,7 @@ if ARGV[4] == 'begin' then
     redis.call('RENAME', KEYS[3], KEYS[4])
   end
   redis.call('SET', KEYS[5], now_us)
+  local started = redis.pcall('HGET', KEYS[6], 'started_ms')
+  if type(started) == 'string' then redis.call('SET', KEYS[7], started, 'PX', 86400000) end
 end
 return {'dead', now, s, now_us, replaced}

@@ -235,7 +235,7 @@ mod tests {
             .iter()
             .find(|p| p.what == "EVALSHA heartbeat.lua")
             .expect("heartbeat probe");
-        assert_eq!(hb.argv[2], "9");
+        assert_eq!(hb.argv[2], "10");
         assert_eq!(hb.argv[3], "sfu:prod:main:{ctl}:heartbeats");
         assert_eq!(hb.argv[4], "sfu:prod:main:{ctl}:hb:doctor-probe");
         assert_eq!(hb.argv[7], "sfu:prod:main:{ctl}:instance:doctor-probe:info");

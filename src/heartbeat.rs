@@ -96,7 +96,8 @@ pub(crate) fn beat_invocation(
     for key in ctx.keys.instance_index_keys(&ctx.me) {
         inv.key(key);
     }
-    inv.key(ctx.keys.schema());
+    inv.key(ctx.keys.schema())
+        .key(ctx.keys.instance_reaped(&ctx.me));
     inv.arg(&ctx.me)
         .arg(ctx.timings.heartbeat_ttl.as_millis() as u64)
         .arg(match mode {
@@ -196,6 +197,9 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode, made: u64) -> Re
         "ok" if !known.is_empty() && token != known => Beat::Restored,
         "ok" => Beat::Ok,
         "restored" => Beat::Restored,
+        // A reap of this very life began (its tombstone names this life's start): whatever
+        // master this is, a reap, never a registration a failover lost.
+        "zombie" => Beat::Reaped,
         "missing" | "reaped" if registration_lost(sh, made) => Beat::Unregistered,
         "missing" | "reaped" => Beat::Reaped,
         "duplicate" => Beat::Duplicate,
@@ -206,7 +210,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode, made: u64) -> Re
     // A registration written now, or found on another master than before (it survived a
     // switch): until a replica of this master has it, a failover may still lose it.
     if written || (beat == Beat::Ok && made != sh.registration_switches.load(Ordering::Relaxed)) {
-        sh.registration_unconfirmed.store(true, Ordering::Relaxed);
+        sh.ctx.unconfirmed.store(true, Ordering::Relaxed);
         sh.registration_switches.store(made, Ordering::Relaxed);
     }
     if beat == Beat::Restored {
@@ -947,7 +951,7 @@ fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()>
 /// master it was last found on had acknowledged it, and this beat reached another master
 /// (`made`, the connection's switch count).
 fn registration_lost(sh: &Shared, made: u64) -> bool {
-    sh.registration_unconfirmed.load(Ordering::Relaxed)
+    sh.ctx.unconfirmed.load(Ordering::Relaxed)
         && made != sh.registration_switches.load(Ordering::Relaxed)
 }
 
@@ -955,7 +959,7 @@ fn registration_lost(sh: &Shared, made: u64) -> bool {
 /// `WAIT`, or no replica a failover could promote). A failure leaves it unconfirmed for the
 /// next tick.
 fn confirm_registration(sh: &Shared, link: &mut Link) {
-    if !sh.registration_unconfirmed.load(Ordering::Relaxed) {
+    if !sh.ctx.unconfirmed.load(Ordering::Relaxed) {
         return;
     }
     let asked = link.run_fenced(&sh.redis, |c, made| {
@@ -973,7 +977,7 @@ fn confirm_registration(sh: &Shared, link: &mut Link) {
         lease::replicated(&sh.ctx, &sh.redis, c)
     });
     match asked {
-        Ok(true) => sh.registration_unconfirmed.store(false, Ordering::Relaxed),
+        Ok(true) => sh.ctx.unconfirmed.store(false, Ordering::Relaxed),
         Ok(false) => log::debug!(
             "no replica has acknowledged the registration of {} yet",
             sh.id

@@ -50,6 +50,12 @@ pub const MAX_ID_BYTES: usize = 256;
 /// peer record naming it (docs/DESIGN.md "Schema version").
 pub const SCHEMA_VERSION: u32 = 2;
 
+/// How long a reap tombstone ([`KeySpace::instance_reaped`]) lasts, ms: one day. A zombie
+/// paused longer than that after its reap, whose registration no replica acknowledged, and
+/// that meets another master when it resumes, takes the reap for a lost registration again
+/// (docs/src/deploy/failover.md). The Lua scripts hold the same number.
+pub const REAPED_TTL_MS: u64 = 86_400_000;
+
 /// Bytes that are escaped: everything but `[A-Za-z0-9._-]`.
 const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
 
@@ -327,6 +333,15 @@ impl KeySpace {
         format!("{}:{{ctl}}:instance:{instance}:reaping-peers", self.prefix)
     }
 
+    /// `P:{ctl}:instance:<I>:reaped` (STRING, expires after [`REAPED_TTL_MS`]): the reap
+    /// tombstone, the `started_ms` of the life a reap of I began on (`reap_begin.lua`,
+    /// `reap_force_begin.lua` copy it from I's info). A heartbeat of that very life is
+    /// answered 'zombie' (`heartbeat.lua`), on whatever master it lands: a reap, never a
+    /// registration a failover lost. Outlives the instance's other keys by design.
+    pub fn instance_reaped(&self, instance: &str) -> String {
+        format!("{}:{{ctl}}:instance:{instance}:reaped", self.prefix)
+    }
+
     /// `P:{ctl}:instance:<I>:reaping` (STRING): the start (server microseconds, t0) of the
     /// reap that owns the moved index; only that reap deletes it when it ends
     /// (`reap_finish.lua`).
@@ -424,6 +439,11 @@ impl KeySpace {
                         .and_then(|s| s.strip_suffix(":reaping"))
                     {
                         ParsedKey::InstanceReaping(i.to_owned())
+                    } else if let Some(i) = ctl
+                        .strip_prefix("instance:")
+                        .and_then(|s| s.strip_suffix(":reaped"))
+                    {
+                        ParsedKey::InstanceReaped(i.to_owned())
                     } else {
                         return None;
                     }
@@ -472,6 +492,8 @@ pub enum ParsedKey {
     /// Key schema version 1's moved peer index ([`KeySpace::v1_instance_reaping_peers`]).
     V1InstanceReapingPeers(String),
     InstanceReaping(String),
+    /// The reap tombstone ([`KeySpace::instance_reaped`]).
+    InstanceReaped(String),
     RoomOwner(String),
     RoomMeta(String),
     RoomPeers(String),
@@ -503,7 +525,8 @@ impl ParsedKey {
             | ParsedKey::InstanceInfo(i)
             | ParsedKey::InstanceReapingRooms(i)
             | ParsedKey::V1InstanceReapingPeers(i)
-            | ParsedKey::InstanceReaping(i) => Some(i),
+            | ParsedKey::InstanceReaping(i)
+            | ParsedKey::InstanceReaped(i) => Some(i),
             _ => None,
         }
     }

@@ -251,6 +251,8 @@ impl Node {
             return Ok(node(Backend::Memory(MemoryStore::new(&id)), None));
         }
         let ctx = Ctx::from_config(&config)?;
+        // Until a replica acknowledges the first registration (heartbeat.rs).
+        ctx.unconfirmed.store(true, Ordering::Relaxed);
         let redis = Redis::from_config(&config)?;
         let shared = Arc::new(Shared {
             id: id.clone(),
@@ -267,7 +269,6 @@ impl Node {
             boot: format!("{:016x}", fastrand::u64(..)),
             max_epoch: AtomicU64::new(0),
             restore_pending: AtomicBool::new(false),
-            registration_unconfirmed: AtomicBool::new(true),
             registration_switches: AtomicU64::new(0),
             life_t0_us: AtomicI64::new(0),
             shards: Mutex::default(),

@@ -368,7 +368,9 @@ fn begin(
     for key in ctx.keys.instance_index_keys(dead) {
         inv.key(key);
     }
-    inv.arg(dead)
+    inv.key(ctx.keys.instance_info(dead))
+        .key(ctx.keys.instance_reaped(dead))
+        .arg(dead)
         .arg(stale_ms)
         .arg(if options.force { "1" } else { "0" })
         .arg(if options.dry_run { "check" } else { "begin" });

@@ -163,6 +163,7 @@ pub(crate) fn begin(ctx: &Ctx, con: &mut Conn, dead: &str) -> Result<Option<(i64
         inv.key(key);
     }
     inv.key(ctx.keys.instance_info(dead))
+        .key(ctx.keys.instance_reaped(dead))
         .arg(dead)
         .arg(ctx.timings.stale_threshold.as_millis() as u64)
         .arg(&ctx.me);

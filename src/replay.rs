@@ -43,12 +43,13 @@ impl Instance {
                 timings,
                 reap_batch: crate::REAP_BATCH,
                 reap_pace: 0.0,
+                unconfirmed: Default::default(),
             },
         }
     }
 
-    /// heartbeat.lua as `heartbeat::beat` sends it (no info fields, no peers):
-    /// `(status, server_ms, server_us)`.
+    /// heartbeat.lua as `heartbeat::beat` sends it (no info fields, no peers; `started_ms`
+    /// this life's start, 0 if unknown): `(status, server_ms, server_us)`.
     pub fn heartbeat(
         &self,
         con: &mut Conn,
@@ -56,13 +57,15 @@ impl Instance {
         known: &str,
         boot: &str,
         max_epoch: u64,
+        started_ms: i64,
     ) -> Result<(String, i64, i64)> {
         let mode = if register {
             BeatMode::Register
         } else {
             BeatMode::Tick
         };
-        let inv = heartbeat::beat_invocation(&self.ctx, mode, known, boot, max_epoch, 0, 0, &[]);
+        let inv =
+            heartbeat::beat_invocation(&self.ctx, mode, known, boot, max_epoch, started_ms, 0, &[]);
         let (status, ms, _token, _epoch, us, ..): heartbeat::BeatReply =
             conn::call(con, "heartbeat", &inv)?;
         Ok((status, ms, us))
@@ -77,9 +80,12 @@ impl Instance {
 
     /// `index_add.lua` of `rooms` to this instance's room index (`rooms::index_add`, as
     /// `rooms::pin` and the re-assert send it; it marks an unregistered instance with score
-    /// 0): how many were new.
-    pub fn index_add(&self, con: &mut Conn, rooms: &[&str]) -> Result<i64> {
+    /// 0, if `may_mark`: the registration is confirmed): how many were new.
+    pub fn index_add(&self, con: &mut Conn, rooms: &[&str], may_mark: bool) -> Result<i64> {
         let rooms: Vec<String> = rooms.iter().map(|r| wire(IdKind::Room, r)).collect();
+        self.ctx
+            .unconfirmed
+            .store(!may_mark, std::sync::atomic::Ordering::Relaxed);
         Ok(rooms::index_add(&self.ctx, con, "index", &rooms)?.added)
     }
 

@@ -9,6 +9,7 @@
 //! ([`sweep_own`]).
 
 use redis::Pipeline;
+use std::sync::atomic::Ordering;
 
 use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
@@ -62,7 +63,9 @@ pub(crate) struct Indexed {
 /// write of the instance's own room index goes through this script ([`index_add`], or these
 /// calls in a pipeline, each reply read with [`indexed`]): should the instance no longer be
 /// registered (no sorted-set entry, no heartbeat key), the script gives it score 0, so a
-/// leader reaps what the index reaches (docs/DESIGN.md "No leftovers out of reach").
+/// leader reaps what the index reaches (docs/DESIGN.md "No leftovers out of reach"); never
+/// while its registration is unconfirmed ([`Ctx::unconfirmed`]: a failover may have lost it
+/// while it lives on).
 pub(crate) fn index_add_invocations<T: AsRef<str>>(
     ctx: &Ctx,
     members: &[T],
@@ -74,7 +77,12 @@ pub(crate) fn index_add_invocations<T: AsRef<str>>(
             inv.key(ctx.keys.heartbeats())
                 .key(ctx.keys.heartbeat(&ctx.me))
                 .key(ctx.keys.instance_rooms(&ctx.me))
-                .arg(&ctx.me);
+                .arg(&ctx.me)
+                .arg(if ctx.unconfirmed.load(Ordering::Relaxed) {
+                    "0"
+                } else {
+                    "1"
+                });
             for m in chunk {
                 inv.arg(m.as_ref());
             }

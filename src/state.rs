@@ -34,6 +34,14 @@ pub(crate) struct Ctx {
     /// Pause after each leader reap batch, in multiples of its duration
     /// (`ConfigBuilder::reap_pace`).
     pub reap_pace: f64,
+    /// This life's registration (or its re-registration after data loss) is not yet known to
+    /// have reached a replica (`lease::replicated`): until a tick confirms it, a heartbeat that
+    /// finds this instance missing under an unchanged dataset token means a failover lost the
+    /// registration, not a reap (heartbeat.rs, `Beat::Unregistered`), and an index write never
+    /// hands this instance to the reaper (`index_add.lua`'s mark: it may live on, its
+    /// registration lost). Shared by every clone; a node starts it `true`, a bare context
+    /// (tests, the replay, operator tools) `false`.
+    pub unconfirmed: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -48,6 +56,7 @@ impl Ctx {
             timings: *config.timings(),
             reap_batch: config.reap_batch(),
             reap_pace: config.reap_pace(),
+            unconfirmed: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -207,11 +216,6 @@ pub(crate) struct Shared {
     pub max_epoch: AtomicU64,
     /// Redis lost its data and this node has not finished writing its pins and peers back.
     pub restore_pending: AtomicBool,
-    /// This life's registration (or its re-registration after data loss) is not yet known to
-    /// have reached a replica (`lease::replicated`): until a tick confirms it, a heartbeat that
-    /// finds this instance missing under an unchanged dataset token means a failover lost the
-    /// registration, not a reap (heartbeat.rs, `Beat::Unregistered`).
-    pub registration_unconfirmed: AtomicBool,
     /// [`crate::conn::Redis::master_switches`] when this life registered: a missing record on
     /// the master it registered on is a reap, whatever the replicas acknowledged.
     pub registration_switches: AtomicU64,

@@ -90,7 +90,10 @@ impl Seen {
             ParsedKey::InstanceReapingRooms(i) | ParsedKey::InstanceReaping(i) => {
                 self.instances.entry(i).or_default().reaping |= ok;
             }
-            ParsedKey::V1InstancePeers(_) | ParsedKey::V1InstanceReapingPeers(_) => {}
+            // A reap tombstone outlives the instance by design (a day): not a leftover.
+            ParsedKey::V1InstancePeers(_)
+            | ParsedKey::V1InstanceReapingPeers(_)
+            | ParsedKey::InstanceReaped(_) => {}
             ParsedKey::RoomOwner(r) => self.room_flag(r, ok, |s| &mut s.owner),
             ParsedKey::RoomMeta(r) => self.room_flag(r, ok, |s| &mut s.meta),
             ParsedKey::RoomPeers(r) => self.room_flag(r, ok, |s| &mut s.peers),
@@ -140,6 +143,7 @@ fn expected_type(k: &ParsedKey) -> &'static str {
         | ParsedKey::Schema
         | ParsedKey::ShardDataset(_)
         | ParsedKey::InstanceReaping(_)
+        | ParsedKey::InstanceReaped(_)
         | ParsedKey::RoomOwner(_) => "string",
         ParsedKey::InstanceRooms(_)
         | ParsedKey::V1InstancePeers(_)
@@ -163,7 +167,8 @@ fn ids_of(parsed: &ParsedKey) -> Vec<&String> {
         | ParsedKey::InstanceInfo(i)
         | ParsedKey::InstanceReapingRooms(i)
         | ParsedKey::V1InstanceReapingPeers(i)
-        | ParsedKey::InstanceReaping(i) => vec![i],
+        | ParsedKey::InstanceReaping(i)
+        | ParsedKey::InstanceReaped(i) => vec![i],
         ParsedKey::RoomOwner(r)
         | ParsedKey::RoomMeta(r)
         | ParsedKey::RoomPeers(r)

@@ -122,7 +122,7 @@ fn an_index_entry_written_unregistered_is_handed_to_the_reaper() {
     let ks = ks(STAGE);
     let ghost = replay::Instance::new(&ks, "zmb-index", Timings::fast());
     let mut con = s.con();
-    assert_eq!(ghost.index_add(&mut con, &["zi-room"]).unwrap(), 1);
+    assert_eq!(ghost.index_add(&mut con, &["zi-room"], true).unwrap(), 1);
     assert_eq!(zscore(&s, "zmb-index"), Some(0));
     let (_leader, mut log) = s.leader(STAGE, "zi-leader", Timings::fast());
     log.wait(LONG, "the index reaped", |e| reaped(e, "zmb-index"));
