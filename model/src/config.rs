@@ -82,11 +82,21 @@ pub enum Mutation {
     NoEpochWriteBack,
     /// The heartbeat does not restore what the node holds after a master switch.
     NoRestoreAfterSwitch,
+    /// `heartbeat.lua` without the tombstone check: never 'zombie', so a reap of this very
+    /// life met on a new master before a replica acknowledged the registration reads as a
+    /// lost registration (the old price of the lost-registration rule).
+    HeartbeatIgnoresTombstone,
+    /// `heartbeat.lua`'s tombstone check without the life: 'zombie' whenever a tombstone
+    /// exists, whichever life it names.
+    TombstoneNamesAnyLife,
+    /// `index_add.lua` marks an unregistered instance whatever ARGV[2] says (the node's
+    /// registration unconfirmed: a failover may have lost it and the instance lives on).
+    MarkWhileUnconfirmed,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::ReplyDependentCleanup,
         Mutation::DeferredSrem,
         Mutation::UnregisteredIndexWriteUnmarked,
@@ -97,6 +107,12 @@ impl Mutation {
         Mutation::LeaveDeregistersAfterFailedClose,
         Mutation::MillisecondT0Ties,
         Mutation::UpsertBeforeIndex,
+        Mutation::NoDatasetWait,
+        Mutation::NoEpochWriteBack,
+        Mutation::NoRestoreAfterSwitch,
+        Mutation::HeartbeatIgnoresTombstone,
+        Mutation::TombstoneNamesAnyLife,
+        Mutation::MarkWhileUnconfirmed,
     ];
 
     /// The scenario whose bounds expose the mutation.
@@ -115,7 +131,13 @@ impl Mutation {
             // A pin, then the zombie's leave while its reap runs.
             Mutation::LeaveDuringReapUnmarked => Config::leave_reap(),
             Mutation::NoDatasetWait | Mutation::NoEpochWriteBack => Config::loss_lease(),
-            Mutation::NoRestoreAfterSwitch => Config::failover(),
+            Mutation::NoRestoreAfterSwitch | Mutation::MarkWhileUnconfirmed => Config::failover(),
+            // A reap on the new master and the zombie's tick: no host call needed.
+            Mutation::HeartbeatIgnoresTombstone | Mutation::TombstoneNamesAnyLife => Config {
+                max_host_calls: Some(0),
+                hosts: 0,
+                ..Config::failover()
+            },
             _ => Config::default_bounds(),
         };
         base.with(self)
@@ -138,6 +160,9 @@ impl Mutation {
             Mutation::NoDatasetWait => crate::P_ONE_LEADER,
             Mutation::NoEpochWriteBack => crate::P_EPOCHS,
             Mutation::NoRestoreAfterSwitch => crate::P_HELD_STORED,
+            Mutation::HeartbeatIgnoresTombstone => crate::P_NO_PRICE,
+            Mutation::TombstoneNamesAnyLife => crate::P_ZOMBIE_TRUE,
+            Mutation::MarkWhileUnconfirmed => crate::P_NO_MARK,
         }
     }
 }

@@ -65,23 +65,33 @@ pub const S_BEAT_LOST: &str =
 /// reported lost at the next tick instead of written back (README "Findings").
 pub const S_REGISTER_RESTORED: &str =
     "finding: data loss before a zombie registers again: rooms pinned meanwhile are reported lost, not written back";
-/// The documented price of the lost-registration rule (README "Failover: what is guaranteed").
-pub const S_PRICE: &str =
-    "finding: a zombie reaped on a new master before a replica acknowledged its registration registers again as lost by the failover";
-/// The same price, when the reap is still under way: it deletes rooms the zombie wrote back
-/// (reported lost at its next tick).
-/// index_add.lua's hand-over meets a registration a failover lost: the instance's own index
-/// write (a pin before its next tick) sets score 0, a leader reaps it while it is live, and
-/// its tick registers it again as lost by the failover (README "Findings").
-pub const S_MARK_PRICE: &str =
-    "finding: a live instance whose registration a failover lost is handed to the reaper by its own index write";
-pub const S_PRICE_REAPED: &str =
-    "finding: a reap under way deletes rooms a zombie wrote back after registering again as lost by the failover";
+/// (b) The lost-registration rule never takes a reap of the instance's current life (begun
+/// on this master or on one it replicated) for a registration a failover lost: such a zombie
+/// reports its rooms lost and registers as a new life, never writes them back (it did before
+/// the reap tombstone: README "Findings" 7 and 8, the rule's old price).
+pub const P_NO_PRICE: &str = "b: a reap of this very life is never taken as a lost registration";
+/// (b) index_add.lua never hands a running instance whose registration a failover lost to the
+/// reaper (score 0): a leader could reap it while it lives (README "Findings" 9).
+pub const P_NO_MARK: &str =
+    "b: index_add never marks a live instance whose registration a failover lost";
+/// (b) The other half of the tombstone's contract: 'zombie' answers only a life a reap of
+/// which began (on this master or on one it replicated), never a registration a failover
+/// lost (that life would report its rooms lost and start again; checked with
+/// `Config::failover`, where the ghosts that tell the two apart are kept).
+pub const P_ZOMBIE_TRUE: &str = "b: 'zombie' answers only a life a reap of which began";
+/// The reap tombstone at work: a zombie whose registration no replica acknowledged meets its
+/// reap on a new master ('zombie'), where the lost-registration rule alone would have read a
+/// lost registration.
+pub const S_ZOMBIE_LOST: &str =
+    "sometimes: an unacknowledged zombie on a new master is told its reap ('zombie')";
 
 const BAD_LIVE: u8 = 1;
 const BAD_LEFT: u8 = 2;
 const BAD_EPOCH: u8 = 4;
 const BAD_HELD: u8 = 8;
+const BAD_PRICE: u8 = 16;
+const BAD_MARK: u8 = 32;
+const BAD_ZOMBIE: u8 = 64;
 
 const SEEN_REAP_DONE: u16 = 1;
 const SEEN_TAKEOVER: u16 = 2;
@@ -91,12 +101,10 @@ const SEEN_KEPT: u16 = 16;
 const SEEN_RESTORED: u16 = 32;
 const SEEN_WRITTEN_BACK: u16 = 64;
 const SEEN_REREGISTERED: u16 = 128;
-const SEEN_PRICE: u16 = 256;
+const SEEN_ZOMBIE_LOST: u16 = 256;
 const SEEN_EPOCH_AGAIN: u16 = 512;
 const SEEN_BEAT_LOST: u16 = 1024;
 const SEEN_REGISTER_RESTORED: u16 = 2048;
-const SEEN_PRICE_REAPED: u16 = 4096;
-const SEEN_MARK_PRICE: u16 = 8192;
 
 /// A fault injected into one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -212,9 +220,8 @@ impl SfuModel {
             && n.last_beat as i16 >= s.redis.now as i16 - self.cfg.timings.stale as i16
     }
 
-    /// Flags what a reap deleted of a live instance's current life. Two lives are set apart
-    /// as findings (README): one live only by a heartbeat a failover lost, and one that paid
-    /// the documented price of the lost-registration rule.
+    /// Flags what a reap deleted of a live instance's current life. One life is set apart as a
+    /// finding (README): one live only by a heartbeat a failover lost.
     fn check_deleted(&self, s: &mut State, d: &Deleted) {
         let victims = d
             .room_of
@@ -225,8 +232,6 @@ impl SfuModel {
             if self.live(s, i) && n.life == life {
                 if n.beat_lost {
                     s.seen |= SEEN_BEAT_LOST;
-                } else if n.priced {
-                    s.seen |= SEEN_PRICE_REAPED;
                 } else {
                     s.bad |= BAD_LIVE;
                 }
@@ -260,47 +265,54 @@ impl SfuModel {
         }
     }
 
+    /// Ghost (with `Config::failover`): a reap of `i`'s current life marked or removed its
+    /// sorted-set entry on the current master (not one of an earlier life whose mark the
+    /// master still has), whatever the tombstone says.
+    fn reaped_here(&self, s: &State, i: Id) -> bool {
+        s.redis.reaped_mark & (1 << i) != 0
+            && s.redis.entry_life[i as usize] == s.nodes[i as usize].life
+    }
+
     /// `heartbeat::beat`: heartbeat.lua with what the node knows (the dataset token it saw
-    /// last, the highest epoch it has seen), the status as the library reads it, and what it
-    /// notes: the token, the epoch in the reply, whether the registration awaits a replica's
-    /// acknowledgement (written now, or found on another master); a term ends when Redis
-    /// lost its data.
+    /// last, the highest epoch it has seen, this life's `started_ms`: its life), the status as
+    /// the library reads it, and what it notes: the token, the epoch in the reply, whether the
+    /// registration awaits a replica's acknowledgement (written now, or found on another
+    /// master); a term ends when Redis lost its data.
     fn beat(&self, s: &mut State, i: Id, register: bool) -> Beat {
         let c = &self.cfg;
         let iu = i as usize;
         let made = s.switches;
-        let (boot, known, seen) = {
+        let (boot, known, seen, life) = {
             let n = &s.nodes[iu];
-            (n.boot, n.token, n.max_epoch)
+            (n.boot, n.token, n.max_epoch, n.life)
         };
         let reply = if register {
-            s.redis.heartbeat_register(c, i, boot, known, seen)
+            s.redis.heartbeat_register(c, i, boot, known, seen, life)
         } else {
-            s.redis.heartbeat_tick(c, i, boot, known, seen)
+            s.redis.heartbeat_tick(c, i, boot, known, seen, life)
         };
-        // Ghost: a reap of this very life marked or removed the entry (not one of an earlier
-        // life whose mark the new master still has).
-        let reaped_here =
-            s.redis.reaped_mark & (1 << i) != 0 && s.redis.entry_life[iu] == s.nodes[iu].life;
-        // Ghost: the entry is index_add.lua's mark (a reply that writes nothing leaves it).
-        let index_marked = s.redis.index_mark & (1 << i) != 0;
+        let reaped_here = c.failover && self.reaped_here(s, i);
         let n = &mut s.nodes[iu];
         // `registration_lost`.
         let lost = n.unconfirmed && made != n.reg_switches;
         let beat = match reply.status {
             Beat::Ok if known.is_some() && reply.token != known => Beat::Restored,
+            // A reap of this very life began: reaped, whatever master this is.
+            Beat::Zombie => {
+                if lost {
+                    s.seen |= SEEN_ZOMBIE_LOST;
+                }
+                Beat::Reaped
+            }
             Beat::Missing | Beat::Reaped if lost => Beat::Unregistered,
             b => b,
         };
-        if beat == Beat::Unregistered && index_marked && !reaped_here {
-            // The mark widened the price: a leader could list the instance at once.
-            n.priced = true;
-            s.seen |= SEEN_MARK_PRICE;
-        }
         if beat == Beat::Unregistered && reaped_here {
-            // A real reap on this master, taken as a lost registration: the price.
-            n.priced = true;
-            s.seen |= SEEN_PRICE;
+            // A real reap of this life, taken as a lost registration (the old price).
+            s.bad |= BAD_PRICE;
+        }
+        if reply.status == Beat::Zombie && c.failover && !reaped_here {
+            s.bad |= BAD_ZOMBIE;
         }
         let written = beat == Beat::Restored || (register && beat == Beat::Ok);
         if c.failover && (written || (beat == Beat::Ok && made != n.reg_switches)) {
@@ -345,8 +357,29 @@ impl SfuModel {
         n.clean = false;
         self.clean_own(s, i, t0);
         let held = s.nodes[iu].held;
-        s.redis.index_add(&self.cfg, i, held);
+        self.index_add(s, i, held);
         true
+    }
+
+    /// `rooms::index_add` (index_add.lua): ARGV[2] '0' (never mark) while the node's
+    /// registration is unconfirmed (`registration_unconfirmed`), else '1'. Flags a mark of a
+    /// running instance, on the dataset it knows, whose entry no reap of its current life
+    /// removed: a registration a failover lost (property `P_NO_MARK`; registrations are lost
+    /// only with `Config::failover`). Whether any room was new.
+    fn index_add(&self, s: &mut State, i: Id, rooms: Rooms) -> bool {
+        let iu = i as usize;
+        let may_mark = !s.nodes[iu].unconfirmed;
+        let (added, marked) = s.redis.index_add(&self.cfg, i, rooms, may_mark);
+        if marked && self.cfg.failover {
+            let n = &s.nodes[iu];
+            if n.phase == Phase::Running
+                && n.token == s.redis.dataset.map(|d| d.gen)
+                && !self.reaped_here(s, i)
+            {
+                s.bad |= BAD_MARK;
+            }
+        }
+        added
     }
 
     /// `heartbeat::resume_after_reap` up to its registration: every room forgotten, the term
@@ -361,7 +394,6 @@ impl SfuModel {
         n.clean = false;
         n.beat_done = false;
         n.restore = false;
-        n.priced = false;
         n.phase = Phase::Reregister { t0: now, lost };
     }
 
@@ -483,7 +515,7 @@ impl SfuModel {
             if held != 0 {
                 s.seen |= SEEN_WRITTEN_BACK;
             }
-            s.redis.index_add(&self.cfg, i, held);
+            self.index_add(s, i, held);
             for r in 0..c.rooms {
                 if held & (1 << r) != 0
                     && matches!(
@@ -496,7 +528,7 @@ impl SfuModel {
             }
         } else {
             // Reassert: held rooms back into the index; the walk marks members not held.
-            s.redis.index_add(c, i, held);
+            self.index_add(s, i, held);
             let unheld = s.redis.index[iu] & !held;
             if unheld != 0 && !c.mutated(Mutation::ReplyDependentCleanup) {
                 clean = false;
@@ -540,6 +572,7 @@ impl SfuModel {
                     return;
                 }
                 Beat::Ok | Beat::Duplicate => {}
+                Beat::Zombie => unreachable!("`beat` reads 'zombie' as reaped"),
             }
             s.nodes[iu].last_beat = s.redis.now;
             for r in 0..c.rooms {
@@ -618,7 +651,7 @@ impl SfuModel {
             }
             return;
         }
-        let added = s.redis.index_add(&self.cfg, i, bit);
+        let added = self.index_add(s, i, bit);
         if fault == Fault::CrashMid {
             self.crash(s, i);
             return;
@@ -1215,7 +1248,7 @@ impl Model for SfuModel {
                 let Phase::Reregister { t0, lost } = s.nodes[i as usize].phase else {
                     return None;
                 };
-                s.redis.index_add(&self.cfg, i, lost);
+                self.index_add(&mut s, i, lost);
                 if !self.register(&mut s, i, t0) {
                     return None;
                 }
@@ -1241,7 +1274,7 @@ impl Model for SfuModel {
                 self.pin(&mut s, i, r, f);
             }
             Action::PinIndex(i, r) => {
-                s.redis.index_add(&self.cfg, i, 1 << r);
+                self.index_add(&mut s, i, 1 << r);
                 s.nodes[i as usize].pending_index &= !(1 << r);
             }
             Action::Close(i, r, f) => {
@@ -1358,6 +1391,9 @@ impl Model for SfuModel {
             Property::always(P_LIVE_SAFE, |_, s: &State| s.bad & BAD_LIVE == 0),
             Property::always(P_NOTHING_LEFT, |_, s: &State| s.bad & BAD_LEFT == 0),
             Property::always(P_HELD_STORED, |_, s: &State| s.bad & BAD_HELD == 0),
+            Property::always(P_NO_PRICE, |_, s: &State| s.bad & BAD_PRICE == 0),
+            Property::always(P_NO_MARK, |_, s: &State| s.bad & BAD_MARK == 0),
+            Property::always(P_ZOMBIE_TRUE, |_, s: &State| s.bad & BAD_ZOMBIE == 0),
             Property::always(P_IN_REACH, |_, s: &State| {
                 (0..s.nodes.len()).all(|i| {
                     s.nodes[i].phase != Phase::Down
@@ -1396,11 +1432,7 @@ impl Model for SfuModel {
             Property::sometimes(S_REREGISTERED, |_, s: &State| {
                 s.seen & SEEN_REREGISTERED != 0
             }),
-            Property::sometimes(S_PRICE, |_, s: &State| s.seen & SEEN_PRICE != 0),
-            Property::sometimes(S_MARK_PRICE, |_, s: &State| s.seen & SEEN_MARK_PRICE != 0),
-            Property::sometimes(S_PRICE_REAPED, |_, s: &State| {
-                s.seen & SEEN_PRICE_REAPED != 0
-            }),
+            Property::sometimes(S_ZOMBIE_LOST, |_, s: &State| s.seen & SEEN_ZOMBIE_LOST != 0),
             Property::sometimes(S_EPOCH_AGAIN, |_, s: &State| s.seen & SEEN_EPOCH_AGAIN != 0),
             Property::sometimes(S_BEAT_LOST, |_, s: &State| s.seen & SEEN_BEAT_LOST != 0),
             Property::sometimes(S_REGISTER_RESTORED, |_, s: &State| {

@@ -104,10 +104,6 @@ pub struct Node {
     /// `Shared::life_t0_us` (only with `Config::failover`): this life's clean-up boundary,
     /// which a registration a failover lost registers again with.
     pub life_t0: u8,
-    /// Ghost: this life went through the documented price of the lost-registration rule (a
-    /// reap on a new master taken as a lost registration: README "Failover: what is
-    /// guaranteed").
-    pub priced: bool,
     /// Ghost: a failover lost this life's last heartbeat (the new master has an older score);
     /// until it heartbeats again.
     pub beat_lost: bool,
@@ -148,7 +144,6 @@ impl Node {
             switches_seen: 0,
             term_switches: 0,
             life_t0: 0,
-            priced: false,
             beat_lost: false,
             reap_made: 0,
             faulted: false,

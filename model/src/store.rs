@@ -100,6 +100,17 @@ pub struct Redis {
     pub reaping: Vec<Rooms>,
     /// `P:{ctl}:instance:<I>:reaping`: the token of the reap that moved the index.
     pub reaping_token: Vec<Option<u16>>,
+    /// `P:{ctl}:instance:<I>:info`, its `started_ms` field only: which life of I registered
+    /// it (a life's `started_ms` is its own: the model's life number stands for it; `None`:
+    /// no info hash). Written by every heartbeat that writes (whole at 'register' and
+    /// 'restored', and when it is missing or names another life), deleted by reap_finish.lua
+    /// with the sorted-set entry and by deregister.lua. Its other fields are not modelled.
+    pub info: Vec<Option<u8>>,
+    /// `P:{ctl}:instance:<I>:reaped`, the reap tombstone: the life (`started_ms`) whose info
+    /// hash reap_begin.lua found when a reap of I began (`None`: no key). Deleted by
+    /// heartbeat.lua at 'register' and 'restored'. Its PX (a day) never runs out within the
+    /// model's few time units, so it has no expiry here.
+    pub tombstone: Vec<Option<u8>>,
     /// `P:{ctl}:dataset` (`None`: gone with the data, until a heartbeat writes a new one).
     pub dataset: Option<Dataset>,
     /// Not a key: data losses so far (survives them), so that each new dataset token differs
@@ -107,12 +118,10 @@ pub struct Redis {
     pub losses: u8,
     /// Ghost (only with `Config::failover`): instances whose sorted-set entry is absent or 0
     /// because of a reap (`reap_begin.lua` marked it, `reap_finish.lua` removed it); a
-    /// registration clears it. With `entry_life`, tells the price of the lost-registration
-    /// rule (README) from a registration a failover really lost.
+    /// registration clears it. With `entry_life`, tells a reap of a life from a registration
+    /// a failover lost (properties `P_NO_PRICE`, `P_NO_MARK`), independently of the
+    /// tombstone.
     pub reaped_mark: u8,
-    /// Ghost (only with `Config::failover`): instances whose entry index_add.lua created as
-    /// score 0 (the hand-over of an unregistered instance); a registration clears it.
-    pub index_mark: u8,
     /// Ghost (only with `Config::failover`): per instance, the life whose heartbeat wrote its
     /// sorted-set entry last.
     pub entry_life: Vec<u8>,
@@ -181,10 +190,14 @@ pub enum Beat {
     /// No entry, the dataset token unchanged: a completed reap, or a registration a failover
     /// lost.
     Missing,
+    /// 'zombie': as 'reaped' or 'missing', and the reap tombstone names this very life: a reap
+    /// of it began (on this master or on one it replicated). The library reads it as
+    /// `Reaped`, whatever master it reaches.
+    Zombie,
     Duplicate,
     /// Not a status of the script: the library's `Beat::Unregistered` ('missing' or 'reaped'
     /// on another master than the one the registration was last found on, no replica having
-    /// acknowledged it).
+    /// acknowledged it; never 'zombie').
     Unregistered,
 }
 
@@ -214,13 +227,14 @@ pub enum Op {
     /// One unit of time passes; `Redis::expire` drops what ran out.
     Advance,
     /// heartbeat.lua 'tick' / 'register' (`known`: the token the node saw last, `seen` the
-    /// highest epoch it has seen).
+    /// highest epoch it has seen, `life` the life whose `started_ms` is ARGV[8]).
     Heartbeat {
         i: Id,
         boot: u8,
         register: bool,
         known: Option<u8>,
         seen: u8,
+        life: u8,
         reply: BeatReply,
     },
     /// Redis lost its data: every key of the prefix gone, the dataset token with them.
@@ -231,10 +245,12 @@ pub enum Op {
         boot: u8,
         reply: bool,
     },
-    /// `SADD` of rooms to `i`'s room index; `added`: how many were new.
+    /// index_add.lua: `SADD` of rooms to `i`'s room index (`may_mark`: ARGV[2] '1');
+    /// `added`: how many were new.
     IndexAdd {
         i: Id,
         rooms: Rooms,
+        may_mark: bool,
         added: u8,
     },
     /// `SREM` of rooms from `i`'s room index.
@@ -410,10 +426,11 @@ impl Redis {
             index: vec![0; n],
             reaping: vec![0; n],
             reaping_token: vec![None; n],
+            info: vec![None; n],
+            tombstone: vec![None; n],
             dataset: Some(Dataset { gen: 0, created: 0 }),
             losses: 0,
             reaped_mark: 0,
-            index_mark: 0,
             entry_life: vec![0; n],
         }
     }
@@ -446,8 +463,10 @@ impl Redis {
 
     /// The writes heartbeat.lua makes once it goes on ('ok', 'restored', a tick's
     /// 'duplicate', a registration): a new dataset token if it is gone, the highest epoch the
-    /// caller has seen written back, the score and the heartbeat key.
-    fn beat_writes(&mut self, c: &Config, i: Id, boot: u8, seen: u8) {
+    /// caller has seen written back, the score and the heartbeat key, the info hash naming
+    /// `life` (written whole at 'register' and 'restored', and whenever it is missing or names
+    /// another life: after any of these writes it names `life`).
+    fn beat_writes(&mut self, c: &Config, i: Id, boot: u8, seen: u8, life: u8) {
         let iu = i as usize;
         if self.dataset.is_none() {
             self.dataset = Some(Dataset {
@@ -463,9 +482,9 @@ impl Redis {
             boot: Boot::Process(boot),
             expires: self.now + c.timings.heartbeat_ttl,
         });
+        self.info[iu] = Some(life);
         if c.failover {
             self.reaped_mark &= !(1 << i);
-            self.index_mark &= !(1 << i);
         }
     }
 
@@ -479,8 +498,10 @@ impl Redis {
 
     /// heartbeat.lua, 'tick' mode: 'missing' for no entry under the token the caller knows
     /// (nothing written), 'restored' for no entry under another token or none (Redis lost its
-    /// data: registered again), 'reaped' for a 0 score (nothing written), else the heartbeat
-    /// ('duplicate' if another boot token held the key).
+    /// data: registered again; the tombstone deleted), 'reaped' for a 0 score (nothing
+    /// written), 'zombie' instead of 'missing' or 'reaped' when the tombstone names `life`
+    /// (ARGV[8]: never '0' in the model, a life's `started_ms` is known before its first
+    /// heartbeat), else the heartbeat ('duplicate' if another boot token held the key).
     fn heartbeat_tick_(
         &mut self,
         c: &Config,
@@ -488,14 +509,22 @@ impl Redis {
         boot: u8,
         known: Option<u8>,
         seen: u8,
+        life: u8,
     ) -> BeatReply {
         let iu = i as usize;
         let same = self.dataset.is_some_and(|d| Some(d.gen) == known);
+        // The tombstone names this life: a reap of it began.
+        let taken = match self.tombstone[iu] {
+            _ if c.mutated(Mutation::HeartbeatIgnoresTombstone) => false,
+            Some(_) if c.mutated(Mutation::TombstoneNamesAnyLife) => true,
+            t => t == Some(life),
+        };
+        let or_zombie = |b: Beat| if taken { Beat::Zombie } else { b };
         let status = match self.zset[iu] {
-            None if same => return self.beat_reply(Beat::Missing),
+            None if same => return self.beat_reply(or_zombie(Beat::Missing)),
             None => Beat::Restored,
             Some(0) if same || self.reaping_token[iu].is_some() => {
-                return self.beat_reply(Beat::Reaped)
+                return self.beat_reply(or_zombie(Beat::Reaped))
             }
             // A score 0 under a token the caller never saw, no reap under way: index_add.lua's
             // mark of a write between the loss and this tick, not a reap of its registration.
@@ -503,7 +532,10 @@ impl Redis {
             Some(_) => Beat::Ok,
         };
         let holder = self.hb[iu].map(|k| k.boot);
-        self.beat_writes(c, i, boot, seen);
+        self.beat_writes(c, i, boot, seen, life);
+        if status == Beat::Restored {
+            self.tombstone[iu] = None;
+        }
         let status = match holder {
             Some(b) if status == Beat::Ok && b != Boot::Process(boot) => Beat::Duplicate,
             _ => status,
@@ -513,19 +545,27 @@ impl Redis {
 
     /// heartbeat.lua, 'register' mode: refused ('duplicate') while another process's boot
     /// token holds the heartbeat key; else writes the heartbeat (and a new dataset token if it
-    /// is gone, the epoch written back), merges a room index a reap moved aside back into the
-    /// live one and deletes that reap's token.
-    fn heartbeat_register_(&mut self, c: &Config, i: Id, boot: u8, seen: u8) -> BeatReply {
+    /// is gone, the epoch written back, the info naming `life`), merges a room index a reap
+    /// moved aside back into the live one, deletes that reap's token and the tombstone.
+    fn heartbeat_register_(
+        &mut self,
+        c: &Config,
+        i: Id,
+        boot: u8,
+        seen: u8,
+        life: u8,
+    ) -> BeatReply {
         let iu = i as usize;
         if let Some(k) = self.hb[iu] {
             if k.boot != Boot::Process(boot) && k.boot != Boot::Released {
                 return self.beat_reply(Beat::Duplicate);
             }
         }
-        self.beat_writes(c, i, boot, seen);
+        self.beat_writes(c, i, boot, seen, life);
         self.index[iu] |= self.reaping[iu];
         self.reaping[iu] = 0;
         self.reaping_token[iu] = None;
+        self.tombstone[iu] = None;
         self.beat_reply(Beat::Ok)
     }
 
@@ -808,6 +848,11 @@ impl Redis {
         }
         let token = self.now as u16 * c.instances as u16 + leader as u16;
         self.reaping_token[du] = Some(token);
+        // The tombstone: the info's life, if there is an info hash (none for index_add.lua's
+        // mark of an unregistered instance: a tombstone already there stays).
+        if let Some(life) = self.info[du] {
+            self.tombstone[du] = Some(life);
+        }
         Begin::Dead {
             t0: self.now,
             token,
@@ -938,6 +983,7 @@ impl Redis {
             return Finish::Retry;
         }
         self.zset[du] = None;
+        self.info[du] = None;
         if rooms > 0 {
             Finish::Incomplete
         } else {
@@ -953,14 +999,16 @@ impl Redis {
         boot: u8,
         known: Option<u8>,
         seen: u8,
+        life: u8,
     ) -> BeatReply {
-        let reply = self.heartbeat_tick_(c, i, boot, known, seen);
+        let reply = self.heartbeat_tick_(c, i, boot, known, seen, life);
         log(|| Op::Heartbeat {
             i,
             boot,
             register: false,
             known,
             seen,
+            life,
             reply,
         });
         reply
@@ -974,14 +1022,16 @@ impl Redis {
         boot: u8,
         known: Option<u8>,
         seen: u8,
+        life: u8,
     ) -> BeatReply {
-        let reply = self.heartbeat_register_(c, i, boot, seen);
+        let reply = self.heartbeat_register_(c, i, boot, seen, life);
         log(|| Op::Heartbeat {
             i,
             boot,
             register: true,
             known,
             seen,
+            life,
             reply,
         });
         reply
@@ -1084,9 +1134,10 @@ impl Redis {
             index: vec![0; n],
             reaping: vec![0; n],
             reaping_token: vec![None; n],
+            info: vec![None; n],
+            tombstone: vec![None; n],
             dataset: None,
             reaped_mark: 0,
-            index_mark: 0,
             entry_life: vec![0; n],
         };
         log(|| Op::DataLoss);
@@ -1200,27 +1251,31 @@ impl Redis {
         log(|| Op::Advance);
     }
 
-    /// index_add.lua (recorded): `SADD` to `i`'s room index, and an instance that is not
-    /// registered (no sorted-set entry, no heartbeat key: reaped to completion, or gone) is
-    /// handed to the reaper (score 0); whether any room was new.
-    pub fn index_add(&mut self, c: &Config, i: Id, rooms: Rooms) -> bool {
+    /// index_add.lua (recorded): `SADD` to `i`'s room index, and, if `may_mark` (ARGV[2]
+    /// '1'), an instance that is not registered (no sorted-set entry, no heartbeat key:
+    /// reaped to completion, or gone) is handed to the reaper (score 0). `(added, marked)`:
+    /// whether any room was new, whether it marked.
+    pub fn index_add(&mut self, c: &Config, i: Id, rooms: Rooms, may_mark: bool) -> (bool, bool) {
         let iu = i as usize;
         let added = (rooms & !self.index[iu]).count_ones() as u8;
         self.index[iu] |= rooms;
-        if rooms != 0
+        let marked = rooms != 0
+            && (may_mark || c.mutated(Mutation::MarkWhileUnconfirmed))
             && self.zset[iu].is_none()
             && self.hb[iu].is_none()
-            && !c.mutated(Mutation::UnregisteredIndexWriteUnmarked)
-        {
+            && !c.mutated(Mutation::UnregisteredIndexWriteUnmarked);
+        if marked {
             self.zset[iu] = Some(0);
-            if c.failover {
-                self.index_mark |= 1 << i;
-            }
         }
         if rooms != 0 {
-            log(|| Op::IndexAdd { i, rooms, added });
+            log(|| Op::IndexAdd {
+                i,
+                rooms,
+                may_mark,
+                added,
+            });
         }
-        added > 0
+        (added > 0, marked)
     }
 
     /// `SREM` from `i`'s room index (recorded).
@@ -1231,12 +1286,14 @@ impl Redis {
         }
     }
 
-    /// deregister.lua, `Node::leave`'s deregistration (recorded): the heartbeat key goes;
-    /// the sorted-set entry too, unless a room index, a moved one or a reap's token is left
-    /// (a reap under way keeps its mark, leftovers are handed to the reaper: score 0).
+    /// deregister.lua, `Node::leave`'s deregistration (recorded): the heartbeat key and the
+    /// info hash go; the sorted-set entry too, unless a room index, a moved one or a reap's
+    /// token is left (a reap under way keeps its mark, leftovers are handed to the reaper:
+    /// score 0).
     pub fn deregister(&mut self, c: &Config, i: Id) {
         let iu = i as usize;
         self.hb[iu] = None;
+        self.info[iu] = None;
         let left = self.index[iu] != 0 || self.reaping[iu] != 0 || self.reaping_token[iu].is_some();
         self.zset[iu] = (left && !c.mutated(Mutation::LeaveDuringReapUnmarked)).then_some(0);
         log(|| Op::Deregister { i });
@@ -1283,7 +1340,8 @@ impl Redis {
     }
 
     /// Whether anything in the dataset names instance `d`: a pin, metadata, a record, an
-    /// index entry, a moved index or its token, a sorted-set member. Index entries pointing at
+    /// index entry, a moved index or its token, a sorted-set member, the info hash (the
+    /// tombstone is left out: it is kept a day on purpose, after the reap). Index entries pointing at
     /// rooms that hold nothing of `d` are left out with `tolerate_empty_entries` (the cross-slot
     /// rule tolerates them; fsck's `unregistered_instance` hands such an index to the reaper).
     pub fn names(&self, d: Id, tolerate_empty_entries: bool) -> bool {
@@ -1298,6 +1356,7 @@ impl Redis {
                 .any(|r| set & (1 << r) != 0 && (!tolerate_empty_entries || holds(&self.rooms[r])))
         };
         self.zset[du].is_some()
+            || self.info[du].is_some()
             || entries(self.index[du])
             || entries(self.reaping[du])
             || self.reaping_token[du].is_some()
