@@ -10,6 +10,7 @@
 //! connections (a network stall of one instance only).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod pages;
 pub mod procs;
 
 use std::collections::{BTreeMap, BTreeSet};
