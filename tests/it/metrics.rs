@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_parse::{Scrape, Value as PValue};
 use serde_json::Value;
-use sfu_redis::status::{fleet_status, InstanceState};
+use sfu_redis::ops::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, MetricsFormat, Node, Timings};
 use support::procs::{cli_bin, is, signal, Events, MetricsNode, Spawn};
 use support::*;

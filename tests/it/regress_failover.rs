@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use sfu_redis::audit::{audit, AuditOptions};
 use sfu_redis::keys::KeySpace;
-use sfu_redis::status::fleet_status;
+use sfu_redis::ops::audit::{audit, AuditOptions};
+use sfu_redis::ops::status::fleet_status;
 use sfu_redis::{Config, Node, Timings};
 use sfu_redis_testkit::data;
 use sfu_redis_testkit::devserver::LocalRedis;

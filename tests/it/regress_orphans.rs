@@ -302,7 +302,7 @@ fn a_reap_tells_the_reaped_life_apart_from_any_other() {
     );
     // The dataset token that registration created: known to every later beat.
     let token: String = redis::cmd("GET").arg(ks.dataset()).query(&mut con).unwrap();
-    let beat = |con: &mut sfu_redis::conn::Conn, register: bool, started: i64| {
+    let beat = |con: &mut sfu_redis::ops::conn::Conn, register: bool, started: i64| {
         z.heartbeat(con, register, &token, boot, 0, started)
             .unwrap()
             .0
@@ -310,7 +310,7 @@ fn a_reap_tells_the_reaped_life_apart_from_any_other() {
     // A tick of another life (a master that kept an earlier life's record): the info is
     // rewritten to name the life that heartbeats.
     assert_eq!(beat(&mut con, false, other), "ok");
-    let started = |con: &mut sfu_redis::conn::Conn| -> Option<String> {
+    let started = |con: &mut sfu_redis::ops::conn::Conn| -> Option<String> {
         redis::cmd("HGET")
             .arg(ks.instance_info(&w))
             .arg("started_ms")

@@ -101,7 +101,7 @@ impl Demo {
     /// Each survivor's pins, metadata, peer sets, guest maps, peer records, indexes and
     /// heartbeat are all still there. What it owns is read key by key; whether the indexes,
     /// guest maps and peer sets agree with the records (invariant 4) is the library's one
-    /// consistency scan (`sfu_redis::audit::scan`): a problem at one of a survivor's rooms
+    /// consistency scan (`sfu_redis::ops::audit::scan`): a problem at one of a survivor's rooms
     /// fails its peers check, one at its indexes or heartbeat its indexes check; any other
     /// problem under the prefix fails the indexes check of a sole survivor, or a check of its
     /// own when there are several.
