@@ -331,6 +331,15 @@ mod tests {
             );
             assert_eq!(e.name(), Event::NAMES[i], "Event::NAMES[{i}]");
             assert_eq!(e.to_json("x")["event"], Event::NAMES[i]);
+            // The variant is the name in CamelCase (tests/docs.rs checks the reference's Rust
+            // column by this rule).
+            let debug = format!("{e:?}");
+            let variant = debug.split([' ', '{', '(']).next().unwrap_or_default();
+            let camel: String = Event::NAMES[i]
+                .split('_')
+                .map(|w| w[..1].to_uppercase() + &w[1..])
+                .collect();
+            assert_eq!(variant, camel, "the variant of `{}`", Event::NAMES[i]);
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::pages::{self, Page, Section};
+use crate::support::pages::{self, report, Page, Section};
 use crate::support::procs::{cli_bin, output_text, signal};
 
 const CLI: &str = "docs/src/reference/cli.md";
@@ -225,15 +225,6 @@ fn subcommands(top: &Help) -> Vec<String> {
         .filter(|c| *c != "help")
         .cloned()
         .collect()
-}
-
-fn report(problems: &[String], fix: &str) {
-    assert!(
-        problems.is_empty(),
-        "{} difference(s) between the reference and the code ({fix}):\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
 }
 
 /// `cli.md` against every `--help`, both ways: a `## sfu-redis <sub>` section per subcommand

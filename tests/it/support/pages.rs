@@ -287,8 +287,10 @@ pub fn code_spans(text: &str) -> Vec<String> {
     out
 }
 
-/// `line` with every code span's characters (backticks included) replaced by spaces.
-fn blank_code_spans(line: &str) -> String {
+/// `line` with every code span's characters (backticks included) replaced by spaces (a run of
+/// n backticks up to the next run of exactly n; an unmatched run is literal text), so that a
+/// link or a flag written inside code is not taken for one.
+pub fn blank_code_spans(line: &str) -> String {
     let chars: Vec<char> = line.chars().collect();
     let mut out: Vec<char> = chars.clone();
     let mut i = 0;
@@ -321,6 +323,16 @@ fn blank_code_spans(line: &str) -> String {
         }
     }
     out.into_iter().collect()
+}
+
+/// Fails with every difference found between a reference page and the code, and what to fix.
+pub fn report(problems: &[String], fix: &str) {
+    assert!(
+        problems.is_empty(),
+        "{} difference(s) between the reference and the code ({fix}):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }
 
 /// GitHub's anchor of a heading's text: lower-cased, everything but letters, digits, `_`, `-`
