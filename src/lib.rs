@@ -31,33 +31,27 @@
     allow(dead_code, unused_imports, unreachable_pub)
 )]
 
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod audit;
-#[cfg(not(feature = "unstable-ops"))]
-mod audit;
+// The operator modules: public (hidden here, documented as `ops`) with `unstable-ops`,
+// private without it.
+macro_rules! operator_modules {
+    ($($m:ident),*) => {
+        $(
+            #[cfg(feature = "unstable-ops")]
+            #[doc(hidden)]
+            pub mod $m;
+            #[cfg(not(feature = "unstable-ops"))]
+            mod $m;
+        )*
+    };
+}
+operator_modules!(audit, commands, conn, info, reap, scan, schema, status);
 mod cluster;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod commands;
-#[cfg(not(feature = "unstable-ops"))]
-mod commands;
 pub mod config;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod conn;
-#[cfg(not(feature = "unstable-ops"))]
-mod conn;
 mod dial;
 mod endpoint;
 mod error;
 mod event;
 mod heartbeat;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod info;
-#[cfg(not(feature = "unstable-ops"))]
-mod info;
 pub mod keys;
 mod leader;
 mod lease;
@@ -66,11 +60,6 @@ mod metrics;
 mod node;
 mod pause;
 mod peers;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod reap;
-#[cfg(not(feature = "unstable-ops"))]
-mod reap;
 mod reaper;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
@@ -100,26 +89,11 @@ pub mod ops {
     pub use crate::status;
 }
 mod rooms;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod scan;
-#[cfg(not(feature = "unstable-ops"))]
-mod scan;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod schema;
-#[cfg(not(feature = "unstable-ops"))]
-mod schema;
 mod scripts;
 mod sentinel;
 mod shards;
 pub mod signals;
 mod state;
-#[cfg(feature = "unstable-ops")]
-#[doc(hidden)]
-pub mod status;
-#[cfg(not(feature = "unstable-ops"))]
-mod status;
 mod store;
 mod tls;
 mod worker;
