@@ -51,32 +51,10 @@ struct Link {
 /// The lines of a Markdown text outside fenced code blocks, with inline code spans blanked,
 /// each with its 1-based number.
 fn prose_lines(text: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    let mut fence: Option<(char, usize)> = None;
-    for (i, line) in text.lines().enumerate() {
-        let trimmed = line.trim_start();
-        let opener = ['`', '~']
-            .into_iter()
-            .find(|c| trimmed.starts_with(&c.to_string().repeat(3)));
-        if let Some(c) = opener {
-            let n = trimmed.chars().take_while(|x| *x == c).count();
-            match fence {
-                None => {
-                    fence = Some((c, n));
-                    continue;
-                }
-                Some((fc, fnum)) if fc == c && n >= fnum && trimmed[n..].trim().is_empty() => {
-                    fence = None;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        if fence.is_none() {
-            out.push((i + 1, blank_code_spans(line)));
-        }
-    }
-    out
+    pages::outside_fences(text)
+        .into_iter()
+        .map(|(n, line)| (n, blank_code_spans(line)))
+        .collect()
 }
 
 use pages::blank_code_spans;

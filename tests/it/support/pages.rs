@@ -57,6 +57,37 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| panic!("no docs/src/reference beside {}", here.display()))
 }
 
+/// The lines of a Markdown text outside fenced code blocks (``` or ~~~, closed by a run at
+/// least as long), each with its 1-based number.
+pub fn outside_fences(text: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut fence: Option<(char, usize)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let opener = ['`', '~']
+            .into_iter()
+            .find(|c| trimmed.starts_with(&c.to_string().repeat(3)));
+        if let Some(c) = opener {
+            let n = trimmed.chars().take_while(|x| *x == c).count();
+            match fence {
+                None => {
+                    fence = Some((c, n));
+                    continue;
+                }
+                Some((fc, fnum)) if fc == c && n >= fnum && trimmed[n..].trim().is_empty() => {
+                    fence = None;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if fence.is_none() {
+            out.push((i + 1, line));
+        }
+    }
+    out
+}
+
 impl Page {
     /// `docs/src/reference/<name>`.
     pub fn reference(name: &str) -> Page {
@@ -75,30 +106,7 @@ impl Page {
             lines: Vec::new(),
             tables: Vec::new(),
         }];
-        let mut fence: Option<(char, usize)> = None;
-        for (i, line) in text.lines().enumerate() {
-            let number = i + 1;
-            let trimmed = line.trim_start();
-            let opener = ['`', '~']
-                .into_iter()
-                .find(|c| trimmed.starts_with(&c.to_string().repeat(3)));
-            if let Some(c) = opener {
-                let n = trimmed.chars().take_while(|x| *x == c).count();
-                match fence {
-                    None => {
-                        fence = Some((c, n));
-                        continue;
-                    }
-                    Some((fc, fnum)) if fc == c && n >= fnum && trimmed[n..].trim().is_empty() => {
-                        fence = None;
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
-            if fence.is_some() {
-                continue;
-            }
+        for (number, line) in outside_fences(text) {
             let hashes = line.chars().take_while(|c| *c == '#').count();
             if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
                 let title = line[hashes..]
