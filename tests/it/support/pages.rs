@@ -252,10 +252,11 @@ pub fn split_row(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// The code spans of `text` (a run of n backticks up to the next run of exactly n), their
-/// contents trimmed.
-pub fn code_spans(text: &str) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
+/// The code spans of `chars` (a run of n backticks up to the next run of exactly n; an
+/// unmatched run is literal text): for each, where its opening run starts, the run's length
+/// and where its closing run starts.
+fn span_ranges(chars: &[char]) -> Vec<(usize, usize, usize)> {
+    let run = |at: usize| chars[at..].iter().take_while(|c| **c == '`').count();
     let mut out = Vec::new();
     let mut i = 0;
     while i < chars.len() {
@@ -263,12 +264,12 @@ pub fn code_spans(text: &str) -> Vec<String> {
             i += 1;
             continue;
         }
-        let n = chars[i..].iter().take_while(|c| **c == '`').count();
+        let n = run(i);
         let mut j = i + n;
         let mut close = None;
         while j < chars.len() {
             if chars[j] == '`' {
-                let m = chars[j..].iter().take_while(|c| **c == '`').count();
+                let m = run(j);
                 if m == n {
                     close = Some(j);
                     break;
@@ -280,13 +281,7 @@ pub fn code_spans(text: &str) -> Vec<String> {
         }
         match close {
             Some(end) => {
-                out.push(
-                    chars[i + n..end]
-                        .iter()
-                        .collect::<String>()
-                        .trim()
-                        .to_owned(),
-                );
+                out.push((i, n, end));
                 i = end + n;
             }
             None => i += n,
@@ -295,42 +290,29 @@ pub fn code_spans(text: &str) -> Vec<String> {
     out
 }
 
-/// `line` with every code span's characters (backticks included) replaced by spaces (a run of
-/// n backticks up to the next run of exactly n; an unmatched run is literal text), so that a
-/// link or a flag written inside code is not taken for one.
+/// The code spans of `text`, their contents trimmed.
+pub fn code_spans(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    span_ranges(&chars)
+        .into_iter()
+        .map(|(i, n, end)| {
+            chars[i + n..end]
+                .iter()
+                .collect::<String>()
+                .trim()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// `line` with every code span's characters (backticks included) replaced by spaces, so that
+/// a link or a flag written inside code is not taken for one.
 pub fn blank_code_spans(line: &str) -> String {
-    let chars: Vec<char> = line.chars().collect();
-    let mut out: Vec<char> = chars.clone();
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i] != '`' {
-            i += 1;
-            continue;
-        }
-        let n = chars[i..].iter().take_while(|c| **c == '`').count();
-        let mut j = i + n;
-        let mut close = None;
-        while j < chars.len() {
-            if chars[j] == '`' {
-                let m = chars[j..].iter().take_while(|c| **c == '`').count();
-                if m == n {
-                    close = Some(j + m);
-                    break;
-                }
-                j += m;
-            } else {
-                j += 1;
-            }
-        }
-        match close {
-            Some(end) => {
-                out[i..end].iter_mut().for_each(|c| *c = ' ');
-                i = end;
-            }
-            None => i += n,
-        }
+    let mut chars: Vec<char> = line.chars().collect();
+    for (i, n, end) in span_ranges(&chars.clone()) {
+        chars[i..end + n].iter_mut().for_each(|c| *c = ' ');
     }
-    out.into_iter().collect()
+    chars.into_iter().collect()
 }
 
 /// Fails with every difference found between a reference page and the code, and what to fix.
