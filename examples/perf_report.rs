@@ -172,7 +172,7 @@ fn median(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
 /// sends PING in a loop: the reap's duration and the sorted PING round trips.
 fn reap_with_pings(
     leader: &Node,
-    fab: &mut sfu_redis::conn::Conn,
+    fab: &mut sfu_redis::ops::conn::Conn,
     direct: &str,
     rooms: usize,
 ) -> (Duration, Vec<Duration>) {
@@ -360,8 +360,8 @@ struct Bench {
     url: String,
     direct: String,
     ks: sfu_redis::keys::KeySpace,
-    fab: sfu_redis::conn::Conn,
-    via: sfu_redis::conn::Conn,
+    fab: sfu_redis::ops::conn::Conn,
+    via: sfu_redis::ops::conn::Conn,
 }
 
 impl Bench {

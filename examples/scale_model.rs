@@ -36,7 +36,7 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// `INFO <section>` as field -> value.
-fn info(con: &mut sfu_redis::conn::Conn, section: &str) -> BTreeMap<String, String> {
+fn info(con: &mut sfu_redis::ops::conn::Conn, section: &str) -> BTreeMap<String, String> {
     let text: String = redis::cmd("INFO").arg(section).query(con).expect("INFO");
     text.lines()
         .filter_map(|l| l.split_once(':'))
@@ -45,14 +45,14 @@ fn info(con: &mut sfu_redis::conn::Conn, section: &str) -> BTreeMap<String, Stri
 }
 
 /// Server CPU used so far (user + sys), µs.
-fn cpu_us(con: &mut sfu_redis::conn::Conn) -> f64 {
+fn cpu_us(con: &mut sfu_redis::ops::conn::Conn) -> f64 {
     let i = info(con, "cpu");
     let f = |k: &str| i.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (f("used_cpu_user") + f("used_cpu_sys")) * 1e6
 }
 
 /// Calls per command since the last `CONFIG RESETSTAT` (`INFO` itself excluded).
-fn calls(con: &mut sfu_redis::conn::Conn) -> BTreeMap<String, u64> {
+fn calls(con: &mut sfu_redis::ops::conn::Conn) -> BTreeMap<String, u64> {
     info(con, "commandstats")
         .into_iter()
         .filter_map(|(k, v)| {
@@ -66,7 +66,7 @@ fn calls(con: &mut sfu_redis::conn::Conn) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn used_memory(con: &mut sfu_redis::conn::Conn) -> f64 {
+fn used_memory(con: &mut sfu_redis::ops::conn::Conn) -> f64 {
     info(con, "memory")["used_memory"]
         .parse()
         .expect("used_memory")
@@ -118,7 +118,7 @@ struct Steady {
     by_cmd: BTreeMap<String, u64>,
 }
 
-fn steady_window(con: &mut sfu_redis::conn::Conn, seconds: u64) -> Steady {
+fn steady_window(con: &mut sfu_redis::ops::conn::Conn, seconds: u64) -> Steady {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(con)
@@ -134,7 +134,7 @@ fn steady_window(con: &mut sfu_redis::conn::Conn, seconds: u64) -> Steady {
 }
 
 /// Server CPU (µs) of one tick of `node`, averaged over 20 ticks.
-fn tick_cpu_us(con: &mut sfu_redis::conn::Conn, node: &Node) -> f64 {
+fn tick_cpu_us(con: &mut sfu_redis::ops::conn::Conn, node: &Node) -> f64 {
     let ticks = 20;
     let c0 = cpu_us(con);
     for _ in 0..ticks {
@@ -144,7 +144,7 @@ fn tick_cpu_us(con: &mut sfu_redis::conn::Conn, node: &Node) -> f64 {
 }
 
 /// Server CPU (µs) of a peer joining and leaving, and of a room opening and closing, on `node`.
-fn churn_cpu_us(con: &mut sfu_redis::conn::Conn, node: &Node, churn_ops: usize) -> (f64, f64) {
+fn churn_cpu_us(con: &mut sfu_redis::ops::conn::Conn, node: &Node, churn_ops: usize) -> (f64, f64) {
     let churn_room = "churn-room";
     node.pin_room(churn_room).expect("pin");
     let c0 = cpu_us(con);

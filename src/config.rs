@@ -310,7 +310,7 @@ impl Config {
         &self.timings
     }
 
-    /// Index members (rooms, then peers) the reaper handles per batch.
+    /// Rooms of a dead instance's index the reaper handles per batch.
     pub fn reap_batch(&self) -> usize {
         self.reap_batch
     }
@@ -519,8 +519,8 @@ impl ConfigBuilder {
         self
     }
 
-    /// Index members (rooms, then peers) the reaper handles per batch: one `SSCAN` page and one
-    /// pipelined round trip of `reap_room.lua` / `reap_peer.lua` calls (default
+    /// Rooms of a dead instance's index the reaper handles per batch: one `SSCAN` page and one
+    /// pipelined round trip of `reap_room.lua` calls, each room with its peer records (default
     /// [`REAP_BATCH`] = 500, allowed 1 to [`MAX_REAP_BATCH`]). Larger batches reap faster on a
     /// slow network; smaller ones keep other clients' latency lower while a big instance is
     /// reaped (measured trade-off: docs/src/performance.md "Batch size", docs/src/deploy/sizing.md).

@@ -111,6 +111,21 @@ fn wall_clock_ms() -> u64 {
 }
 
 impl Event {
+    /// Every event's name ([`Event::name`]), in the order of the variants: what
+    /// docs/src/reference/events.md lists (`tests/docs.rs` checks it). A unit test keeps it
+    /// complete.
+    #[doc(hidden)]
+    pub const NAMES: [&'static str; 8] = [
+        "ready",
+        "leader_acquired",
+        "leader_lost",
+        "candidates",
+        "instance_reaped",
+        "room_lost",
+        "reaped_self",
+        "stopped",
+    ];
+
     /// The event's name, as in the JSON `"event"` field.
     pub fn name(&self) -> &'static str {
         match self {
@@ -244,5 +259,87 @@ impl EventSink {
     /// The last events emitted, oldest first, with their emission times.
     pub(crate) fn history(&self) -> Vec<EmittedEvent> {
         self.history.lock().iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The position of `e`'s variant in [`Event::NAMES`]. No wildcard arm: a new variant does
+    /// not compile until it has an arm here; give it the next position, add its name to
+    /// `Event::NAMES` and an event of it to `one_of_each`.
+    fn position(e: &Event) -> usize {
+        match e {
+            Event::Ready { .. } => 0,
+            Event::LeaderAcquired { .. } => 1,
+            Event::LeaderLost { .. } => 2,
+            Event::Candidates { .. } => 3,
+            Event::InstanceReaped { .. } => 4,
+            Event::RoomLost { .. } => 5,
+            Event::ReapedSelf { .. } => 6,
+            Event::Stopped => 7,
+        }
+    }
+
+    /// One event of each variant, in the order of [`position`].
+    fn one_of_each() -> Vec<Event> {
+        vec![
+            Event::Ready {
+                rooms: 0,
+                peers: 0,
+                mode: Mode::Memory,
+            },
+            Event::LeaderAcquired { epoch: 1 },
+            Event::LeaderLost {
+                reason: LeaderLostReason::Shutdown,
+            },
+            Event::Candidates { instances: vec![] },
+            Event::InstanceReaped {
+                dead: "a".into(),
+                rooms: 0,
+                peers: 0,
+                skipped_rooms: 0,
+                forced: false,
+            },
+            Event::RoomLost {
+                room: "r".into(),
+                new_owner: None,
+            },
+            Event::ReapedSelf {
+                rooms: 0,
+                room_ids: vec![],
+            },
+            Event::Stopped,
+        ]
+    }
+
+    #[test]
+    fn names_are_every_variants_name_in_order() {
+        let all = one_of_each();
+        let highest = all.iter().map(position).max();
+        assert_eq!(
+            (all.len(), highest),
+            (Event::NAMES.len(), Some(Event::NAMES.len() - 1)),
+            "one event of each variant, one name each"
+        );
+        for (i, e) in all.iter().enumerate() {
+            assert_eq!(
+                position(e),
+                i,
+                "one_of_each is in the order of position: {e:?}"
+            );
+            assert_eq!(e.name(), Event::NAMES[i], "Event::NAMES[{i}]");
+            assert_eq!(e.to_json("x")["event"], Event::NAMES[i]);
+            // The variant is the name in CamelCase (tests/docs.rs checks the reference's Rust
+            // column by this rule).
+            let debug = format!("{e:?}");
+            let variant = debug.split([' ', '{', '(']).next().unwrap_or_default();
+            let camel: String = Event::NAMES[i]
+                .split('_')
+                .map(|w| w[..1].to_uppercase() + &w[1..])
+                .collect();
+            assert_eq!(variant, camel, "the variant of `{}`", Event::NAMES[i]);
+        }
     }
 }

@@ -8,14 +8,13 @@
 //! - [`Node`]: start one per SFU process from a [`Config`]; pin rooms, upsert and remove peers,
 //!   read [`Event`]s and [`Stats`].
 //! - [`keys`]: the key schema (prefix `<namespace>:<stage>:<branch>`, hash tags, id encoding).
-//! - [`status`]: the fleet as Redis sees it (what `sfu-redis status` prints).
-//! - [`audit`]: the consistency check of one prefix, with safe repairs (`sfu-redis fsck`);
-//!   [`audit::scan`] is one scan of it.
-//! - [`reap`]: an operator's reap of one instance, now (`sfu-redis reap`).
-//! - [`commands`]: every Redis command the library sends, for ACL checks (`sfu-redis doctor`).
-//! - [`scan`]: the one `SCAN`/`SSCAN`/`HSCAN`/`ZSCAN` pager.
-//! - [`conn`]: the connection layer; [`conn::Redis`] is the connector (timeouts, preloaded
-//!   scripts) and [`conn::server_time_ms`] the server clock.
+//! - [`signals`]: threads that block the asynchronous signals, as the library's own do.
+//! - `ops` (feature `unstable-ops`, not covered by semver): the building blocks of the
+//!   `sfu-redis` operator commands: the fleet as Redis sees it (`status`), the consistency check
+//!   (`audit`, `sfu-redis fsck`), an operator's reap (`reap`), the commands the library sends
+//!   (`commands`, for `doctor`'s ACL check), the connection layer (`conn`), instance records
+//!   (`info`), the key schema version (`schema`) and the one pager (`scan`). The CLI turns it
+//!   on; a host never needs it.
 //!
 //! Without a Redis URL the node runs in memory-only mode (single instance, no threads);
 //! [`Node::mode`] and [`Stats::mode`] tell which mode a node runs in.
@@ -25,18 +24,34 @@
 
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations, unreachable_pub)]
+// Without `unstable-ops` the operator modules are private: what only the CLI reaches is then
+// unused or unreachable here, by design.
+#![cfg_attr(
+    not(feature = "unstable-ops"),
+    allow(dead_code, unused_imports, unreachable_pub)
+)]
 
-pub mod audit;
+// The operator modules: public (hidden here, documented as `ops`) with `unstable-ops`,
+// private without it.
+macro_rules! operator_modules {
+    ($($m:ident),*) => {
+        $(
+            #[cfg(feature = "unstable-ops")]
+            #[doc(hidden)]
+            pub mod $m;
+            #[cfg(not(feature = "unstable-ops"))]
+            mod $m;
+        )*
+    };
+}
+operator_modules!(audit, commands, conn, info, reap, scan, schema, status);
 mod cluster;
-pub mod commands;
 pub mod config;
-pub mod conn;
 mod dial;
 mod endpoint;
 mod error;
 mod event;
 mod heartbeat;
-pub mod info;
 pub mod keys;
 mod leader;
 mod lease;
@@ -45,20 +60,40 @@ mod metrics;
 mod node;
 mod pause;
 mod peers;
-pub mod reap;
 mod reaper;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod replay;
+
+/// The building blocks of the `sfu-redis` operator commands (`status`, `fsck`, `reap`,
+/// `doctor`, `migrate`). Feature `unstable-ops`: the CLI turns it on; its API may change in
+/// any release (semver covers the key schema and the CLI's output, not this module). A host
+/// embedding the library needs none of it.
+#[cfg(feature = "unstable-ops")]
+pub mod ops {
+    #[doc(inline)]
+    pub use crate::audit;
+    #[doc(inline)]
+    pub use crate::commands;
+    #[doc(inline)]
+    pub use crate::conn;
+    #[doc(inline)]
+    pub use crate::info;
+    #[doc(inline)]
+    pub use crate::reap;
+    #[doc(inline)]
+    pub use crate::scan;
+    #[doc(inline)]
+    pub use crate::schema;
+    #[doc(inline)]
+    pub use crate::status;
+}
 mod rooms;
-pub mod scan;
-pub mod schema;
 mod scripts;
 mod sentinel;
 mod shards;
 pub mod signals;
 mod state;
-pub mod status;
 mod store;
 mod tls;
 mod worker;

@@ -6,13 +6,26 @@
 //! (`src/lib.rs`, `mod book_doctests`). The README stays a front page of at most 200 lines,
 //! with the quick start's two commands exactly as `.ci/run` and operators use them.
 //!
-//! Pure file checks: no Redis, no dependency. Its own binary, so `cargo test --test docs` builds
-//! and runs in seconds. The checker is tested on a small tree of its own too, so a checker that
-//! finds nothing cannot pass unnoticed.
+//! The reference pages against the library's own lists, both ways (issue 30, item 3): the
+//! settings of `configuration.md` are the fields of a `ConfigBuilder`, its environment
+//! variables `sfu_redis::config::ENV_VARS`; the events of `events.md` are `Event::NAMES`, with
+//! their Rust variants and C kinds (`capi/include/sfu_redis.h`). What needs the `sfu-redis`
+//! binary is in `tests/it/reference.rs`.
+//!
+//! Pure file checks and the library's lists: no Redis, no process. Its own binary, so
+//! `cargo test --test docs` runs in seconds. The checkers are tested on small inputs of their
+//! own too, so a checker that finds nothing cannot pass unnoticed.
+
+#[path = "it/support/pages.rs"]
+mod pages;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
+
+use pages::{Page, CONFIGURATION};
+use sfu_redis::config::ENV_VARS;
+use sfu_redis::Event;
 
 /// The README's line budget (issue 30, item 1).
 const README_MAX_LINES: usize = 200;
@@ -38,75 +51,13 @@ struct Link {
 /// The lines of a Markdown text outside fenced code blocks, with inline code spans blanked,
 /// each with its 1-based number.
 fn prose_lines(text: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    let mut fence: Option<(char, usize)> = None;
-    for (i, line) in text.lines().enumerate() {
-        let trimmed = line.trim_start();
-        let opener = ['`', '~']
-            .into_iter()
-            .find(|c| trimmed.starts_with(&c.to_string().repeat(3)));
-        if let Some(c) = opener {
-            let n = trimmed.chars().take_while(|x| *x == c).count();
-            match fence {
-                None => {
-                    fence = Some((c, n));
-                    continue;
-                }
-                Some((fc, fnum)) if fc == c && n >= fnum && trimmed[n..].trim().is_empty() => {
-                    fence = None;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        if fence.is_none() {
-            out.push((i + 1, blank_code_spans(line)));
-        }
-    }
-    out
+    pages::outside_fences(text)
+        .into_iter()
+        .map(|(n, line)| (n, blank_code_spans(line)))
+        .collect()
 }
 
-/// `line` with every inline code span (a run of n backticks up to the next run of exactly n)
-/// replaced by spaces, so that a link written inside code is not taken for a link.
-fn blank_code_spans(line: &str) -> String {
-    let chars: Vec<char> = line.chars().collect();
-    let mut out = String::with_capacity(line.len());
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i] != '`' {
-            out.push(chars[i]);
-            i += 1;
-            continue;
-        }
-        let n = chars[i..].iter().take_while(|c| **c == '`').count();
-        let mut j = i + n;
-        let mut close = None;
-        while j < chars.len() {
-            if chars[j] == '`' {
-                let m = chars[j..].iter().take_while(|c| **c == '`').count();
-                if m == n {
-                    close = Some(j + m);
-                    break;
-                }
-                j += m;
-            } else {
-                j += 1;
-            }
-        }
-        match close {
-            Some(end) => {
-                out.push_str(&" ".repeat(end - i));
-                i = end;
-            }
-            None => {
-                // An unmatched run is literal text.
-                out.push_str(&"`".repeat(n));
-                i += n;
-            }
-        }
-    }
-    out
-}
+use pages::blank_code_spans;
 
 /// Every inline link and image target of `text` (`[text](target)`, `![alt](target)`) and every
 /// reference definition (`[label]: target`), outside code.
@@ -218,13 +169,7 @@ fn rendered(title: &str) -> String {
     s.replace(['`', '*'], "")
 }
 
-fn slug(text: &str) -> String {
-    text.to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
+use pages::slug;
 
 /// `path` with `.` and `..` resolved lexically (the files need not exist); `None` when a `..`
 /// climbs above the start, out of the repository.
@@ -441,4 +386,258 @@ fn the_checker_catches_broken_links_and_anchors() {
     );
     assert!(has("`docs/pic.png`: no file"), "{problems:#?}");
     assert_eq!(problems.len(), 4, "only those four: {problems:#?}");
+}
+
+const EVENTS: &str = "docs/src/reference/events.md";
+
+use pages::report;
+
+/// The Settings table of `configuration.md` has a row for every setting of a `ConfigBuilder`
+/// (`pages::settings`: the fields its `Debug` shows) and names no other: each identifier of a
+/// row's `setting` and `Rust` columns is a setting, or `timings` (the setter of all nine
+/// timings); each row but the timing preset's names a setting.
+#[test]
+fn configuration_reference_has_a_row_for_every_setting_and_no_other() {
+    let settings = pages::settings();
+    assert!(
+        settings.len() > 20 && settings.iter().any(|s| s == "heartbeat_ttl"),
+        "the settings were not read from ConfigBuilder's Debug: {settings:?}"
+    );
+    let rows = pages::setting_rows(&Page::reference("configuration.md"));
+    let mut problems = Vec::new();
+    for setting in &settings {
+        if !rows.iter().any(|r| r.names.contains(setting)) {
+            problems.push(format!(
+                "the setting `{setting}` (a field of ConfigBuilder) has no row in the Settings table of {CONFIGURATION}"
+            ));
+        }
+    }
+    for row in &rows {
+        for name in &row.names {
+            if name != "timings" && !settings.contains(name) {
+                problems.push(format!(
+                    "{CONFIGURATION}:{}: `{name}` is no setting of ConfigBuilder (its settings: {settings:?})",
+                    row.line
+                ));
+            }
+        }
+        let preset = row.names == ["timings"];
+        if !preset && !row.names.iter().any(|n| settings.contains(n)) {
+            problems.push(format!(
+                "{CONFIGURATION}:{}: the row names no setting of ConfigBuilder ({:?})",
+                row.line, row.names
+            ));
+        }
+    }
+    report(&problems, &format!("fix {CONFIGURATION}"));
+}
+
+/// The environment variables of `configuration.md` are those `Config::from_env` reads
+/// (`sfu_redis::config::ENV_VARS`), both ways: in the Settings table, and in the list that opens
+/// `## Environment variables`.
+#[test]
+fn configuration_reference_names_the_environment_variables_the_library_reads() {
+    let page = Page::reference("configuration.md");
+    let code: BTreeSet<String> = ENV_VARS.iter().map(|v| (*v).to_owned()).collect();
+    let mut problems = Vec::new();
+    let table: BTreeSet<String> = pages::setting_rows(&page)
+        .into_iter()
+        .flat_map(|r| r.env_vars)
+        .collect();
+    let section = page
+        .section("Environment variables")
+        .unwrap_or_else(|| panic!("{CONFIGURATION}: no `## Environment variables` section"));
+    // Its first paragraph: the variables of `Config::from_env`.
+    let paragraph: String = section
+        .lines
+        .iter()
+        .map(|(_, l)| l.as_str())
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let listed: BTreeSet<String> = pages::env_vars_in(&paragraph).into_iter().collect();
+    for (what, names) in [
+        ("the Settings table", &table),
+        ("the list under `## Environment variables`", &listed),
+    ] {
+        for v in code.difference(names) {
+            problems.push(format!(
+                "Config::from_env reads {v} (ENV_VARS), which {what} of {CONFIGURATION} does not name"
+            ));
+        }
+        for v in names.difference(&code) {
+            problems.push(format!(
+                "{what} of {CONFIGURATION} names {v}, which Config::from_env does not read (ENV_VARS)"
+            ));
+        }
+    }
+    report(&problems, &format!("fix {CONFIGURATION}"));
+}
+
+/// The table under `## The events` of `events.md` lists exactly the library's events
+/// (`Event::NAMES`), each with its Rust variant; and the C kinds the page names are exactly
+/// those of `SfuEventKind` in `capi/include/sfu_redis.h` (the generated header, checked against
+/// cbindgen by `capi/tests/ffi_header.rs`) but `SFU_EVENT_NONE`, one per event:
+/// `SFU_EVENT_<NAME>`.
+#[test]
+fn events_reference_lists_every_event_of_the_library_and_no_other() {
+    let page = Page::reference("events.md");
+    let mut problems = Vec::new();
+    let table = page
+        .section("The events")
+        .and_then(|s| s.table_with("event"))
+        .unwrap_or_else(|| {
+            panic!("{EVENTS}: no table with an `event` column under `## The events`")
+        });
+    let (name_col, rust_col) = (
+        table.column("event").expect("event"),
+        table
+            .column("Rust")
+            .unwrap_or_else(|| panic!("{EVENTS}: no Rust column")),
+    );
+    let mut documented = BTreeSet::new();
+    for row in &table.rows {
+        for name in pages::code_spans(table.cell(row, name_col)) {
+            if !Event::NAMES.contains(&name.as_str()) {
+                problems.push(format!(
+                    "{EVENTS}:{}: `{name}` is no event of the library (Event::NAMES: {:?})",
+                    row.line,
+                    Event::NAMES
+                ));
+            }
+            // The variant is the name in CamelCase (src/event.rs checks that rule).
+            let variant: String = name
+                .split('_')
+                .filter(|w| !w.is_empty())
+                .map(|w| w[..1].to_uppercase() + &w[1..])
+                .collect();
+            let want = format!("Event::{variant}");
+            if pages::code_spans(table.cell(row, rust_col)) != [want.clone()] {
+                problems.push(format!(
+                    "{EVENTS}:{}: the Rust of `{name}` is `{want}`",
+                    row.line
+                ));
+            }
+            documented.insert(name);
+        }
+    }
+    for name in Event::NAMES {
+        if !documented.contains(name) {
+            problems.push(format!(
+                "the library emits `{name}` (Event::NAMES), which the table under `## The events` of {EVENTS} does not list"
+            ));
+        }
+    }
+
+    let header_path = "capi/include/sfu_redis.h";
+    let header = fs::read_to_string(root().join(header_path)).expect(header_path);
+    let body = header
+        .split("enum SfuEventKind")
+        .nth(1)
+        .and_then(|rest| rest.split("};").next())
+        .unwrap_or_else(|| panic!("{header_path}: no enum SfuEventKind"));
+    let kinds: BTreeSet<String> = body
+        .lines()
+        .filter_map(|l| l.trim().split([' ', '=', ',']).next())
+        .filter(|w| w.starts_with("SFU_EVENT_") && *w != "SFU_EVENT_NONE")
+        .map(str::to_owned)
+        .collect();
+    let expected: BTreeSet<String> = Event::NAMES
+        .iter()
+        .map(|n| format!("SFU_EVENT_{}", n.to_uppercase()))
+        .collect();
+    if kinds != expected {
+        problems.push(format!(
+            "{header_path}: the kinds of SfuEventKind {kinds:?} are not one per event of Event::NAMES {expected:?}"
+        ));
+    }
+    let where_ = page
+        .sections
+        .iter()
+        .find(|s| s.title == "Where events appear")
+        .unwrap_or_else(|| panic!("{EVENTS}: no `## Where events appear` section"));
+    let on_page: BTreeSet<String> = where_
+        .tables
+        .iter()
+        .flat_map(|t| t.rows.iter().flat_map(|r| r.cells.iter()))
+        .flat_map(|c| pages::code_spans(c))
+        .filter(|s| s.starts_with("SFU_EVENT_"))
+        .collect();
+    for k in kinds.difference(&on_page) {
+        problems.push(format!(
+            "{header_path} has the C kind {k}, which `## Where events appear` of {EVENTS} does not name"
+        ));
+    }
+    for k in on_page.difference(&kinds) {
+        problems.push(format!(
+            "`## Where events appear` of {EVENTS} names the C kind {k}, which {header_path} does not have"
+        ));
+    }
+    report(&problems, &format!("fix {EVENTS}"));
+}
+
+/// The page reader the reference checks rely on, on a page made for it: sections and their
+/// anchors, tables (a `|` inside code is no cell border), code spans, flags, variables,
+/// identifiers and in-page links; and the settings read from the library.
+#[test]
+fn the_reference_page_reader_reads_sections_tables_and_code() {
+    let text = "intro [g](#global-flags)\n\n## Global flags\n\n| flag | environment | what |\n\
+                |---|---|---|\n| `-h`, `--help` | | help |\n\
+                | `--redis-url URL` | `REDIS_URL` | a `a|b` pipe \\| escaped |\n\n\
+                ```sh\n## not a heading\n| not | a table |\n```\n\n\
+                ## `sfu-redis` node\n\nTakes [the global flags](#global-flags) and [x](other.md#y).\n\n\
+                | setting | Rust (`ConfigBuilder`) |\n|---|---|\n\
+                | `SFU_TLS_INSECURE=1` | `timings(Timings::...)`, `reap_batch` |\n";
+    let page = Page::parse("t.md", text);
+    let titles: Vec<&str> = page.sections.iter().map(|s| s.title.as_str()).collect();
+    assert_eq!(titles, ["", "Global flags", "sfu-redis node"]);
+    assert_eq!(page.sections[2].anchor, "sfu-redis-node");
+    let global = page.section("Global flags").unwrap();
+    assert_eq!(global.tables.len(), 1, "{global:#?}");
+    let t = &global.tables[0];
+    assert_eq!(t.header, ["flag", "environment", "what"]);
+    assert_eq!(t.rows.len(), 2);
+    assert_eq!(t.rows[1].cells[2], "a `a|b` pipe | escaped");
+    assert_eq!(pages::flags_in(&t.rows[0].cells[0]), ["-h", "--help"]);
+    assert_eq!(pages::flags_in(&t.rows[1].cells[0]), ["--redis-url"]);
+    assert_eq!(pages::env_vars_in(&t.rows[1].cells[1]), ["REDIS_URL"]);
+    let node = page.by_anchor("sfu-redis-node").unwrap();
+    assert_eq!(node.in_page_links(), ["global-flags"]);
+    assert_eq!(page.sections[0].in_page_links(), ["global-flags"]);
+    let t = node.table_with("Rust").unwrap();
+    assert_eq!(t.column("rust"), Some(1));
+    assert_eq!(
+        pages::env_vars_in(&t.rows[0].cells[0]),
+        ["SFU_TLS_INSECURE"]
+    );
+    assert_eq!(
+        pages::identifiers_in(&t.rows[0].cells[1]),
+        ["timings", "reap_batch"]
+    );
+    assert_eq!(pages::code_spans("``a ` b`` and `c`"), ["a ` b", "c"]);
+
+    let settings = pages::settings();
+    for s in [
+        "redis_url",
+        "tls_ca_file",
+        "tls_insecure",
+        "sentinel_password",
+        "namespace",
+    ] {
+        assert!(settings.iter().any(|x| x == s), "{s} in {settings:?}");
+    }
+    for s in [
+        "heartbeat_interval",
+        "command_timeout",
+        "reap_batch",
+        "reap_pace",
+        "metrics",
+    ] {
+        assert!(settings.iter().any(|x| x == s), "{s} in {settings:?}");
+    }
+    assert!(
+        !settings.iter().any(|x| x == "timings" || x == "tls"),
+        "{settings:?}"
+    );
 }

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sfu_redis::conn::Conn as Connection;
-use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
+use sfu_redis::ops::conn::Conn as Connection;
+use sfu_redis::ops::conn::{server_time_ms, Redis};
 use sfu_redis::{Config, ConfigBuilder, Node, Timings};
 use sfu_redis_testkit::data::{fabricate_dead, DeadInstance, FakeRoom, BATCH};
 use sfu_redis_testkit::devserver::LocalRedis;

@@ -293,7 +293,7 @@ typedef uint32_t SfuPinOutcome;
  * | `two_phase_delay_ms` | 60000 | |
  * | `reap_interval_ms` | 15000 | |
  * | `command_timeout_ms` | 2000 | |
- * | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
+ * | `reap_batch` | 500 | rooms of a dead instance's index the reaper handles per batch, 1 to 10000 |
  * | `reap_pace` | `1` | after each reap batch the reaper pauses this many times the batch's duration (a decimal number, 0 = no pause, at most 100) |
  *
  * The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are

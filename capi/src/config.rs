@@ -39,7 +39,7 @@ use sfu_redis::{Config, ConfigBuilder, Timings};
 /// | `two_phase_delay_ms` | 60000 | |
 /// | `reap_interval_ms` | 15000 | |
 /// | `command_timeout_ms` | 2000 | |
-/// | `reap_batch` | 500 | index members the reaper handles per batch, 1 to 10000 |
+/// | `reap_batch` | 500 | rooms of a dead instance's index the reaper handles per batch, 1 to 10000 |
 /// | `reap_pace` | `1` | after each reap batch the reaper pauses this many times the batch's duration (a decimal number, 0 = no pause, at most 100) |
 ///
 /// The rules between values (for example `heartbeat_interval_ms < heartbeat_ttl_ms`) are
@@ -337,4 +337,110 @@ pub unsafe extern "C" fn sfu_config_free(config: *mut SfuConfig) {
 /// An `InvalidConfig` error naming the C key's field.
 fn config_error(field: &'static str, reason: String) -> Error {
     Error::InvalidConfig { field, reason }
+}
+
+/// The reader of the book's reference pages the tests share (`tests/it/support/pages.rs`).
+#[cfg(test)]
+#[path = "../../tests/it/support/pages.rs"]
+mod pages;
+
+/// The C keys against docs/src/reference/configuration.md, both ways (issue 30, item 3): the
+/// keys `sfu_config_set` knows ([`STRING_KEYS`], [`TIMING_KEYS`]) are exactly those of the page's
+/// "C keys" table and of its Settings table's `C key` column, each in the row of the setting
+/// it sets; and `sfu_config_set` takes every key the page names.
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    use std::collections::BTreeSet;
+
+    use pages::{Page, CONFIGURATION};
+
+    #[test]
+    fn c_keys_are_those_of_the_configuration_reference() {
+        let known: BTreeSet<&str> = STRING_KEYS
+            .iter()
+            .copied()
+            .chain(TIMING_KEYS.iter().map(|k| k.0))
+            .collect();
+        let page = Page::reference("configuration.md");
+        let mut problems = Vec::new();
+
+        let table = page
+            .section("C keys")
+            .and_then(|s| s.table_with("key"))
+            .unwrap_or_else(|| panic!("{CONFIGURATION}: no table of keys under `## C keys`"));
+        let mut listed = BTreeSet::new();
+        for row in &table.rows {
+            for key in pages::identifiers_in(table.cell(row, 0)) {
+                // sfu_config_set takes it (a wrong value is another error).
+                let value = match key.as_str() {
+                    "timings" => "default",
+                    "tls_insecure" => "0",
+                    _ => "1",
+                };
+                let mut st = SfuConfig::new(ConfigBuilder::default()).inner.into_inner();
+                if let Err(f) = set(&mut st, &key, value) {
+                    if f.message.starts_with("unknown configuration key") {
+                        problems.push(format!(
+                            "{CONFIGURATION}:{}: sfu_config_set does not know the key `{key}`",
+                            row.line
+                        ));
+                    }
+                }
+                listed.insert(key);
+            }
+        }
+        for key in &known {
+            if !listed.contains(*key) {
+                problems.push(format!(
+                    "sfu_config_set takes the key `{key}`, which the table under `## C keys` of {CONFIGURATION} does not list"
+                ));
+            }
+        }
+        for key in &listed {
+            if !known.contains(key.as_str()) {
+                problems.push(format!(
+                    "the table under `## C keys` of {CONFIGURATION} lists `{key}`, which is no key of sfu_config_set (capi/src/config.rs: STRING_KEYS, TIMING_KEYS)"
+                ));
+            }
+        }
+
+        let mut in_settings = BTreeSet::new();
+        for row in pages::setting_rows(&page) {
+            for key in &row.c_keys {
+                in_settings.insert(key.clone());
+                // A timing key sets the `Timings` field the row is about; another key, the
+                // setting of its name.
+                let sets = TIMING_KEYS
+                    .iter()
+                    .find(|k| k.0 == key)
+                    .map_or(key.as_str(), |k| k.1);
+                if !known.contains(key.as_str()) {
+                    problems.push(format!(
+                        "{CONFIGURATION}:{}: the C key `{key}` of the Settings table is no key of sfu_config_set",
+                        row.line
+                    ));
+                } else if !row.names.iter().any(|n| n == sets) {
+                    problems.push(format!(
+                        "{CONFIGURATION}:{}: the C key `{key}` sets `{sets}`, not this row's {:?}",
+                        row.line, row.names
+                    ));
+                }
+            }
+        }
+        for key in &known {
+            if !in_settings.contains(*key) {
+                problems.push(format!(
+                    "sfu_config_set takes the key `{key}`, which the Settings table of {CONFIGURATION} names in no row's `C key` column"
+                ));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "{} difference(s) between the reference and the C ABI (fix {CONFIGURATION}, or capi/src/config.rs if the code is wrong):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
 }

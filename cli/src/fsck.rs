@@ -1,5 +1,5 @@
 //! `sfu-redis fsck`: audit one prefix's keys against the data model, optionally repairing what
-//! is safe to repair while live instances keep running (`sfu_redis::audit`).
+//! is safe to repair while live instances keep running (`sfu_redis::ops::audit`).
 //!
 //! Exit codes (operators' scripts depend on them): 0 clean or fully repaired, 1 problems
 //! remain, 2 error (bad flags, memory-only mode, Redis unreachable or failing).
@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use sfu_redis::audit::{
+use sfu_redis::ops::audit::{
     audit_with_progress, AuditOptions, AuditReport, Phase, Progress as AuditProgress,
     DEFAULT_SETTLE,
 };
@@ -43,7 +43,7 @@ pub(crate) struct FsckArgs {
 /// longer (a `forgotten_room` needs its owner to have had a full interval to re-pin between
 /// the scans). A fleet that cannot be read gets the default (the audit then says why).
 pub(crate) fn fleet_settle(config: &sfu_redis::Config) -> Duration {
-    let Ok(st) = sfu_redis::status::fleet_status(config) else {
+    let Ok(st) = sfu_redis::ops::status::fleet_status(config) else {
         return DEFAULT_SETTLE;
     };
     st.instances

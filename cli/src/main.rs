@@ -410,3 +410,56 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// The reader of the book's reference pages the tests share (`tests/it/support/pages.rs`).
+#[cfg(test)]
+#[path = "../../tests/it/support/pages.rs"]
+mod pages;
+
+/// The CLI's map from a setting to its flag and environment variable ([`flag_for_field`],
+/// which the configuration errors cite) against docs/src/reference/configuration.md, both
+/// ways (issue 30, item 3): each row of its Settings table names exactly the flags and
+/// variables the map gives the row's settings (the settings are the library's,
+/// `pages::settings`).
+#[cfg(test)]
+mod reference_tests {
+    use std::collections::BTreeSet;
+
+    use super::{flag_for_field, pages};
+
+    #[test]
+    fn flag_for_field_is_the_configuration_references() {
+        let settings = pages::settings();
+        let page = pages::Page::reference("configuration.md");
+        let mut problems = Vec::new();
+        for row in pages::setting_rows(&page) {
+            let (mut flags, mut vars) = (BTreeSet::new(), BTreeSet::new());
+            for name in row.names.iter().filter(|n| settings.contains(n)) {
+                for part in flag_for_field(name).unwrap_or_default().split(" / ") {
+                    if part.starts_with("--") {
+                        flags.insert(part.to_owned());
+                    } else if !part.is_empty() {
+                        vars.insert(part.to_owned());
+                    }
+                }
+            }
+            let doc_flags: BTreeSet<String> = row.flags.iter().cloned().collect();
+            let doc_vars: BTreeSet<String> = row.env_vars.iter().cloned().collect();
+            if (&flags, &vars) != (&doc_flags, &doc_vars) {
+                problems.push(format!(
+                    "{}:{}: the CLI sets {:?} with {flags:?} and {vars:?} (cli/src/main.rs: flag_for_field); the row names {doc_flags:?} and {doc_vars:?}",
+                    pages::CONFIGURATION,
+                    row.line,
+                    row.names
+                ));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "{} difference(s) between the reference and the CLI (fix {}, or flag_for_field if the code is wrong):\n{}",
+            problems.len(),
+            pages::CONFIGURATION,
+            problems.join("\n")
+        );
+    }
+}

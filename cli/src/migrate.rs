@@ -1,5 +1,5 @@
 //! `sfu-redis migrate --dry-run | --apply`: move a prefix's keys to the key schema version
-//! this release speaks (`sfu_redis::schema::migrate`, whose module documentation lists the
+//! this release speaks (`sfu_redis::ops::schema::migrate`, whose module documentation lists the
 //! steps). The step from version 1 to 2 needs every node of the prefix stopped.
 //!
 //! Exit codes (operators' scripts depend on them): 0 the prefix is at this release's version
@@ -34,7 +34,7 @@
 
 use clap::Args;
 use serde_json::json;
-use sfu_redis::schema::{migrate, Fold, MigrateReport};
+use sfu_redis::ops::schema::{migrate, Fold, MigrateReport};
 use sfu_redis::ErrorKind;
 
 use crate::{with_place, Failure, RedisArgs};

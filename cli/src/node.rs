@@ -44,7 +44,7 @@ pub(crate) struct NodeArgs {
     peers_per_room: u32,
     #[command(flatten)]
     timings: TimingArgs,
-    /// Index members (rooms, then peers) the reaper handles per batch (1 to 10000)
+    /// Rooms of a dead instance's index the reaper handles per batch (1 to 10000)
     /// [default: 500].
     #[arg(long, value_name = "N")]
     reap_batch: Option<usize>,

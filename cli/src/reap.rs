@@ -1,6 +1,6 @@
 //! `sfu-redis reap --instance ID`: an operator reaps one dead instance now, without the stale
 //! wait, the two-phase delay or a lease, with the leader's owner-CAS scripts
-//! (`sfu_redis::reap`).
+//! (`sfu_redis::ops::reap`).
 //!
 //! Exit codes (operators' scripts depend on them): 0 reaped (or, with --dry-run, would be
 //! reaped); 1 refused (alive, stopped or fresh without --force, a live boot token even with
@@ -18,7 +18,7 @@ use std::cell::RefCell;
 
 use clap::Args;
 use serde_json::json;
-use sfu_redis::reap::{reap_instance, ReapOptions, ReapProgress, ReapReport, Refusal};
+use sfu_redis::ops::reap::{reap_instance, ReapOptions, ReapProgress, ReapReport, Refusal};
 use sfu_redis::ErrorKind;
 
 use crate::progress::Progress;
@@ -105,7 +105,7 @@ pub(crate) fn run(args: ReapArgs) -> Result<(), Failure> {
 pub(crate) fn reaper_id() -> String {
     // An id takes no control character and at most 256 bytes: a host name that breaks
     // either is cut down rather than failing the reap.
-    let host: String = sfu_redis::info::host_name()
+    let host: String = sfu_redis::ops::info::host_name()
         .chars()
         .filter(|c| !c.is_control())
         .take(200)

@@ -8,7 +8,7 @@
 //! the timed parts. Server CPU is `INFO cpu` (user + sys) of each server before and after each
 //! timed call, read on direct connections to every master: the cluster's total and each
 //! master's share of it. The tick's round trips per master are counted by the library's
-//! cluster connections (`sfu_redis::conn::cluster_round_trips`, feature `testing`).
+//! cluster connections (`sfu_redis::ops::conn::cluster_round_trips`, feature `testing`).
 //!
 //! Churn (issue 31), the SFU's steady load: a peer joins (`Node::upsert_peer` with a guest id
 //! and one field) and leaves (`Node::remove_peer` with the generation the join returned), in
@@ -346,7 +346,7 @@ fn reap_and_tick(a: &Args, sides: &[Side; 2]) -> (serde_json::Value, Vec<Goal>) 
     let mut trips: Vec<BTreeMap<String, u64>> = Vec::new();
     for i in 0..a.runs * 3 {
         for s in order(i) {
-            let before = sfu_redis::conn::cluster_round_trips();
+            let before = sfu_redis::ops::conn::cluster_round_trips();
             let ticker = &tickers[s];
             timed(
                 &sides[s],
@@ -358,7 +358,7 @@ fn reap_and_tick(a: &Args, sides: &[Side; 2]) -> (serde_json::Value, Vec<Goal>) 
                 &mut ticks[s],
             );
             if s == 1 {
-                let after = sfu_redis::conn::cluster_round_trips();
+                let after = sfu_redis::ops::conn::cluster_round_trips();
                 trips.push(
                     after
                         .into_iter()
@@ -613,8 +613,8 @@ fn churn_goals(c: &Churn) -> [Goal; 3] {
 
 /// Keys matching `pattern`, the `{ctl}` keys aside (what a reap must leave at 0), through the
 /// library's connector (every master on a cluster).
-fn count_prefix(con: &mut sfu_redis::conn::Conn, pattern: &str) -> usize {
-    sfu_redis::scan::collect(con, sfu_redis::scan::Scan::keys(pattern))
+fn count_prefix(con: &mut sfu_redis::ops::conn::Conn, pattern: &str) -> usize {
+    sfu_redis::ops::scan::collect(con, sfu_redis::ops::scan::Scan::keys(pattern))
         .expect("SCAN")
         .iter()
         .filter(|k| !String::from_utf8_lossy(k).contains("{ctl}"))

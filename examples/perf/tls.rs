@@ -17,8 +17,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sfu_redis::conn::Redis;
 use sfu_redis::keys::KeySpace;
+use sfu_redis::ops::conn::Redis;
 use sfu_redis::Node;
 use sfu_redis_testkit::devserver::{LocalRedis, TlsServer};
 use sfu_redis_testkit::tls::TestCerts;
@@ -67,7 +67,7 @@ impl Samples {
 }
 
 /// Keys of `ks` (the `{ctl}` keys aside): what a reap must leave at 0.
-fn data_keys(con: &mut sfu_redis::conn::Conn, ks: &KeySpace) -> usize {
+fn data_keys(con: &mut sfu_redis::ops::conn::Conn, ks: &KeySpace) -> usize {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(ks.scan_pattern())
         .query(con)
@@ -77,9 +77,9 @@ fn data_keys(con: &mut sfu_redis::conn::Conn, ks: &KeySpace) -> usize {
 
 /// Times `f` on each side, `runs` times, alternating, with the server CPU of each call.
 fn alternate(
-    fab: &mut sfu_redis::conn::Conn,
+    fab: &mut sfu_redis::ops::conn::Conn,
     runs: usize,
-    mut setup: impl FnMut(&mut sfu_redis::conn::Conn, usize),
+    mut setup: impl FnMut(&mut sfu_redis::ops::conn::Conn, usize),
     mut f: impl FnMut(usize) -> Duration,
 ) -> [Samples; 2] {
     let mut out = [Samples::default(), Samples::default()];

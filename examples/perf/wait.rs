@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 use serde_json::{json, Value as Json};
-use sfu_redis::conn::Conn as Connection;
 use sfu_redis::keys::{encode_id, IdKind, KeySpace};
+use sfu_redis::ops::conn::Conn as Connection;
 use sfu_redis::{Node, Timings};
 use sfu_redis_testkit::devserver::LocalRedis;
 

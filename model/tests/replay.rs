@@ -16,8 +16,8 @@ use model::store::{
     self, Beat, Begin, Boot, Dataset, Finish, Id, Op, PinReply, Refreshed, RoomStatus,
 };
 use model::{Action, Config, Fault, SfuModel, State};
-use sfu_redis::conn::{Conn, Redis as Connector};
 use sfu_redis::keys::KeySpace;
+use sfu_redis::ops::conn::{Conn, Redis as Connector};
 use sfu_redis::replay::Instance;
 use sfu_redis::Timings;
 use sfu_redis_testkit::devserver::LocalRedis;

@@ -89,7 +89,7 @@ impl Fixture {
     }
 
     /// Writes every key into `con` (each deleted first), in one pipeline: on a cluster
-    /// connection (`sfu_redis::conn::Conn`) every command goes to the master of its key's
+    /// connection (`sfu_redis::ops::conn::Conn`) every command goes to the master of its key's
     /// slot. With [`Ttl::AsDumped`] a key that had a time to live gets it again.
     pub fn load(&self, con: &mut impl ConnectionLike, ttl: Ttl) -> RedisResult<()> {
         let mut pipe = redis::pipe();

@@ -85,13 +85,13 @@
 //! 1. every live node owns every room it did not report lost: pin and metadata name it, peer
 //!    set, guest map and peer records complete, its room index holds exactly that and reaches
 //!    every record naming it (the index part is the audit's one consistency scan,
-//!    `sfu_redis::audit::scan`). Nobody takes a
+//!    `sfu_redis::ops::audit::scan`). Nobody takes a
 //!    fixed room over or closes one, so the only legal loss of one is a zombie's (`reaped_self`,
 //!    then `room_lost` for each of its rooms); a `room_lost` of a fixed room outside such a
 //!    report is a live instance's room lost (pool rooms may be lost: they move). A room
 //!    reported lost has no key left anywhere; a node whose faults were all short lost no fixed
 //!    room and was never reaped; a node that was reaped noticed it;
-//! 2. the audit (`sfu_redis::audit::audit`, two scans) is clean: no orphans, no stale indexes;
+//! 2. the audit (`sfu_redis::ops::audit::audit`, two scans) is clean: no orphans, no stale indexes;
 //! 3. leadership: `leader_acquired` epochs never repeat and strictly increase in arrival order
 //!    (an event printed late by a node paused right after its acquire is the one exception);
 //!    terms (from each node's acquired/lost events, on this process's clock) do not overlap by
@@ -142,9 +142,9 @@ use std::time::{Duration, Instant};
 
 use redis::Connection;
 use serde_json::{json, Value};
-use sfu_redis::audit::{self, audit, AuditOptions, Problem, ProblemKind};
 use sfu_redis::keys::{KeySpace, ParsedKey};
-use sfu_redis::status::fleet_status;
+use sfu_redis::ops::audit::{self, audit, AuditOptions, Problem, ProblemKind};
+use sfu_redis::ops::status::fleet_status;
 use sfu_redis::{Config, Timings};
 use sfu_redis_testkit::faultroute::FaultRoute;
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
@@ -647,7 +647,7 @@ fn fast_flag(name: &str) -> Duration {
 /// those (no other room's). Ids here are plain `[a-z0-9-]`: wire form = id.
 ///
 /// Whether its room index, guest pointers and sets agree with those records (invariant 4) is
-/// the audit's one consistency scan (`scan`, [`sfu_redis::audit::scan`]): every problem it
+/// the audit's one consistency scan (`scan`, [`sfu_redis::ops::audit::scan`]): every problem it
 /// found at this life's keys (heartbeat key, room index, its rooms' keys) is one here. With the
 /// ownership above, a clean scan means its room index holds exactly its rooms and reaches its
 /// records, and each guest points at its peer.
@@ -916,7 +916,7 @@ struct Chaos {
     probe_port: Option<u16>,
     hold_until: Instant,
     leader_now: Option<String>,
-    probe: Option<sfu_redis::conn::Conn>,
+    probe: Option<sfu_redis::ops::conn::Conn>,
     next_sample: Instant,
     next_status: Instant,
     max_epoch_sampled: u64,
@@ -1074,7 +1074,7 @@ impl Chaos {
     /// A direct connection to Redis for sampling and dumps (not through any proxy); in
     /// failover mode to the master the sentinels name now (asked each time; a connection to
     /// an earlier master is dropped).
-    fn probe(&mut self) -> Option<&mut sfu_redis::conn::Conn> {
+    fn probe(&mut self) -> Option<&mut sfu_redis::ops::conn::Conn> {
         let url = match &mut self.backend {
             Backend::Single(s) => s.url(),
             Backend::Sentinel(b) => {
@@ -1087,7 +1087,7 @@ impl Chaos {
             }
         };
         if self.probe.is_none() {
-            let con = sfu_redis::conn::Redis::new(&url, Duration::from_secs(2))
+            let con = sfu_redis::ops::conn::Redis::new(&url, Duration::from_secs(2))
                 .ok()?
                 .connect()
                 .ok()?;
@@ -1877,7 +1877,7 @@ impl Chaos {
                     self.probe = None;
                     let clock = self
                         .probe()
-                        .and_then(|c| sfu_redis::conn::server_time_ms(c).ok());
+                        .and_then(|c| sfu_redis::ops::conn::server_time_ms(c).ok());
                     if self.probe_port != Some(new) {
                         self.note(format!(
                             "after the switch to {new} the checker reached {:?}",

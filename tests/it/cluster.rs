@@ -8,7 +8,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sfu_redis::conn::Redis;
+use sfu_redis::ops::conn::Redis;
 use sfu_redis::{Config, Event, Node, PinOutcome, Timings};
 use support::*;
 
@@ -25,7 +25,8 @@ fn keys_per_master(s: &Server, pattern: &str) -> BTreeMap<u16, usize> {
                 .get_connection()
                 .unwrap();
             let keys =
-                sfu_redis::scan::collect(&mut con, sfu_redis::scan::Scan::keys(pattern)).unwrap();
+                sfu_redis::ops::scan::collect(&mut con, sfu_redis::ops::scan::Scan::keys(pattern))
+                    .unwrap();
             (port, keys.len())
         })
         .collect()
@@ -478,7 +479,7 @@ fn kill9_of_the_ctl_master_keeps_the_lease_safe_and_restores() {
     });
     let promoted = fault_at.elapsed();
     // Both nodes heartbeat on the new master.
-    let now = sfu_redis::conn::server_time_ms(&mut s.con()).unwrap();
+    let now = sfu_redis::ops::conn::server_time_ms(&mut s.con()).unwrap();
     wait_for(LONG, "both nodes heartbeating after the failover", || {
         ["fa", "fb"]
             .iter()
@@ -542,7 +543,7 @@ fn status_names_the_masters_and_the_control_planes_master() {
         node.pin_room(&format!("s-{i}")).unwrap();
     }
     node.heartbeat_now().unwrap();
-    let st = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
+    let st = sfu_redis::ops::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
     assert_eq!(st.route.transport, "cluster");
     let want = master_addrs(&s);
     assert_eq!(st.route.masters, want);
@@ -555,7 +556,7 @@ fn status_names_the_masters_and_the_control_planes_master() {
     // CLUSTER SLOTS lists a replica once gossip says it has synced (a replication offset
     // above 0): poll.
     wait_for(LONG, "3 replicas in the slot map", || {
-        let st = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).ok()?;
+        let st = sfu_redis::ops::status::fleet_status(&s.config(STAGE, "reader")).ok()?;
         (st.route.replicas == 3).then_some(())
     });
     let me = st
@@ -597,7 +598,7 @@ fn a_tls_cluster_works_over_rediss_cluster_urls() {
         node.upsert_peer(&room, "p", Some("g"), &[]).unwrap();
     }
     node.heartbeat_now().unwrap();
-    let st = sfu_redis::status::fleet_status(&config("reader")).unwrap();
+    let st = sfu_redis::ops::status::fleet_status(&config("reader")).unwrap();
     assert_eq!(st.route.transport, "cluster+tls");
     assert_eq!(st.route.masters.len(), 3);
     let me = st
@@ -955,7 +956,8 @@ fn a_master_that_restarts_empty_has_its_rooms_restored_by_their_owners() {
             .get_connection()
             .ok()?;
         let keys =
-            sfu_redis::scan::collect(&mut con, sfu_redis::scan::Scan::keys(&pattern)).ok()?;
+            sfu_redis::ops::scan::collect(&mut con, sfu_redis::ops::scan::Scan::keys(&pattern))
+                .ok()?;
         let key = String::from_utf8(keys.first()?.clone()).ok()?;
         redis::cmd("GET").arg(key).query(&mut con).ok()?
     };

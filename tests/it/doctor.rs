@@ -2,7 +2,7 @@
 //! with every check), an evicting policy fails naming the keys at risk, a server that refuses
 //! `CONFIG` / `INFO` / `ACL` gets "could not tell" on those checks while the rest run, a user
 //! missing `EVALSHA` fails the ACL check, Redis down exits 2; no password in any output. And
-//! the list of commands the ACL check probes (`sfu_redis::commands::COMMANDS`) holds every
+//! the list of commands the ACL check probes (`sfu_redis::ops::commands::COMMANDS`) holds every
 //! command a fleet, `status` and `fsck` really send. Sentinel and cluster URLs work.
 
 use crate::support;
@@ -12,9 +12,9 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
-use sfu_redis::audit::{audit, AuditOptions};
-use sfu_redis::commands::COMMANDS;
-use sfu_redis::status::fleet_status;
+use sfu_redis::ops::audit::{audit, AuditOptions};
+use sfu_redis::ops::commands::COMMANDS;
+use sfu_redis::ops::status::fleet_status;
 use sfu_redis::{PinOutcome, Timings};
 use sfu_redis_testkit::devserver::LocalRedis;
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
@@ -109,7 +109,7 @@ fn a_good_server_passes_and_json_names_every_check() {
     let (_, fleet) = get(&r, "fleet");
     assert!(fleet.contains("leader doc-leader"), "{fleet}");
     assert!(
-        fleet.contains(&format!("version {}", sfu_redis::info::VERSION)),
+        fleet.contains(&format!("version {}", sfu_redis::ops::info::VERSION)),
         "{fleet}"
     );
     let (_, persistence) = get(&r, "persistence");
@@ -359,7 +359,7 @@ fn redis_down_or_refused_exits_2() {
 }
 
 // What a fleet (heartbeats, pins, peers, the lease, a reap), `status` and `fsck` send, read back
-// from the server's INFO commandstats, is all in sfu_redis::commands::COMMANDS: the ACL check
+// from the server's INFO commandstats, is all in sfu_redis::ops::commands::COMMANDS: the ACL check
 // probes every command the library needs. Fails when a new command is sent but not listed.
 #[test]
 fn every_command_a_fleet_sends_is_listed() {

@@ -559,9 +559,9 @@ fn a_leave_cut_midway_stays_reapable_and_a_leader_removes_the_rest() {
             .then_some(())
     });
     assert_eq!(rooms_left(&s, ST, &rooms), 0);
-    let report = sfu_redis::audit::audit(
+    let report = sfu_redis::ops::audit::audit(
         &s.config(ST, "fsck"),
-        &sfu_redis::audit::AuditOptions {
+        &sfu_redis::ops::audit::AuditOptions {
             repair: false,
             settle: Duration::from_millis(500),
         },

@@ -1,4 +1,4 @@
-//! The audit (`sfu_redis::audit`, `sfu-redis fsck`) on a real redis-server: live clusters audit
+//! The audit (`sfu_redis::ops::audit`, `sfu-redis fsck`) on a real redis-server: live clusters audit
 //! clean (also while they churn), each problem kind is found at the right key, `--repair`
 //! fixes the safe ones without touching live data, wrong-typed and malformed keys are reported
 //! and left alone, another prefix is never seen, and the CLI keeps its JSON shape and exit
@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use sfu_redis::audit::{self, audit, AuditOptions, AuditReport, ProblemKind};
 use sfu_redis::keys::KeySpace;
+use sfu_redis::ops::audit::{self, audit, AuditOptions, AuditReport, ProblemKind};
 use sfu_redis::{Config, ErrorKind, Node, Timings};
 use support::*;
 
@@ -1348,7 +1348,7 @@ fn forgotten_rooms_are_deleted_and_a_repinned_one_is_kept() {
         "{:#?}",
         r.problems
     );
-    let one = sfu_redis::audit::scan(&ks, &mut s.con()).unwrap();
+    let one = sfu_redis::ops::audit::scan(&ks, &mut s.con()).unwrap();
     assert!(
         !one.iter().any(|p| p.kind == ProblemKind::ForgottenRoom),
         "{one:#?}"

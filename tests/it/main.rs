@@ -29,6 +29,7 @@ mod reap_aside;
 mod reap_cmd;
 mod reap_pace;
 mod reaper;
+mod reference;
 mod regress_aside;
 mod regress_failover;
 mod regress_faults;

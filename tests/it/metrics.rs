@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_parse::{Scrape, Value as PValue};
 use serde_json::Value;
-use sfu_redis::status::{fleet_status, InstanceState};
+use sfu_redis::ops::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, MetricsFormat, Node, Timings};
 use support::procs::{cli_bin, is, signal, Events, MetricsNode, Spawn};
 use support::*;
@@ -113,7 +113,8 @@ impl Parsed {
     }
 }
 
-/// Every metric docs/src/reference/metrics.md lists, with its type (names as exposed).
+/// Every metric a node exposes, with its type (names as exposed); docs/src/reference/metrics.md
+/// lists the same (`assert_the_reference_lists_exactly` checks the page against a scrape).
 const EXPECTED: [(&str, &str); 27] = [
     ("sfu_redis_node", "gauge"),
     ("sfu_redis_healthy", "gauge"),
@@ -168,6 +169,111 @@ fn assert_every_metric(p: &Parsed) {
     );
 }
 
+const METRICS_PAGE: &str = "docs/src/reference/metrics.md";
+
+/// `docs/src/reference/metrics.md` lists exactly the metrics of the exposition `p` (a scrape of
+/// a node), both ways: each with its type, its labels (`name{a, b}`; a histogram's `le` aside)
+/// and, for a `_seconds` metric, the unit `s`.
+fn assert_the_reference_lists_exactly(p: &Parsed) {
+    let page = support::pages::Page::reference("metrics.md");
+    let table = page
+        .sections
+        .iter()
+        .find_map(|s| s.table_with("type").filter(|t| t.column("name").is_some()))
+        .unwrap_or_else(|| panic!("{METRICS_PAGE}: no table with the columns name and type"));
+    let col = |c: &str| table.column(c).expect("a column");
+    let (name_col, type_col, unit_col) = (col("name"), col("type"), table.column("unit"));
+    // name -> (type, labels, unit, line)
+    let mut documented = BTreeMap::new();
+    for row in &table.rows {
+        let spans = support::pages::code_spans(table.cell(row, name_col));
+        let [span] = spans.as_slice() else {
+            panic!("{METRICS_PAGE}:{}: one `name` per row: {spans:?}", row.line);
+        };
+        let (name, labels) = match span.split_once('{') {
+            Some((n, rest)) => (
+                n.trim(),
+                rest.trim_end_matches('}')
+                    .split(',')
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty())
+                    .collect(),
+            ),
+            None => (span.as_str(), std::collections::BTreeSet::new()),
+        };
+        let unit = unit_col.map(|c| table.cell(row, c).to_owned());
+        documented.insert(
+            name.to_owned(),
+            (table.cell(row, type_col).to_owned(), labels, unit, row.line),
+        );
+    }
+    let mut problems = Vec::new();
+    for (name, ty) in &p.types {
+        let labels: std::collections::BTreeSet<String> = p
+            .samples
+            .iter()
+            .filter(|s| s.metric == *name)
+            .flat_map(|s| s.labels.keys().cloned())
+            .filter(|l| l != "le")
+            .collect();
+        let Some((doc_ty, doc_labels, unit, line)) = documented.get(name) else {
+            problems.push(format!(
+                "a node exposes {name} ({ty}), which {METRICS_PAGE} does not list"
+            ));
+            continue;
+        };
+        if doc_ty != ty {
+            problems.push(format!(
+                "{METRICS_PAGE}:{line}: {name} is a {ty}, the page says {doc_ty:?}"
+            ));
+        }
+        if *doc_labels != labels {
+            problems.push(format!(
+                "{METRICS_PAGE}:{line}: {name} carries the labels {labels:?}, the page says {doc_labels:?}"
+            ));
+        }
+        if let Some(unit) = unit {
+            if name.ends_with("_seconds") != (unit == "s") {
+                problems.push(format!(
+                    "{METRICS_PAGE}:{line}: {name} has the unit {unit:?}: `s` is the unit of the `_seconds` metrics, and of them only"
+                ));
+            }
+        }
+    }
+    for (name, (_, _, _, line)) in &documented {
+        if !p.types.contains_key(name) {
+            problems.push(format!(
+                "{METRICS_PAGE}:{line} lists {name}, which a scrape of a node does not have (it has {:?})",
+                p.types.keys()
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} difference(s) between {METRICS_PAGE} and a scrape (fix the page):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+// The metrics reference against a node's exposition, both ways, without Redis: a memory-only
+// node renders every metric (the scrape of a node process over HTTP is checked the same way in
+// the first test below).
+#[test]
+fn metrics_reference_lists_exactly_the_metrics_a_node_exposes() {
+    let node = Node::start(
+        Config::builder()
+            .instance_id("ref-metrics")
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let p = parse(&node.metrics());
+    assert_every_metric(&p);
+    assert_the_reference_lists_exactly(&p);
+    node.shutdown().unwrap();
+}
+
 fn spawn_metrics_node(
     url: &str,
     stage: &str,
@@ -207,6 +313,7 @@ fn a_scraped_node_shows_its_reaps_and_its_health_through_a_redis_outage() {
         p.value("sfu_redis_is_leader") == 1.0
     });
     assert_every_metric(&first);
+    assert_the_reference_lists_exactly(&first);
     assert_eq!(first.value("sfu_redis_reaps_total"), 0.0);
     assert!(first.value("sfu_redis_leadership_terms_total") >= 1.0);
     assert!(first.value("sfu_redis_leader_epoch") >= 1.0);

@@ -69,7 +69,7 @@ fn an_interrupted_reap_is_taken_over_and_a_later_entry_reaped_the_round_after() 
     assert_eq!(aside, 40, "the fabricated interrupted reap");
     // `status` counts what the reap moved aside with the live index (40 + "late"). Its peer
     // count is what the instance's own heartbeat last wrote into its record: it has none.
-    let st = sfu_redis::status::fleet_status(&s.config(RA, "reader")).expect("status");
+    let st = sfu_redis::ops::status::fleet_status(&s.config(RA, "reader")).expect("status");
     let d = st.instances.iter().find(|i| i.id == "d").expect("d listed");
     assert_eq!((d.rooms, d.peers_known), (41, false), "{d:?}");
     assert_eq!(records_naming(&s, &ks, "d").len(), 81);

@@ -1,4 +1,4 @@
-//! `sfu-redis reap --instance ID` (issue 15, item 3; `sfu_redis::reap`) and the progress
+//! `sfu-redis reap --instance ID` (issue 15, item 3; `sfu_redis::ops::reap`) and the progress
 //! display of `reap` and `fsck` (item 2), on a real redis-server.
 //!
 //! Promises covered: an operator's reap never touches a live instance (invariant 1: a live
@@ -605,7 +605,7 @@ fn a_forced_reap_races_a_leader_reaping_the_same_instance() {
     }
     assert_eq!(traces_of(&s, "dead-race"), Vec::<String>::new());
     assert_eq!(live_view(), view, "the live instances' rooms and indexes");
-    let problems = sfu_redis::audit::scan(&ks, &mut s.con()).unwrap();
+    let problems = sfu_redis::ops::audit::scan(&ks, &mut s.con()).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
     for live in ["boss", "bystander"] {
         assert!(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sfu_redis::keys::IdKind;
-use sfu_redis::status::InstanceState;
+use sfu_redis::ops::status::InstanceState;
 use sfu_redis::{Event, PinOutcome, Timings};
 use support::*;
 
@@ -540,7 +540,7 @@ fn a_mixed_timings_fleet_is_reaped_by_each_instances_own_threshold() {
             .unwrap();
     }
     let status_config = s.config_with(STAGE, "mixed-reader", leader_t);
-    let status = || sfu_redis::status::fleet_status(&status_config).expect("fleet status");
+    let status = || sfu_redis::ops::status::fleet_status(&status_config).expect("fleet status");
     // Both judged with their own records from the start.
     let st = status();
     for (id, own) in [("mixed-short", 900), ("mixed-long", 9000)] {

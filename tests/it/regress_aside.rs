@@ -115,7 +115,7 @@ fn only_moved_indexes_left_are_enqueued_by_the_audit_and_reaped() {
         .query(&mut s.con())
         .unwrap();
     let mut con = s.con();
-    let problems = sfu_redis::audit::scan(&ks, &mut con).expect("audit scan");
+    let problems = sfu_redis::ops::audit::scan(&ks, &mut con).expect("audit scan");
     assert!(
         problems
             .iter()
@@ -124,11 +124,11 @@ fn only_moved_indexes_left_are_enqueued_by_the_audit_and_reaped() {
     );
     let leader = s.node(RG, "leader");
     wait_for(LONG, "is_leader", || leader.is_leader().then_some(()));
-    let options = sfu_redis::audit::AuditOptions {
+    let options = sfu_redis::ops::audit::AuditOptions {
         repair: true,
         settle: Duration::from_millis(500),
     };
-    sfu_redis::audit::audit(&s.config(RG, "fsck"), &options).expect("fsck --repair");
+    sfu_redis::ops::audit::audit(&s.config(RG, "fsck"), &options).expect("fsck --repair");
     wait_for(LONG, "un reaped whole", || {
         let left = names.iter().any(|r| exists(&s, &ks.room(r).meta))
             || exists(&s, &ks.instance_reaping_rooms("un"))
@@ -321,12 +321,12 @@ fn an_operator_reap_racing_the_leader_reaps_whole() {
         .arg("op")
         .query(&mut s.con())
         .unwrap();
-    let options = sfu_redis::reap::ReapOptions {
+    let options = sfu_redis::ops::reap::ReapOptions {
         force: true,
         dry_run: false,
         progress: None,
     };
-    let report = sfu_redis::reap::reap_instance(&s.config(RG, "operator"), "op", &options)
+    let report = sfu_redis::ops::reap::reap_instance(&s.config(RG, "operator"), "op", &options)
         .expect("operator reap");
     eprintln!("operator: {report:?}");
     wait_for(Duration::from_secs(120), "op reaped whole", || {
@@ -424,19 +424,19 @@ fn an_operator_reap_with_a_moved_index_of_the_wrong_type_reaps_the_rest() {
     s.fabricate_dead(&ks, "owt", old, None, &fake(&names, &[("p", None)]));
     set_string(&s, &ks.instance_reaping_rooms("owt"));
     let config = s.config(RG, "operator");
-    let dry = sfu_redis::reap::ReapOptions {
+    let dry = sfu_redis::ops::reap::ReapOptions {
         force: false,
         dry_run: true,
         progress: None,
     };
-    let r = sfu_redis::reap::reap_instance(&config, "owt", &dry);
+    let r = sfu_redis::ops::reap::reap_instance(&config, "owt", &dry);
     assert!(r.is_ok(), "dry run: {r:?}");
-    let real = sfu_redis::reap::ReapOptions {
+    let real = sfu_redis::ops::reap::ReapOptions {
         force: false,
         dry_run: false,
         progress: None,
     };
-    let r = sfu_redis::reap::reap_instance(&config, "owt", &real);
+    let r = sfu_redis::ops::reap::reap_instance(&config, "owt", &real);
     assert!(r.is_ok(), "reap: {r:?}");
     let left: Vec<&String> = names
         .iter()
@@ -467,12 +467,12 @@ fn fsck_repair_during_a_reap_leaves_nothing_behind() {
     wait_for(LONG, "the reap under way", || {
         exists(&s, &ks.instance_reaping_rooms("fk")).then_some(())
     });
-    let options = sfu_redis::audit::AuditOptions {
+    let options = sfu_redis::ops::audit::AuditOptions {
         repair: true,
         settle: Duration::from_millis(500),
     };
     for _ in 0..3 {
-        let r = sfu_redis::audit::audit(&s.config(RG, "fsck"), &options);
+        let r = sfu_redis::ops::audit::audit(&s.config(RG, "fsck"), &options);
         assert!(r.is_ok(), "fsck --repair during a reap: {r:?}");
     }
     wait_for(Duration::from_secs(120), "fk reaped whole", || {
@@ -508,7 +508,7 @@ fn a_moved_index_of_the_wrong_type_is_reported_and_blocks_no_other_reap() {
         None,
         &[("i-room", &[("i-peer", None)][..])],
     );
-    let problems = sfu_redis::audit::scan(&ks, &mut s.con()).expect("audit scan");
+    let problems = sfu_redis::ops::audit::scan(&ks, &mut s.con()).expect("audit scan");
     assert!(
         problems
             .iter()
@@ -670,7 +670,7 @@ fn a_zombie_write_in_a_room_taken_over_mid_reap_stays_reachable_and_is_reaped_ne
         .build()
         .unwrap();
     let taken: std::cell::RefCell<Option<String>> = Default::default();
-    let progress = |_: &sfu_redis::reap::ReapProgress| {
+    let progress = |_: &sfu_redis::ops::reap::ReapProgress| {
         if taken.borrow().is_some() {
             return;
         }
@@ -703,12 +703,12 @@ fn a_zombie_write_in_a_room_taken_over_mid_reap_stays_reachable_and_is_reaped_ne
         }
         *taken.borrow_mut() = Some(room.clone());
     };
-    let options = sfu_redis::reap::ReapOptions {
+    let options = sfu_redis::ops::reap::ReapOptions {
         force: true,
         dry_run: false,
         progress: Some(&progress),
     };
-    let first = sfu_redis::reap::reap_instance(&config, "zl", &options).expect("first reap");
+    let first = sfu_redis::ops::reap::reap_instance(&config, "zl", &options).expect("first reap");
     let room = taken
         .borrow()
         .clone()
@@ -733,7 +733,7 @@ fn a_zombie_write_in_a_room_taken_over_mid_reap_stays_reachable_and_is_reaped_ne
     );
     assert_eq!(unindexed_records(&s, &ks, "zl"), Vec::<String>::new());
 
-    let second = sfu_redis::reap::reap_instance(&config, "zl", &options).expect("second reap");
+    let second = sfu_redis::ops::reap::reap_instance(&config, "zl", &options).expect("second reap");
     assert!(second.reaped, "{second:?}");
     assert_eq!(records_naming(&s, &ks, "zl"), Vec::<String>::new());
     assert!(score(&s, &ks, "zl").is_none());

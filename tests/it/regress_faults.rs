@@ -1136,9 +1136,9 @@ fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
     let a = Node::start(config_for(&proxy.url(), RT, "sadd", Timings::fast())).unwrap();
     a.pin_room("kept").unwrap();
     let index = ks.instance_rooms("sadd");
-    // The pin's index write: index_add.lua's last key, the instance, then the room (the
-    // tick's re-assertion of "kept" sends the same script with another member).
-    proxy.lose_reply_of(format!("{index}\r\n$4\r\nsadd\r\n$5\r\nnever\r\n").as_bytes());
+    // The pin's index write: index_add.lua's last key, the instance, the may-mark flag, then
+    // the room (the tick's re-assertion of "kept" sends the same script with another member).
+    proxy.lose_reply_of(format!("{index}\r\n$4\r\nsadd\r\n$1\r\n1\r\n$5\r\nnever\r\n").as_bytes());
     let out = a.pin_room("never");
     assert!(out.is_err(), "the index write's reply was lost: {out:?}");
     assert!(

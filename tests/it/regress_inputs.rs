@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sfu_redis::keys::{encode_id, IdKind};
-use sfu_redis::status::fleet_status;
+use sfu_redis::ops::status::fleet_status;
 use sfu_redis::{redact_url, Config, Event, Node, PinOutcome, Timings, EVENT_CAPACITY};
 use support::*;
 

@@ -280,3 +280,123 @@ fn a_reap_begun_after_a_data_loss_and_a_pin_makes_a_zombie() {
         "registered again as a fresh life"
     );
 }
+
+// The reap tombstone (`P:{ctl}:instance:<I>:reaped`, CI chaos seed 7183887166631589195): a
+// reap records the start of the life it reaps, and heartbeat.lua answers 'zombie' to that
+// life, not 'missing' / 'reaped', which the node may read as a registration a failover lost
+// (docs/src/deploy/failover.md). Another life of the id still gets the old answers; a
+// registration clears the tombstone; the info always names the life whose heartbeat wrote
+// the entry (the tombstone is copied from it).
+#[test]
+fn a_reap_tells_the_reaped_life_apart_from_any_other() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let mut con = s.con();
+    let z = replay::Instance::new(&ks, "zmb-tomb", Timings::fast());
+    let w = wire(IdKind::Instance, "zmb-tomb");
+    let boot = "zt-boot";
+    let (life, other) = (1_000_001_i64, 2_000_002_i64);
+    assert_eq!(
+        z.heartbeat(&mut con, true, "", boot, 0, life).unwrap().0,
+        "ok"
+    );
+    // The dataset token that registration created: known to every later beat.
+    let token: String = redis::cmd("GET").arg(ks.dataset()).query(&mut con).unwrap();
+    let beat = |con: &mut sfu_redis::ops::conn::Conn, register: bool, started: i64| {
+        z.heartbeat(con, register, &token, boot, 0, started)
+            .unwrap()
+            .0
+    };
+    // A tick of another life (a master that kept an earlier life's record): the info is
+    // rewritten to name the life that heartbeats.
+    assert_eq!(beat(&mut con, false, other), "ok");
+    let started = |con: &mut sfu_redis::ops::conn::Conn| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(ks.instance_info(&w))
+            .arg("started_ms")
+            .query(con)
+            .unwrap()
+    };
+    assert_eq!(started(&mut con), Some(other.to_string()));
+    assert_eq!(beat(&mut con, false, life), "ok");
+    assert_eq!(started(&mut con), Some(life.to_string()));
+
+    // A leader's reap begins once the heartbeat key expired and the score is stale.
+    // (The lease as a won acquire leaves it; lease_acquire.lua waits a lease TTL after the
+    // dataset token this registration just created.)
+    let leader = replay::Instance::new(&ks, "zt-leader", Timings::fast());
+    let _: () = redis::cmd("SET")
+        .arg(ks.leader())
+        .arg(wire(IdKind::Instance, "zt-leader"))
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(ks.heartbeat(&w))
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(ks.heartbeats())
+        .arg(1)
+        .arg(&w)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(leader.reap_begin(&mut con, "zmb-tomb").unwrap().0, "dead");
+    let tomb = ks.instance_reaped(&w);
+    let held: Option<String> = redis::cmd("GET").arg(&tomb).query(&mut con).unwrap();
+    assert_eq!(
+        held,
+        Some(life.to_string()),
+        "the tombstone names the reaped life"
+    );
+    let ttl: i64 = redis::cmd("PTTL").arg(&tomb).query(&mut con).unwrap();
+    let day = sfu_redis::keys::REAPED_TTL_MS as i64;
+    assert!(ttl > day - 60_000 && ttl <= day, "tombstone PTTL {ttl} ms");
+
+    // Being reaped (score 0): 'zombie' for the reaped life, 'reaped' for another.
+    assert_eq!(beat(&mut con, false, life), "zombie");
+    assert_eq!(beat(&mut con, false, other), "reaped");
+    assert_eq!(
+        beat(&mut con, false, 0),
+        "reaped",
+        "an unknown life is never told"
+    );
+    // Reaped to completion (entry gone): 'zombie' still, 'missing' for another life.
+    let _: () = redis::cmd("ZREM")
+        .arg(ks.heartbeats())
+        .arg(&w)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(beat(&mut con, false, life), "zombie");
+    assert_eq!(beat(&mut con, false, other), "missing");
+    // Neither answer wrote anything.
+    assert_eq!(zscore(&s, "zmb-tomb"), None);
+    // A registration (the zombie's next life) clears it.
+    assert_eq!(beat(&mut con, true, other), "ok");
+    let held: Option<String> = redis::cmd("GET").arg(&tomb).query(&mut con).unwrap();
+    assert_eq!(held, None, "a registration deletes the tombstone");
+}
+
+// Model check, finding 9: a failover lost a registration no replica had acknowledged, and
+// the node pinned before its next tick. Marked, the live node was a reap candidate at once.
+// While the registration is unconfirmed, index_add.lua adds the members and marks nothing.
+#[test]
+fn an_unconfirmed_registration_is_never_handed_to_the_reaper() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let mut con = s.con();
+    let lost = replay::Instance::new(&ks, "zmb-unconf", Timings::fast());
+    assert_eq!(lost.index_add(&mut con, &["zu-room"], false).unwrap(), 1);
+    assert_eq!(
+        zscore(&s, "zmb-unconf"),
+        None,
+        "not marked while unconfirmed"
+    );
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ks.instance_rooms(&wire(IdKind::Instance, "zmb-unconf")))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(members, vec![wire(IdKind::Room, "zu-room")]);
+    // Confirmed, the same write marks it.
+    assert_eq!(lost.index_add(&mut con, &["zu-other"], true).unwrap(), 1);
+    assert_eq!(zscore(&s, "zmb-unconf"), Some(0));
+}

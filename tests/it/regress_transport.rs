@@ -241,7 +241,7 @@ fn no_secret_in_redaction_or_config_errors() {
                 if format!("{c:?}").contains(secret) {
                     leaks.push(format!("Debug(Config) for {url:?}"));
                 }
-                match sfu_redis::conn::Redis::from_config(&c) {
+                match sfu_redis::ops::conn::Redis::from_config(&c) {
                     Ok(redis) => {
                         // (A user info without `:` is covered by the finding test below.)
                         let user_only = user_only_urls.contains(url);
@@ -463,7 +463,7 @@ fn the_debug_of_redis_hides_a_sentinel_user_info() {
     let url = "redis+sentinel://Zq9SECRETxw@h1:1,h2:2/mymaster";
     assert_eq!(redact_url(url), "redis+sentinel://***@h1:1,h2:2/mymaster");
     let config = Config::builder().redis_url(url).build().unwrap();
-    let redis = sfu_redis::conn::Redis::from_config(&config).unwrap();
+    let redis = sfu_redis::ops::conn::Redis::from_config(&config).unwrap();
     let shown = format!("{redis:?}");
     assert!(!shown.contains("Zq9SECRETxw"), "Debug(Redis): {shown}");
 }

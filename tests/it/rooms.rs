@@ -317,7 +317,7 @@ fn lost_room_leaves_the_room_index() {
         Some("inst-a")
     );
     let me = wait_for(LONG, "status counting what inst-a holds", || {
-        let status = sfu_redis::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
+        let status = sfu_redis::ops::status::fleet_status(&s.config(STAGE, "reader")).unwrap();
         let me = status.instances.into_iter().find(|i| i.id == "inst-a")?;
         (me.peers_known && me.peers == 1).then_some(me)
     });

@@ -19,9 +19,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sfu_redis::audit::{audit, AuditOptions};
 use sfu_redis::keys::KeySpace;
-use sfu_redis::status::{fleet_status, InstanceState};
+use sfu_redis::ops::audit::{audit, AuditOptions};
+use sfu_redis::ops::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, ErrorKind, Event, Node, TermRecord, Timings};
 use sfu_redis_testkit::sentinel::{SentinelGroup, SentinelOptions};
 
@@ -206,7 +206,7 @@ impl Fleet {
         // Every node heartbeats on the new master.
         let server_ms = wait_for(SETTLE, "a master with a clock", || {
             let mut con = self.master_con()?;
-            sfu_redis::conn::server_time_ms(&mut con).ok()
+            sfu_redis::ops::conn::server_time_ms(&mut con).ok()
         });
         wait_for(SETTLE, "every node heartbeating on the new master", || {
             self.heartbeating_after(server_ms).then_some(())
@@ -399,7 +399,7 @@ fn sigstop_of_the_master_until_it_is_demoted() {
     });
     let server_ms = {
         let mut con = fleet.master_con().expect("master");
-        sfu_redis::conn::server_time_ms(&mut con).unwrap()
+        sfu_redis::ops::conn::server_time_ms(&mut con).unwrap()
     };
     wait_for(SETTLE, "heartbeats go on on the new master", || {
         fleet.heartbeating_after(server_ms + 1000).then_some(())
@@ -695,7 +695,7 @@ fn tls_sentinels_and_data_nodes_with_passwords() {
     assert!(!format!("{st:?}").contains("m-pw"));
     // A failover: the node follows it and keeps its room.
     let (_, new) = group.failover().expect("failover");
-    let redis = sfu_redis::conn::Redis::from_config(&config).unwrap();
+    let redis = sfu_redis::ops::conn::Redis::from_config(&config).unwrap();
     let k = ks(STAGE);
     wait_for(SETTLE, "the node heartbeating on the new master", || {
         let mut con = redis.connect().ok()?;
@@ -703,7 +703,7 @@ fn tls_sentinels_and_data_nodes_with_passwords() {
         if at != format!("127.0.0.1:{new}") {
             return None;
         }
-        let before = sfu_redis::conn::server_time_ms(&mut con).ok()?;
+        let before = sfu_redis::ops::conn::server_time_ms(&mut con).ok()?;
         std::thread::sleep(ms(700));
         let score: Option<f64> = redis::cmd("ZSCORE")
             .arg(k.heartbeats())

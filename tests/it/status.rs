@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sfu_redis::keys::IdKind;
-use sfu_redis::status::{
+use sfu_redis::ops::status::{
     fleet_status, fleet_status_with_stale, FleetStatus, InstanceState, InstanceStatus,
 };
 use sfu_redis::{ErrorKind, Timings};
@@ -601,7 +601,7 @@ fn instances_are_judged_with_their_own_records() {
     assert_eq!(me.stale_threshold_ms, t.stale_threshold.as_millis() as i64);
     assert_eq!(me.stale_threshold_from, "record");
     let info = me.info.as_ref().expect("a record");
-    assert_eq!(info.version.as_deref(), Some(sfu_redis::info::VERSION));
+    assert_eq!(info.version.as_deref(), Some(sfu_redis::ops::info::VERSION));
     assert_eq!(info.pid, Some(std::process::id()));
     assert!(
         info.host.as_deref().is_some_and(|h| !h.is_empty()),
@@ -636,7 +636,7 @@ fn instances_are_judged_with_their_own_records() {
         "VERSION",
         "UPTIME",
         "900 ms",
-        sfu_redis::info::VERSION,
+        sfu_redis::ops::info::VERSION,
         "warning    mixed timings",
     ] {
         assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
@@ -657,7 +657,7 @@ fn instances_are_judged_with_their_own_records() {
         .find(|i| i["id"] == "fastone")
         .unwrap()
         .clone();
-    assert_eq!(row["version"], sfu_redis::info::VERSION, "{row}");
+    assert_eq!(row["version"], sfu_redis::ops::info::VERSION, "{row}");
     assert_eq!(row["timings"]["stale_threshold_ms"], 900, "{row}");
     assert_eq!(row["stale_threshold_from"], "record", "{row}");
 

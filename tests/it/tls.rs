@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use sfu_redis::audit::{audit, AuditOptions};
-use sfu_redis::conn::Redis;
-use sfu_redis::status::{fleet_status, InstanceState};
+use sfu_redis::ops::audit::{audit, AuditOptions};
+use sfu_redis::ops::conn::Redis;
+use sfu_redis::ops::status::{fleet_status, InstanceState};
 use sfu_redis::{Config, ConfigBuilder, ErrorKind, Node, Timings};
 use sfu_redis_testkit::devserver::{LocalRedis, TlsServer};
 use sfu_redis_testkit::tls::TestCerts;

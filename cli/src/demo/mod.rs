@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
-use sfu_redis::audit::{self, Problem};
-use sfu_redis::conn::Conn;
-use sfu_redis::conn::{server_time_ms, Redis};
 use sfu_redis::keys::KeySpace;
-use sfu_redis::scan::{self, Scan};
-use sfu_redis::status::{fleet_status, FleetStatus};
+use sfu_redis::ops::audit::{self, Problem};
+use sfu_redis::ops::conn::Conn;
+use sfu_redis::ops::conn::{server_time_ms, Redis};
+use sfu_redis::ops::scan::{self, Scan};
+use sfu_redis::ops::status::{fleet_status, FleetStatus};
 use sfu_redis::{
     redact_url, Config, ConfigBuilder, EmittedEvent, Event, Node, PinOutcome, Timings,
 };
@@ -351,7 +351,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<(), Failure> {
     demo.print_timeline();
     if let Some(st) = &status {
         let letter = demo.next_letter();
-        out!("\n[{letter}] fleet status (read with sfu_redis::status::fleet_status before the survivor shut down)");
+        out!("\n[{letter}] fleet status (read with sfu_redis::ops::status::fleet_status before the survivor shut down)");
         let mut out = std::io::stdout().lock();
         let _ = crate::status::print_table(&mut out, st);
         let _ = out.flush();

@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 
 use redis::{ConnectionLike, Value};
-use sfu_redis::commands::{acl_probes, Need, Probe};
 use sfu_redis::keys::KeySpace;
+use sfu_redis::ops::commands::{acl_probes, Need, Probe};
 
 use super::server::reason;
 use super::{could_not_tell, Status};
@@ -24,7 +24,7 @@ pub(super) fn acl(c: &mut dyn ConnectionLike, keys: &KeySpace, cluster: bool) ->
     };
     if let Err(e) = dry(c, &["PING".to_owned()]) {
         return could_not_tell(format!(
-            "ACL DRYRUN refused for user {user} ({}); the user needs every command of sfu_redis::commands::COMMANDS and the scripts (EVALSHA, EVAL) on the keys {}:*",
+            "ACL DRYRUN refused for user {user} ({}); the user needs every command of sfu_redis::ops::commands::COMMANDS and the scripts (EVALSHA, EVAL) on the keys {}:*",
             reason(&e),
             keys.prefix()
         ));

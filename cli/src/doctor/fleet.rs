@@ -3,9 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use sfu_redis::conn::{Conn, Redis};
-use sfu_redis::info::InstanceInfo;
-use sfu_redis::status::{fleet_status_on, FleetStatus, InstanceState};
+use sfu_redis::ops::conn::{Conn, Redis};
+use sfu_redis::ops::info::InstanceInfo;
+use sfu_redis::ops::status::{fleet_status_on, FleetStatus, InstanceState};
 use sfu_redis::{Config, Timings};
 
 use super::server::info;

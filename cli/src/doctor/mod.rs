@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::json;
-use sfu_redis::conn::Redis;
+use sfu_redis::ops::conn::Redis;
 use sfu_redis::{Config, Timings};
 
 use crate::{Failure, RedisArgs};

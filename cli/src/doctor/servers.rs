@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redis::{Cmd, Connection, ConnectionLike, RedisError, RedisResult, Value};
-use sfu_redis::conn::Conn;
+use sfu_redis::ops::conn::Conn;
 
 use super::{merge, Status};
 

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sfu_redis::conn::Redis;
+use sfu_redis::ops::conn::Redis;
 use sfu_redis::{redact_url, Config};
 
 use super::now_ms;

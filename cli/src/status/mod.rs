@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
-use sfu_redis::status::{fleet_status_with_stale, FleetStatus, InstanceStatus};
+use sfu_redis::ops::status::{fleet_status_with_stale, FleetStatus, InstanceStatus};
 use sfu_redis::Timings;
 
 use crate::{parse_factor, scaled, with_place, Failure, RedisArgs};

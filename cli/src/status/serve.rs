@@ -9,7 +9,7 @@
 //!   unreachable since <UTC time>: <error>", "unreachable_since_ms", "updated_ms",
 //!   "last_status": <the last reading or null>, "recent_events", "fsck"}` (HTTP 200: the
 //!   server itself is fine).
-//! - `POST /fsck.json`: starts a report-only audit (`sfu_redis::audit`, never a repair; the
+//! - `POST /fsck.json`: starts a report-only audit (`sfu_redis::ops::audit`, never a repair; the
 //!   settle delay `fsck` would use) in the background: 202 with the summary; 409 `{"busy":
 //!   true, "error"}` while one is running. `GET /fsck.json`: the last audit in full
 //!   (`{"running", "started_ms", "finished_ms", "error", "report": <fsck --json> | null}`).
@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sfu_redis::audit::{audit, AuditOptions};
+use sfu_redis::ops::audit::{audit, AuditOptions};
 
 use super::events::EventRing;
 use super::{now_ms, utc, Outage, Source};

@@ -10,13 +10,14 @@
 //! connections (a network stall of one instance only).
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod pages;
 pub mod procs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use sfu_redis::audit::{self, ProblemKind};
 use sfu_redis::keys::{encode_id, IdKind, KeySpace, ParsedKey};
+use sfu_redis::ops::audit::{self, ProblemKind};
 use sfu_redis::{Config, Event, Node, Timings};
 use sfu_redis_testkit::cluster::LocalCluster;
 use sfu_redis_testkit::data;
@@ -122,9 +123,9 @@ impl Server {
         FaultProxy::start(("127.0.0.1", self.redis().port())).expect("start fault proxy")
     }
 
-    /// A connection of the library's connector (`sfu_redis::conn::Redis`: scripts preloaded;
+    /// A connection of the library's connector (`sfu_redis::ops::conn::Redis`: scripts preloaded;
     /// on a cluster, every command routed by its slot and `SCAN` over every master).
-    pub fn con(&self) -> sfu_redis::conn::Conn {
+    pub fn con(&self) -> sfu_redis::ops::conn::Conn {
         con_to(&self.url())
     }
 
@@ -168,19 +169,21 @@ impl Server {
 
     /// Every key of the server (tests use small data sets).
     pub fn keys(&self, pattern: &str) -> Vec<String> {
-        let mut keys: Vec<String> =
-            sfu_redis::scan::collect(&mut self.con(), sfu_redis::scan::Scan::keys(pattern))
-                .unwrap()
-                .into_iter()
-                .map(|k| String::from_utf8(k).unwrap())
-                .collect();
+        let mut keys: Vec<String> = sfu_redis::ops::scan::collect(
+            &mut self.con(),
+            sfu_redis::ops::scan::Scan::keys(pattern),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|k| String::from_utf8(k).unwrap())
+        .collect();
         keys.sort();
         keys
     }
 
     /// Redis server time, ms.
     pub fn server_ms(&self) -> i64 {
-        sfu_redis::conn::server_time_ms(&mut self.con()).expect("read the server time")
+        sfu_redis::ops::conn::server_time_ms(&mut self.con()).expect("read the server time")
     }
 
     /// Every key matching `pattern` with its whole content (`sfu_redis_testkit::data::dump`).
@@ -258,7 +261,7 @@ impl Server {
     /// Everything wrong with one prefix, as readable lines `"{kind} at {key}: {detail}"`
     /// (empty = every index holds exactly what the records say, invariant 4; every room's
     /// owner lists it in its room index; every key is one of the schema). One consistency
-    /// scan of the audit ([`sfu_redis::audit::scan`]), then key schema version 2's reach rule
+    /// scan of the audit ([`sfu_redis::ops::audit::scan`]), then key schema version 2's reach rule
     /// checked on its own from a dump ([`unreached_records`]: every peer record naming an
     /// instance lies in a room of that instance's room index, live or moved aside), so a test
     /// does not rest on the audit alone for it. Call it when no operation is in flight.
@@ -329,8 +332,8 @@ pub fn config_for(url: &str, stage: &str, instance: &str, t: Timings) -> Config 
 /// A connection of the library's connector to `url` (a cluster URL too). A server still
 /// loading its dataset (just restarted with persistence: `LOADING`) is waited for, up to
 /// [`LONG`].
-pub fn con_to(url: &str) -> sfu_redis::conn::Conn {
-    let redis = sfu_redis::conn::Redis::new(url, Duration::from_secs(5)).unwrap();
+pub fn con_to(url: &str) -> sfu_redis::ops::conn::Conn {
+    let redis = sfu_redis::ops::conn::Redis::new(url, Duration::from_secs(5)).unwrap();
     let deadline = Instant::now() + LONG;
     loop {
         match redis.connect() {
