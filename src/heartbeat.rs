@@ -900,6 +900,11 @@ fn park(sh: &Shared, e: &Error) {
 /// id (rooms and peers written before `server_us`, server microseconds), and register again as
 /// a fresh life.
 fn resume_after_reap(sh: &Shared, link: &mut Link, server_us: i64) -> Result<()> {
+    // The registration is gone for certain: a reap took it, no failover lost it. Until the
+    // next registration (which is unconfirmed again), an index write of this instance may
+    // hand it to the reaper (`index_add.lua`): a crash before that registration leaves
+    // nothing out of a leader's reach (model check).
+    sh.ctx.unconfirmed.store(false, Ordering::Relaxed);
     let room_ids = sh.local.clear();
     sh.restore_pending.store(false, Ordering::Relaxed);
     sh.shards.lock().restore.clear();

@@ -389,6 +389,9 @@ impl SfuModel {
         let n = &mut s.nodes[i as usize];
         let lost = n.clear();
         n.demote();
+        // `resume_after_reap`: the registration is gone for certain (a reap took it), so no
+        // failover can have lost it: index writes until the next registration may mark.
+        n.unconfirmed = false;
         n.life += 1;
         n.last_beat = 0;
         n.clean = false;
