@@ -1153,3 +1153,55 @@ fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
     assert_eq!(members, ["kept"]);
     assert_eq!(a.room_owner("never").unwrap(), None);
 }
+
+// Model check, finding 6: Redis lost its data between a zombie's notice of its reap and its
+// registration as a new life. The registration met a new dataset token (`Restored`), and the
+// node asked for no restore, so a room its host pinned in between (gone with the data) was
+// reported `room_lost` at the next tick instead of being pinned again. Protection:
+// `heartbeat::register` asks for the restore, as any tick that meets a new dataset does. The
+// registration's request is held on the network (the fault proxy) while the host pins and the
+// data goes (FLUSHALL of this test's own server).
+#[test]
+fn a_data_loss_before_a_zombie_registers_again_keeps_what_its_host_pinned_meanwhile() {
+    let s = Server::start_with(&[]); // one server: its process or the fault proxy
+    let ks = ks(RT);
+    let (_leader, mut log) = s.leader(RT, "dl-leader", Timings::fast());
+    let proxy = s.proxy();
+    let z = Node::start(config_for(&proxy.url(), RT, "dl-zombie", Timings::fast())).unwrap();
+    let mut zlog = EventLog::new(&z);
+    assert!(z.pin_room("dl-before").unwrap().is_owned());
+    proxy.stall(Direction::Both);
+    log.wait(LONG, "the stalled instance is reaped", |e| {
+        reaped(e, "dl-zombie")
+    });
+    proxy.heal();
+    proxy.hold_request_of(b"$8\r\nregister\r\n");
+    zlog.wait(LONG, "reaped_self", |e| {
+        matches!(e, Event::ReapedSelf { .. })
+    });
+    wait_for(LONG, "the new life's registration held", || {
+        proxy.request_held().then_some(())
+    });
+    // A client comes back to the zombie's host before it registered again; then Redis loses
+    // every key.
+    assert!(z.pin_room("dl-meanwhile").unwrap().is_owned());
+    let _: () = redis::cmd("FLUSHALL").query(&mut s.con()).unwrap();
+    proxy.heal();
+    let owner = ks.room("dl-meanwhile").owner;
+    wait_for(LONG, "the room pinned meanwhile is pinned again", || {
+        let o: Option<String> = redis::cmd("GET").arg(&owner).query(&mut s.con()).unwrap();
+        (o.as_deref() == Some("dl-zombie")).then_some(())
+    });
+    // A few more ticks: it stays, and the host was never told it lost it.
+    std::thread::sleep(Timings::fast().heartbeat_interval * 5);
+    let o: Option<String> = redis::cmd("GET").arg(&owner).query(&mut s.con()).unwrap();
+    assert_eq!(o.as_deref(), Some("dl-zombie"));
+    let lost: Vec<Event> = zlog
+        .drain()
+        .iter()
+        .filter(|e| matches!(e, Event::RoomLost { room, .. } if room == "dl-meanwhile"))
+        .cloned()
+        .collect();
+    assert!(lost.is_empty(), "reported lost: {lost:?}");
+    assert_eq!(z.stats().data_losses, 1, "the loss is counted once");
+}
