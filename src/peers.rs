@@ -249,18 +249,10 @@ pub(crate) fn drop_unheld(
 mod tests {
     use super::*;
     use crate::state::Local;
-    use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
     fn ctx(url: &str, id: &str) -> Ctx {
-        let cfg = Config::builder()
-            .redis_url(url)
-            .stage("unit")
-            .instance_id(id)
-            .timings(Timings::fast())
-            .build()
-            .unwrap();
-        Ctx::from_config(&cfg).unwrap()
+        Ctx::for_test(url, id)
     }
 
     fn exists(con: &mut Conn, key: &str) -> bool {

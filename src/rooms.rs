@@ -588,18 +588,10 @@ fn pin_refresh_scripts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
     fn ctx(url: &str, instance: &str) -> Ctx {
-        let cfg = Config::builder()
-            .redis_url(Some(url))
-            .stage("unit")
-            .instance_id(instance)
-            .timings(Timings::fast())
-            .build()
-            .unwrap();
-        Ctx::from_config(&cfg).unwrap()
+        Ctx::for_test(url, instance)
     }
 
     fn rooms_of(con: &mut Conn, ctx: &Ctx) -> Vec<String> {

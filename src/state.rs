@@ -61,6 +61,22 @@ impl Ctx {
     }
 }
 
+#[cfg(test)]
+impl Ctx {
+    /// A unit test's context: instance `id` (plain) of stage `unit` on the Redis at `url`,
+    /// with [`Timings::fast`].
+    pub(crate) fn for_test(url: &str, id: &str) -> Ctx {
+        let cfg = Config::builder()
+            .redis_url(Some(url))
+            .stage("unit")
+            .instance_id(id)
+            .timings(Timings::fast())
+            .build()
+            .unwrap();
+        Ctx::from_config(&cfg).unwrap()
+    }
+}
+
 /// Counters shared by the worker threads: what [`crate::Stats`] and the metrics
 /// (`crate::metrics`) report. Relaxed atomics; the two `Mutex`es are taken once per tick or
 /// error, never on a host call.

@@ -258,7 +258,6 @@ pub(crate) fn deregister_on(ctx: &Ctx, con: &mut Conn) -> Result<Deregistered> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Config, Timings};
     use sfu_redis_testkit::devserver::LocalRedis;
 
     // Model check, finding 3: `deregister.lua` deletes the heartbeat key and the info, and
@@ -272,16 +271,8 @@ mod tests {
             .unwrap()
             .connect()
             .unwrap();
-        let ctx = |id: &str| {
-            let cfg = Config::builder()
-                .redis_url(Some(server.url()))
-                .stage("unit")
-                .instance_id(id)
-                .timings(Timings::fast())
-                .build()
-                .unwrap();
-            Ctx::from_config(&cfg).unwrap()
-        };
+        let url = server.url();
+        let ctx = |id: &str| Ctx::for_test(&url, id);
         // (id, its live index, its moved index, a reap's token, what the deregistration finds)
         let cases = [
             ("clean", false, false, false, Deregistered::Gone),
