@@ -30,7 +30,11 @@ pub struct Timings {
     pub lease_ttl: Duration,
     /// How often the leader refreshes the lease and non-leaders try to acquire it.
     pub lease_refresh: Duration,
-    /// How long the leader waits between finding candidates and re-checking them.
+    /// How long the leader waits between finding candidates and re-checking them. Keep it at
+    /// least `stale_threshold` (the defaults: 60 s and 45 s): after a failover that lost a
+    /// live instance's last heartbeats or its registration, the new master's stale copy lists
+    /// it, and only its heartbeats during this wait save it (docs/src/deploy/failover.md
+    /// "Not guaranteed"; model check findings 5 and 12).
     pub two_phase_delay: Duration,
     /// How often the leader runs a reap round.
     pub reap_interval: Duration,

@@ -139,7 +139,7 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode, made: u64) -> Re
         &known,
         &sh.boot,
         sh.max_epoch.load(Ordering::Relaxed),
-        sh.started_ms.load(Ordering::Relaxed),
+        sh.ctx.started_ms.load(Ordering::Relaxed),
         peers,
         &sh.info,
     );
@@ -232,8 +232,8 @@ pub(crate) fn beat(sh: &Shared, con: &mut Conn, mode: BeatMode, made: u64) -> Re
         *sh.schema_refused.lock() = None;
         // heartbeat.lua wrote this life's info with the start `register` gave it (its
         // clean-up boundary), or with this server time when none was given.
-        if sh.started_ms.load(Ordering::Relaxed) == 0 {
-            sh.started_ms.store(server_ms, Ordering::Relaxed);
+        if sh.ctx.started_ms.load(Ordering::Relaxed) == 0 {
+            sh.ctx.started_ms.store(server_ms, Ordering::Relaxed);
         }
     }
     if let Ok(e) = epoch.parse::<u64>() {
@@ -1024,7 +1024,9 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
     // so its info's `started_ms` says the same (a zombie's host may pin between the beat that
     // found the reap and this registration; a chaos check once took such a room for an
     // earlier life's, pinned 1 ms before the registration's own server time).
-    sh.started_ms.store((t0 / 1000).max(1), Ordering::Relaxed);
+    sh.ctx
+        .started_ms
+        .store((t0 / 1000).max(1), Ordering::Relaxed);
     sh.life_t0_us.store(t0, Ordering::Relaxed);
     let beaten = link.run_fenced(&sh.redis, |c, made| beat(sh, c, BeatMode::Register, made))?;
     if beaten.beat == Beat::Ok {

@@ -257,7 +257,6 @@ impl Node {
         let shared = Arc::new(Shared {
             id: id.clone(),
             info: crate::info::fields(&config, redis.transport()),
-            started_ms: AtomicI64::new(0),
             redis,
             ctx,
             pool: Pool::new(POOL_IDLE),

@@ -44,6 +44,7 @@ impl Instance {
                 reap_batch: crate::REAP_BATCH,
                 reap_pace: 0.0,
                 unconfirmed: Default::default(),
+                started_ms: Default::default(),
             },
         }
     }
@@ -80,12 +81,19 @@ impl Instance {
 
     /// `index_add.lua` of `rooms` to this instance's room index (`rooms::index_add`, as
     /// `rooms::pin` and the re-assert send it; it marks an unregistered instance with score
-    /// 0, if `may_mark`: the registration is confirmed): how many were new.
-    pub fn index_add(&self, con: &mut Conn, rooms: &[&str], may_mark: bool) -> Result<i64> {
+    /// 0, if `may_mark`: the registration is confirmed, or if the reap tombstone names
+    /// `started_ms`, this life's start, 0 if unknown): how many were new.
+    pub fn index_add(
+        &self,
+        con: &mut Conn,
+        rooms: &[&str],
+        may_mark: bool,
+        started_ms: i64,
+    ) -> Result<i64> {
+        use std::sync::atomic::Ordering;
         let rooms: Vec<String> = rooms.iter().map(|r| wire(IdKind::Room, r)).collect();
-        self.ctx
-            .unconfirmed
-            .store(!may_mark, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.unconfirmed.store(!may_mark, Ordering::Relaxed);
+        self.ctx.started_ms.store(started_ms, Ordering::Relaxed);
         Ok(rooms::index_add(&self.ctx, con, "index", &rooms)?.added)
     }
 

@@ -63,9 +63,10 @@ pub(crate) struct Indexed {
 /// write of the instance's own room index goes through this script ([`index_add`], or these
 /// calls in a pipeline, each reply read with [`indexed`]): should the instance no longer be
 /// registered (no sorted-set entry, no heartbeat key), the script gives it score 0, so a
-/// leader reaps what the index reaches (docs/DESIGN.md "No leftovers out of reach"); never
-/// while its registration is unconfirmed ([`Ctx::unconfirmed`]: a failover may have lost it
-/// while it lives on).
+/// leader reaps what the index reaches (docs/DESIGN.md "No leftovers out of reach"); while its
+/// registration is unconfirmed ([`Ctx::unconfirmed`]: a failover may have lost it while it
+/// lives on), only when the reap tombstone names this life ([`Ctx::started_ms`]: a reap took
+/// the registration).
 pub(crate) fn index_add_invocations<T: AsRef<str>>(
     ctx: &Ctx,
     members: &[T],
@@ -77,12 +78,14 @@ pub(crate) fn index_add_invocations<T: AsRef<str>>(
             inv.key(ctx.keys.heartbeats())
                 .key(ctx.keys.heartbeat(&ctx.me))
                 .key(ctx.keys.instance_rooms(&ctx.me))
+                .key(ctx.keys.instance_reaped(&ctx.me))
                 .arg(&ctx.me)
                 .arg(if ctx.unconfirmed.load(Ordering::Relaxed) {
                     "0"
                 } else {
                     "1"
-                });
+                })
+                .arg(ctx.started_ms.load(Ordering::Relaxed));
             for m in chunk {
                 inv.arg(m.as_ref());
             }
@@ -777,5 +780,59 @@ mod tests {
             index_add(&many, &mut con, op, &Vec::<String>::new()).unwrap(),
             Indexed::default()
         );
+    }
+
+    // Model check, findings 9 and 11: while this life's registration is unconfirmed (a
+    // failover may have lost it), an unregistered instance is marked only when the reap
+    // tombstone names this very life (a reap took the registration): not when it names
+    // another life, is missing, has another type, or the life is not known yet.
+    #[test]
+    fn index_add_while_unconfirmed_marks_only_the_life_a_reap_named() {
+        let server = LocalRedis::start().expect("start redis-server");
+        let url = server.url();
+        let mut con = crate::conn::Redis::new(&url, std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        let op = "index";
+        // (id, this life's started_ms, the tombstone: Some(string) or a list, marked)
+        let cases: [(&str, i64, Option<&str>, bool); 6] = [
+            ("no-tomb", 1_700, None, false),
+            ("other-life", 1_700, Some("1699"), false),
+            ("this-life", 1_700, Some("1700"), true),
+            ("unknown-life", 0, Some("0"), false),
+            ("list-tomb", 1_700, Some("list"), false),
+            ("confirmed", 1_700, None, true),
+        ];
+        for (id, started, tomb, want) in cases {
+            let c = ctx(&url, id);
+            c.unconfirmed.store(id != "confirmed", Ordering::Relaxed);
+            c.started_ms.store(started, Ordering::Relaxed);
+            let key = c.keys.instance_reaped(&c.me);
+            match tomb {
+                Some("list") => {
+                    let _: () = redis::cmd("RPUSH")
+                        .arg(&key)
+                        .arg("1700")
+                        .query(&mut con)
+                        .unwrap();
+                }
+                Some(v) => {
+                    let _: () = redis::cmd("SET").arg(&key).arg(v).query(&mut con).unwrap();
+                }
+                None => {}
+            }
+            let out = index_add(&c, &mut con, op, &["r1"]).unwrap();
+            assert_eq!(
+                out,
+                Indexed {
+                    added: 1,
+                    marked: want
+                },
+                "{id}"
+            );
+            assert_eq!(zscore(&mut con, &c), want.then_some(0), "{id}");
+            assert_eq!(rooms_of(&mut con, &c).len(), 1, "{id}: the room is indexed");
+        }
     }
 }

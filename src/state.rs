@@ -42,6 +42,11 @@ pub(crate) struct Ctx {
     /// registration lost). Shared by every clone; a node starts it `true`, a bare context
     /// (tests, the replay, operator tools) `false`.
     pub unconfirmed: Arc<AtomicBool>,
+    /// Server ms this life registered at (its info's `started_ms`, heartbeat.lua's ARGV[8]);
+    /// 0 before. `index_add.lua` gets it too: while the registration is unconfirmed, a reap
+    /// tombstone naming this life still lets an index write hand the instance to the reaper
+    /// (a reap took the registration, no failover lost it). Shared by every clone.
+    pub started_ms: Arc<AtomicI64>,
 }
 
 impl Ctx {
@@ -57,6 +62,7 @@ impl Ctx {
             reap_batch: config.reap_batch(),
             reap_pace: config.reap_pace(),
             unconfirmed: Arc::new(AtomicBool::new(false)),
+            started_ms: Arc::new(AtomicI64::new(0)),
         })
     }
 }
@@ -259,8 +265,6 @@ pub(crate) struct Shared {
     pub schema_refused: Mutex<Option<String>>,
     /// The fields of this instance's info hash (`crate::info`), but `started_ms`.
     pub info: Vec<(&'static str, String)>,
-    /// Server ms this life registered at (its info's `started_ms`); 0 before.
-    pub started_ms: AtomicI64,
     /// Set by `Node::simulate_crash`: threads stop without any cleanup.
     pub crashed: AtomicBool,
     /// Closed as soon as the node begins to stop: a host call that waits (a paced

@@ -92,11 +92,15 @@ pub enum Mutation {
     /// `index_add.lua` marks an unregistered instance whatever ARGV[2] says (the node's
     /// registration unconfirmed: a failover may have lost it and the instance lives on).
     MarkWhileUnconfirmed,
+    /// `index_add.lua` without the tombstone clause: while unconfirmed, never marks, even when
+    /// the reap tombstone names the caller's life (a zombie whose reap completed, that pins and
+    /// crashes before its next tick, leaves rooms no leader reaches: model finding 11).
+    UnconfirmedZombieUnmarked,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 16] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::ReplyDependentCleanup,
         Mutation::DeferredSrem,
         Mutation::UnregisteredIndexWriteUnmarked,
@@ -113,6 +117,7 @@ impl Mutation {
         Mutation::HeartbeatIgnoresTombstone,
         Mutation::TombstoneNamesAnyLife,
         Mutation::MarkWhileUnconfirmed,
+        Mutation::UnconfirmedZombieUnmarked,
     ];
 
     /// The scenario whose bounds expose the mutation.
@@ -132,6 +137,13 @@ impl Mutation {
             Mutation::LeaveDuringReapUnmarked => Config::leave_reap(),
             Mutation::NoDatasetWait | Mutation::NoEpochWriteBack => Config::loss_lease(),
             Mutation::NoRestoreAfterSwitch | Mutation::MarkWhileUnconfirmed => Config::failover(),
+            // A reap of the paused instance, its pin, its crash: one room, one peer, one term.
+            Mutation::UnconfirmedZombieUnmarked => Config {
+                rooms: 1,
+                peers: 1,
+                max_terms: 1,
+                ..Config::failover()
+            },
             // A reap on the new master and the zombie's tick: no host call needed.
             Mutation::HeartbeatIgnoresTombstone | Mutation::TombstoneNamesAnyLife => Config {
                 max_host_calls: Some(0),
@@ -163,6 +175,7 @@ impl Mutation {
             Mutation::HeartbeatIgnoresTombstone => crate::P_NO_PRICE,
             Mutation::TombstoneNamesAnyLife => crate::P_ZOMBIE_TRUE,
             Mutation::MarkWhileUnconfirmed => crate::P_NO_MARK,
+            Mutation::UnconfirmedZombieUnmarked => crate::P_IN_REACH,
         }
     }
 }
@@ -321,14 +334,16 @@ impl Config {
         }
     }
 
-    /// The "failover" scenario: the default with a replica and a failover to it as the one
-    /// fault (no crash, no lost reply), one host call and no pinner: registrations lost or
-    /// met reaped on the new master, restores after the switch, reaps across it.
+    /// The "failover" scenario: the default with a replica and a failover to it or a crash of
+    /// instance 0 as the one fault (no lost reply), one host call and no pinner:
+    /// registrations lost or met reaped on the new master, restores after the switch, reaps
+    /// across it, and an unacknowledged zombie that pins and crashes before its next tick
+    /// (model finding 11).
     pub fn failover() -> Config {
         Config {
             max_host_calls: Some(1),
             pinners: 0,
-            faulty: 0,
+            faulty: 0b01,
             lost_replies: false,
             failover: true,
             ..Config::default_bounds()

@@ -369,7 +369,8 @@ impl SfuModel {
     fn index_add(&self, s: &mut State, i: Id, rooms: Rooms) -> bool {
         let iu = i as usize;
         let may_mark = !s.nodes[iu].unconfirmed;
-        let (added, marked) = s.redis.index_add(&self.cfg, i, rooms, may_mark);
+        let life = s.nodes[iu].life;
+        let (added, marked) = s.redis.index_add(&self.cfg, i, rooms, may_mark, life);
         if marked && self.cfg.failover {
             let n = &s.nodes[iu];
             if n.phase == Phase::Running

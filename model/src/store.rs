@@ -251,6 +251,8 @@ pub enum Op {
         i: Id,
         rooms: Rooms,
         may_mark: bool,
+        /// The caller's life (ARGV[3], its `started_ms`).
+        life: u8,
         added: u8,
     },
     /// `SREM` of rooms from `i`'s room index.
@@ -1252,15 +1254,25 @@ impl Redis {
     }
 
     /// index_add.lua (recorded): `SADD` to `i`'s room index, and, if `may_mark` (ARGV[2]
-    /// '1'), an instance that is not registered (no sorted-set entry, no heartbeat key:
+    /// '1') or the reap tombstone names `life` (ARGV[3], this life's `started_ms`: a reap of
+    /// it began), an instance that is not registered (no sorted-set entry, no heartbeat key:
     /// reaped to completion, or gone) is handed to the reaper (score 0). `(added, marked)`:
     /// whether any room was new, whether it marked.
-    pub fn index_add(&mut self, c: &Config, i: Id, rooms: Rooms, may_mark: bool) -> (bool, bool) {
+    pub fn index_add(
+        &mut self,
+        c: &Config,
+        i: Id,
+        rooms: Rooms,
+        may_mark: bool,
+        life: u8,
+    ) -> (bool, bool) {
         let iu = i as usize;
         let added = (rooms & !self.index[iu]).count_ones() as u8;
         self.index[iu] |= rooms;
+        let named =
+            self.tombstone[iu] == Some(life) && !c.mutated(Mutation::UnconfirmedZombieUnmarked);
         let marked = rooms != 0
-            && (may_mark || c.mutated(Mutation::MarkWhileUnconfirmed))
+            && (may_mark || named || c.mutated(Mutation::MarkWhileUnconfirmed))
             && self.zset[iu].is_none()
             && self.hb[iu].is_none()
             && !c.mutated(Mutation::UnregisteredIndexWriteUnmarked);
@@ -1272,6 +1284,7 @@ impl Redis {
                 i,
                 rooms,
                 may_mark,
+                life,
                 added,
             });
         }

@@ -206,3 +206,8 @@ fn a_tombstone_taken_for_any_life_is_caught() {
 fn index_add_marking_while_unconfirmed_is_caught() {
     caught(Mutation::MarkWhileUnconfirmed);
 }
+
+#[test]
+fn index_add_ignoring_the_tombstone_while_unconfirmed_is_caught() {
+    caught(Mutation::UnconfirmedZombieUnmarked);
+}

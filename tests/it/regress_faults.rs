@@ -1136,9 +1136,22 @@ fn a_pin_whose_index_write_reply_is_lost_leaves_no_entry() {
     let a = Node::start(config_for(&proxy.url(), RT, "sadd", Timings::fast())).unwrap();
     a.pin_room("kept").unwrap();
     let index = ks.instance_rooms("sadd");
-    // The pin's index write: index_add.lua's last key, the instance, the may-mark flag, then
-    // the room (the tick's re-assertion of "kept" sends the same script with another member).
-    proxy.lose_reply_of(format!("{index}\r\n$4\r\nsadd\r\n$1\r\n1\r\n$5\r\nnever\r\n").as_bytes());
+    // The pin's index write: index_add.lua's last key (the tombstone), the instance, the
+    // may-mark flag, this life's start (its info's started_ms), then the room (the tick's
+    // re-assertion of "kept" sends the same script with another member).
+    let tomb = ks.instance_reaped("sadd");
+    let started: String = redis::cmd("HGET")
+        .arg(ks.instance_info("sadd"))
+        .arg("started_ms")
+        .query(&mut s.con())
+        .unwrap();
+    proxy.lose_reply_of(
+        format!(
+            "{tomb}\r\n$4\r\nsadd\r\n$1\r\n1\r\n${}\r\n{started}\r\n$5\r\nnever\r\n",
+            started.len()
+        )
+        .as_bytes(),
+    );
     let out = a.pin_room("never");
     assert!(out.is_err(), "the index write's reply was lost: {out:?}");
     assert!(
