@@ -597,6 +597,17 @@ mod tests {
         Ctx::for_test(url, instance)
     }
 
+    /// A private `redis-server`, its URL and a connection to it.
+    fn server() -> (LocalRedis, String, Conn) {
+        let server = LocalRedis::start().expect("start redis-server");
+        let url = server.url();
+        let con = crate::conn::Redis::new(&url, std::time::Duration::from_secs(5))
+            .unwrap()
+            .connect()
+            .unwrap();
+        (server, url, con)
+    }
+
     fn rooms_of(con: &mut Conn, ctx: &Ctx) -> Vec<String> {
         redis::cmd("SMEMBERS")
             .arg(ctx.keys.instance_rooms(&ctx.me))
@@ -609,12 +620,8 @@ mod tests {
     // closes; a pin whose owner has no heartbeat key is taken over.
     #[test]
     fn pin_and_close_check_the_owner_without_a_node() {
-        let server = LocalRedis::start().expect("start redis-server");
-        let mut con = crate::conn::Redis::new(&server.url(), std::time::Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
-        let (a, b) = (ctx(&server.url(), "a"), ctx(&server.url(), "b"));
+        let (_server, url, mut con) = server();
+        let (a, b) = (ctx(&url, "a"), ctx(&url, "b"));
         let local = Local::default();
 
         let pinned = pin(&a, &local, &mut con, "r1", "r1", false).unwrap();
@@ -681,12 +688,7 @@ mod tests {
     // and more members than one command carries go in several calls.
     #[test]
     fn index_add_hands_only_an_unregistered_instance_to_the_reaper() {
-        let server = LocalRedis::start().expect("start redis-server");
-        let url = server.url();
-        let mut con = crate::conn::Redis::new(&url, std::time::Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
+        let (_server, url, mut con) = server();
         let now = crate::conn::server_time_ms(&mut con).unwrap();
         let op = "index";
 
@@ -788,12 +790,7 @@ mod tests {
     // another life, is missing, has another type, or the life is not known yet.
     #[test]
     fn index_add_while_unconfirmed_marks_only_the_life_a_reap_named() {
-        let server = LocalRedis::start().expect("start redis-server");
-        let url = server.url();
-        let mut con = crate::conn::Redis::new(&url, std::time::Duration::from_secs(5))
-            .unwrap()
-            .connect()
-            .unwrap();
+        let (_server, url, mut con) = server();
         let op = "index";
         // (id, this life's started_ms, the tombstone: Some(string) or a list, marked)
         let cases: [(&str, i64, Option<&str>, bool); 6] = [
