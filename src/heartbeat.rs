@@ -1028,7 +1028,16 @@ pub(crate) fn register(sh: &Shared, link: &mut Link, t0: i64) -> Result<()> {
         .started_ms
         .store((t0 / 1000).max(1), Ordering::Relaxed);
     sh.life_t0_us.store(t0, Ordering::Relaxed);
-    let beaten = link.run_fenced(&sh.redis, |c, made| beat(sh, c, BeatMode::Register, made))?;
+    let beaten = link.run_fenced(&sh.redis, |c, made| {
+        beat(sh, c, BeatMode::Register, made).inspect_err(|_| {
+            // The registration may have landed with its reply lost: the next tick then finds
+            // it 'ok' and writes nothing, so this is the only moment to note that a replica
+            // has yet to acknowledge it (else no `WAIT` is ever made for this life, and a
+            // failover that loses it is taken for a reap).
+            sh.ctx.unconfirmed.store(true, Ordering::Relaxed);
+            sh.registration_switches.store(made, Ordering::Relaxed);
+        })
+    })?;
     if beaten.beat == Beat::Ok {
         // Mostly at once (WAIT returns when a replica acknowledges); else the ticks ask again.
         confirm_registration(sh, link);

@@ -1218,3 +1218,71 @@ fn a_data_loss_before_a_zombie_registers_again_keeps_what_its_host_pinned_meanwh
     assert!(lost.is_empty(), "reported lost: {lost:?}");
     assert_eq!(z.stats().data_losses, 1, "the loss is counted once");
 }
+
+// A zombie's registration as a new life whose reply is lost (the fault proxy drops it): the
+// registration landed, the node saw an error. The next tick found it 'ok' on the same master
+// and wrote nothing, so nothing noted that no replica had acknowledged it: no `WAIT` was made
+// for that life, and an index write could hand the live instance to the reaper should a
+// failover lose the registration (model check, finding 9; found by an adversarial review).
+// Protection: a registration whose outcome is unknown leaves the life unconfirmed
+// (`heartbeat::register`); an index write then never marks it. Observed here by removing the
+// registration by hand (as a failover that lost it would), then a pin.
+#[test]
+fn a_registration_whose_reply_is_lost_still_awaits_a_replica() {
+    if cluster_topology() {
+        // One master and its replica: the first run covers it.
+        return;
+    }
+    let s = Server::start_with(&[]);
+    let ks = ks(RT);
+    let (_replica, rproxy) = replica_through_proxy(&s);
+    let (leader, mut log) = s.leader(RT, "lr-leader", Timings::fast());
+    // The node ticks only when the test says (`heartbeat_now`).
+    let proxy = s.proxy();
+    let z = Node::start(config_for(&proxy.url(), RT, "lr-zombie", silent())).unwrap();
+    let mut zlog = EventLog::new(&z);
+    s.make_stale(&ks, "lr-zombie", 1);
+    log.wait(LONG, "the node reaped", |e| reaped(e, "lr-zombie"));
+    leader.shutdown().unwrap();
+    drop(leader);
+    // From now on no replica acknowledges anything; the new life's registration loses its
+    // reply.
+    rproxy.blackhole(Direction::Upstream);
+    proxy.lose_reply_of(b"$8\r\nregister\r\n");
+    assert!(
+        z.heartbeat_now().is_err(),
+        "the registration's reply was lost"
+    );
+    zlog.wait(LONG, "reaped_self", |e| {
+        matches!(e, Event::ReapedSelf { .. })
+    });
+    assert!(
+        !proxy.reply_loss_pending(),
+        "the registration was never sent"
+    );
+    let w = sfu_redis::keys::encode_id(sfu_redis::keys::IdKind::Instance, "lr-zombie").unwrap();
+    let score = || -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg(ks.heartbeats())
+            .arg(&w)
+            .query(&mut s.con())
+            .unwrap()
+    };
+    assert!(score().is_some_and(|v| v > 0.0), "the registration landed");
+    // The next tick finds it 'ok': nothing written, nothing confirmed (no replica answers).
+    z.heartbeat_now().unwrap();
+    // Gone, as a failover that lost it would leave it; then the host pins.
+    let _: () = redis::pipe()
+        .zrem(ks.heartbeats(), &w)
+        .ignore()
+        .del(ks.heartbeat(&w))
+        .ignore()
+        .query(&mut s.con())
+        .unwrap();
+    assert!(z.pin_room("lr-room").unwrap().is_owned());
+    assert_eq!(
+        score(),
+        None,
+        "an unconfirmed registration's index write handed the live node to the reaper"
+    );
+}

@@ -415,27 +415,10 @@ fn an_unconfirmed_zombie_that_pins_after_its_completed_reap_and_crashes_is_reape
     }
     let s = Server::start_with(&[]);
     let ks = ks(STAGE);
-    let settle = std::time::Duration::from_secs(30);
-    let info = |c: &mut redis::Connection, field: &str| -> Option<String> {
-        let text: String = redis::cmd("INFO").arg("replication").query(c).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")))
-            .map(|v| v.trim().to_owned())
-    };
-    // A replica through a proxy; its acknowledgements cut, the data flowing on.
-    let replica = Server::start_with(&[]);
-    let proxy = s.proxy();
-    let proxy_port = proxy.addr().port().to_string();
-    replica
-        .redis()
-        .cli(&["REPLICAOF", "127.0.0.1", &proxy_port])
-        .expect("REPLICAOF");
+    // A replica; its acknowledgements cut, the data flowing on.
+    let (replica, proxy) = replica_through_proxy(&s);
     let mut master = s.raw_con();
     let mut rep = replica.raw_con();
-    wait_for(settle, "the replica in sync", || {
-        (info(&mut rep, "master_link_status").as_deref() == Some("up")).then_some(())
-    });
-    assert_eq!(wait_replicated(&mut master, 1, settle), 1);
     proxy.blackhole(Direction::Upstream);
     assert_eq!(
         wait_replicated(&mut master, 1, std::time::Duration::from_millis(300)),
@@ -444,11 +427,7 @@ fn an_unconfirmed_zombie_that_pins_after_its_completed_reap_and_crashes_is_reape
 
     // The zombie-to-be registers unacknowledged and pins a room. It never ticks in the test
     // (a tick after the heal below would confirm its registration).
-    let silent = Timings::from_heartbeat(
-        std::time::Duration::from_secs(600),
-        std::time::Duration::from_secs(1800),
-    );
-    let z = s.node_with(STAGE, "zmb-unack", silent);
+    let z = s.node_with(STAGE, "zmb-unack", silent());
     let w = wire(IdKind::Instance, "zmb-unack");
     assert_eq!(z.pin_room("zq-before").unwrap(), PinOutcome::Pinned);
     assert_eq!(
@@ -458,7 +437,7 @@ fn an_unconfirmed_zombie_that_pins_after_its_completed_reap_and_crashes_is_reape
     );
     // No WAIT of the zombie pending (one answered after the heal would confirm it); then the
     // acknowledgements flow again, for the leaders' lease writes.
-    wait_for(settle, "no client blocked in WAIT", || {
+    wait_for(LONG, "no client blocked in WAIT", || {
         let text: String = redis::cmd("INFO")
             .arg("clients")
             .query(&mut master)

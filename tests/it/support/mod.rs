@@ -379,6 +379,35 @@ pub fn wait_replicated(con: &mut redis::Connection, replicas: usize, timeout: Du
     acked
 }
 
+/// A replica of the standalone server `s`, in sync, that replicates through a fault proxy:
+/// `proxy.blackhole(Direction::Upstream)` then cuts its acknowledgements (the replica is the
+/// proxy's client), so `WAIT 1` answers 0 while the data flows on; `proxy.heal()` lets them
+/// through again.
+pub fn replica_through_proxy(s: &Server) -> (Server, FaultProxy) {
+    let replica = Server::start_with(&[]);
+    let proxy = s.proxy();
+    replica
+        .redis()
+        .cli(&["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()])
+        .expect("REPLICAOF");
+    let mut rep = replica.raw_con();
+    wait_for(LONG, "the replica in sync", || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut rep)
+            .expect("INFO");
+        info.lines()
+            .any(|l| l.trim() == "master_link_status:up")
+            .then_some(())
+    });
+    assert_eq!(
+        wait_replicated(&mut s.raw_con(), 1, LONG),
+        1,
+        "the replica never acknowledged through the proxy"
+    );
+    (replica, proxy)
+}
+
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -615,6 +644,12 @@ pub const LONG: Duration = Duration::from_secs(30);
 /// in Redis is its own calls' doing.
 pub fn quiet() -> Timings {
     Timings::from_heartbeat(Duration::from_secs(60), Duration::from_secs(180))
+}
+
+/// Timings under which a node never ticks nor seeks the lease on its own within a test (a
+/// 600 s heartbeat interval): a test drives its ticks (`Node::heartbeat_now`).
+pub fn silent() -> Timings {
+    Timings::from_heartbeat(Duration::from_secs(600), Duration::from_secs(1800))
 }
 
 /// What a thread of this process or of a node may lose to scheduling on a loaded 2-core
