@@ -1260,7 +1260,7 @@ fn a_registration_whose_reply_is_lost_still_awaits_a_replica() {
         !proxy.reply_loss_pending(),
         "the registration was never sent"
     );
-    let w = sfu_redis::keys::encode_id(sfu_redis::keys::IdKind::Instance, "lr-zombie").unwrap();
+    let w = wire(sfu_redis::keys::IdKind::Instance, "lr-zombie");
     let score = || -> Option<f64> {
         redis::cmd("ZSCORE")
             .arg(ks.heartbeats())
