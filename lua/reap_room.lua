@@ -27,15 +27,18 @@
 -- (src/rooms.rs, sweep_own: ARGV[1] the caller, ARGV[2] the largest t0).
 --
 -- The room is the dead instance's leftover when its pin names the dead instance, or the pin
--- has expired and the metadata still names it (or names nobody), and it was pinned strictly
+-- has expired (or is not a string: the pins are read with one MGET, which answers nil for a key
+-- of another type; such a key is left alone, for the audit to report) and the metadata still
+-- names it (or names nobody), and it was pinned strictly
 -- before t0 (pinned_us; data written before pinned_us existed counts as pinned at the end of its
 -- pinned_ms: a tie is the new life's, kept, and reaped by a later round if no new life registers).
 -- Such a room is deleted whole: peer records batch by batch, then every room key.
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: one {status, cursor, deleted, late} per room, in order, for the rooms this call reached (a
--- shorter reply: the rooms after the last one were not started; send them again with their
+-- Reply: one flat array, four elements per room (status, cursor, deleted, late), in order, for
+-- the rooms this call reached (flat: Redis turns one table into a reply faster than one per room;
+-- a shorter reply: the rooms after the last one were not started; send them again with their
 -- cursors). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
 -- peers were added behind the scan); status is
 --   'reaped'    the room was the dead instance's and is (being) deleted;
@@ -72,10 +75,9 @@ local function flush()
   end
 end
 
--- One room: its keys (owner, meta, peers, guests, guest-state) and its peer cursor. Returns
--- its reply and the number of peers its scan saw.
-local function reap(owner_key, meta_key, peers_key, guests_key, state_key, cursor)
-  local owner = redis.call('GET', owner_key)
+-- One room: its pin's value (false: none), its keys (owner, meta, peers, guests, guest-state)
+-- and its peer cursor. Returns its reply and the number of peers its scan saw.
+local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key, cursor)
   local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'pinned_us')
   local meta_owner = meta[1]
   local pinned = micros(meta[3], meta[2])
@@ -92,6 +94,22 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
   local whole = status == 'reaped' or status == 'gone'
   local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
   local peers = scan[2]
+  if whole and cursor == '0' and scan[1] == '0' then
+    -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
+    -- every peer, and nothing can be added while it runs, so the records and the room's keys go
+    -- with the call's one DEL (no SREM, no SCARD).
+    for _, p in ipairs(peers) do
+      dels[#dels + 1] = base .. 'peer:' .. p
+    end
+    if owner then
+      dels[#dels + 1] = owner_key
+    end
+    dels[#dels + 1] = meta_key
+    dels[#dels + 1] = peers_key
+    dels[#dels + 1] = guests_key
+    dels[#dels + 1] = state_key
+    return status, '0', #peers, 0, #peers
+  end
   local records, members, late = {}, {}, 0
   for _, p in ipairs(peers) do
     local rec = base .. 'peer:' .. p
@@ -113,53 +131,55 @@ local function reap(owner_key, meta_key, peers_key, guests_key, state_key, curso
       members[#members + 1] = p
     end
   end
-  if whole and cursor == '0' and scan[1] == '0' then
-    -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
-    -- every peer, and nothing can be added while it runs, so the records and the room's keys go
-    -- with the call's one DEL (no SREM, no SCARD).
-    for _, k in ipairs(records) do
-      dels[#dels + 1] = k
-    end
-    dels[#dels + 1] = owner_key
-    dels[#dels + 1] = meta_key
-    dels[#dels + 1] = peers_key
-    dels[#dels + 1] = guests_key
-    dels[#dels + 1] = state_key
-    return {status, '0', #records, late}, #peers
-  end
   -- One variadic DEL and SREM per batch (a batch is at most ARGV[3]-ish members).
   if #records > 0 then
     redis.call('DEL', unpack(records))
     redis.call('SREM', peers_key, unpack(members))
   end
   if scan[1] ~= '0' then
-    return {status, scan[1], #records, late}, #peers
+    return status, scan[1], #records, late, #peers
   end
   if whole then
     -- Peers added behind the scan: scan again rather than drop their records with the set.
     if redis.call('SCARD', peers_key) > 0 then
-      return {status, 'again', #records, late}, #peers
+      return status, 'again', #records, late, #peers
     end
-    redis.call('DEL', owner_key, meta_key, peers_key, guests_key, state_key)
+    if owner then
+      redis.call('DEL', owner_key)
+    end
+    redis.call('DEL', meta_key, peers_key, guests_key, state_key)
   end
-  return {status, '0', #records, late}, #peers
+  return status, '0', #records, late, #peers
 end
 
 local replies, seen, budget = {}, 0, tonumber(count)
+-- Every room's pin in one MGET (one call instead of a GET per room). MGET answers nil for a
+-- key of another type, which is then judged as an expired pin: by the metadata.
+local owners = {}
+if n > 0 then
+  local pins = {}
+  for i = 1, n do
+    pins[i] = KEYS[5 * i - 4]
+  end
+  owners = redis.call('MGET', unpack(pins))
+end
 for i = 1, n do
   if i > 1 and seen >= budget then
     break
   end
   local k = 5 * (i - 1)
-  local ok, reply, scanned = pcall(reap, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
-    KEYS[k + 5], ARGV[4 + i])
+  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], KEYS[k + 1],
+    KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[4 + i])
+  local r = #replies
   if ok then
-    replies[i] = reply
+    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4] = status, cursor, deleted, late
     seen = seen + scanned
   else
     -- A failed command (the error is a string, or a table with err on some versions): what
     -- ran before it in this room stays done; the room is left for the audit.
-    replies[i] = {'error', type(reply) == 'table' and (reply.err or '?') or tostring(reply), 0, 0}
+    replies[r + 1] = 'error'
+    replies[r + 2] = type(status) == 'table' and (status.err or '?') or tostring(status)
+    replies[r + 3], replies[r + 4] = 0, 0
   end
   if #dels > 1000 then
     flush()

@@ -73,6 +73,7 @@ pub const COMMANDS: &[Command] = &[
     c("INCR", "$K", Need::Node),
     c("HGET", "$K f", Need::Node),
     c("HMGET", "$K f g", Need::Node),
+    c("MGET", "$K", Need::Node),
     c("HSET", "$K f v", Need::Node),
     c("HDEL", "$K f", Need::Node),
     c("HEXISTS", "$K f", Need::Node),

@@ -457,7 +457,8 @@ fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> R
 const ROOMS_PER_CALL: usize = 32;
 
 /// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted, records
-/// of the instance kept as written at or after t0.
+/// of the instance kept as written at or after t0. The reply is one flat array, four elements
+/// per room; redis-rs decodes a flat array into a `Vec` of 4-tuples four elements at a time.
 type RoomReply = (String, String, u64, u64);
 
 /// Rooms per `reap_room.lua` call on `con` (see [`ROOMS_PER_CALL`]).

@@ -789,6 +789,67 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
     assert!(!exists(&f.owner) && !exists(&ks.peer("f", "f1")), "{out:?}");
 }
 
+// Protects: "bad input loses nothing" in the reap (issue 27: `reap_room.lua` reads every pin of
+// a call with one MGET, which answers nil for a key of another type). A pin that is not a string
+// is judged as an expired pin, by the room's metadata, and is itself never deleted: the audit
+// reports it (fsck `wrong_type`).
+// Fault: two rooms whose pin key is a hash: one whose metadata names the dead instance (pinned
+// before t0), one whose metadata names a live instance; each holds one record of the dead
+// instance and the second one a record of the live instance.
+#[test]
+fn a_pin_of_the_wrong_type_is_judged_by_the_metadata_and_left_alone() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let dead = wire(IdKind::Instance, "gone");
+    let live = wire(IdKind::Instance, "alive");
+    let before = ((s.server_ms() - 60_000) * 1000).to_string();
+    let t0 = (s.server_ms() * 1000).to_string();
+    let room = |name: &str, owner: &str, peers: &[(&str, &str)]| {
+        let rk = ks.room(name);
+        let mut pipe = redis::pipe();
+        pipe.hset(&rk.owner, "junk", "1").ignore();
+        pipe.hset_multiple(&rk.meta, &[("owner", owner), ("pinned_us", &before)])
+            .ignore();
+        for (peer, inst) in peers {
+            pipe.hset_multiple(
+                ks.peer(name, peer),
+                &[
+                    ("instance", *inst),
+                    ("generation", "1"),
+                    ("updated_us", &before),
+                ],
+            )
+            .ignore();
+            pipe.sadd(&rk.peers, *peer).ignore();
+        }
+        pipe.query::<()>(&mut s.con()).unwrap();
+        rk
+    };
+    let type_of = |k: &str| -> String { redis::cmd("TYPE").arg(k).query(&mut s.con()).unwrap() };
+
+    let left = room("left", &dead, &[("d1", &dead)]);
+    let out = reap_one(&s, &five(&left), &dead, &t0);
+    assert_eq!((out.0.as_str(), out.2), ("reaped", 1), "{out:?}");
+    assert!(
+        !exists(&s, &left.meta) && !exists(&s, &left.peers) && !exists(&s, &ks.peer("left", "d1")),
+        "the dead instance's room is reaped: {out:?}"
+    );
+    assert_eq!(type_of(&left.owner), "hash", "the bad pin is left alone");
+
+    let taken = room("taken", &live, &[("d1", &dead), ("l1", &live)]);
+    let out = reap_one(&s, &five(&taken), &dead, &t0);
+    assert_eq!((out.0.as_str(), out.2), ("skipped", 1), "{out:?}");
+    assert!(
+        !exists(&s, &ks.peer("taken", "d1")),
+        "the dead instance's record goes"
+    );
+    assert!(
+        exists(&s, &taken.meta) && exists(&s, &ks.peer("taken", "l1")),
+        "the live instance's room and record stay"
+    );
+    assert_eq!(type_of(&taken.owner), "hash", "the bad pin is left alone");
+}
+
 // Protects: the batched reap's per-call work bound never holds up a reap: a call over big
 // rooms reaches one room and leaves the rest, which then go one per call (issue 27 item 2),
 // and each room and each record is counted once; nothing of the instance is left.
