@@ -649,11 +649,10 @@ fn main() {
         for (goal, met) in goals {
             eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
         }
-        std::process::exit(if goals.iter().all(|(_, met)| *met) {
-            0
-        } else {
-            1
-        });
+        let ok = goals.iter().all(|(_, met)| *met);
+        // `exit` runs no destructor: stop the private redis-server first.
+        drop(b);
+        std::process::exit(if ok { 0 } else { 1 });
     }
     if flag("--reap") {
         let mut b = Bench::start(a.rtt_ms);
@@ -666,16 +665,17 @@ fn main() {
         for (goal, met) in goals {
             eprintln!("goal {:<45} {}", goal, if met { "met" } else { "NOT met" });
         }
-        std::process::exit(if goals.iter().all(|(_, met)| *met) {
-            0
-        } else {
-            1
-        });
+        let ok = goals.iter().all(|(_, met)| *met);
+        // `exit` runs no destructor: stop the node, then the private redis-server.
+        drop(leader);
+        drop(b);
+        std::process::exit(if ok { 0 } else { 1 });
     }
     if flag("--metrics") {
         let b = Bench::start(a.rtt_ms);
         let m = measure_metrics_cost(&b, a.rooms, a.runs);
         let ok = metrics_report(&a, &m);
+        drop(b);
         std::process::exit(if ok { 0 } else { 1 });
     }
     let mut b = Bench::start(a.rtt_ms);

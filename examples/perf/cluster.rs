@@ -35,8 +35,11 @@
 //! `cluster_vs_standalone_8_threads` (cluster / standalone).
 //!
 //! `SFU_PERF_STATS=1` also prints each master's `INFO commandstats` of the first cluster reap
-//! and of the first cluster churn chunk (calls and µs per command, commands inside scripts
-//! included).
+//! and each server's of the first churn chunk of both sides (calls and µs per command,
+//! commands inside scripts included).
+//! `SFU_PERF_CALLGRIND=1` (every `redis-server` under callgrind, as for the reap: see
+//! docs/src/performance.md) dumps each server's instructions for the first churn chunk of both
+//! sides, one dump per server named `churn standalone <port>` / `churn cluster <port>`.
 //!
 //! `cluster_master_ports` lists the masters in the order of the `*_cpu_share_pct` and
 //! `*_by_master` arrays and `cluster_ctl_master_port` names the one serving `{ctl}` (the
@@ -497,7 +500,13 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
         for s in order(c) {
             let host = &hosts[s];
             let rooms = &rooms;
-            let before = stats_before(s == 1 && c == 0, &sides[s].ports);
+            let before = stats_before(c == 0, &sides[s].ports);
+            let cg = c == 0 && std::env::var_os("SFU_PERF_CALLGRIND").is_some();
+            if cg {
+                for p in &sides[s].ports {
+                    super::callgrind(&mut direct(*p), true, "");
+                }
+            }
             timed(
                 &sides[s],
                 || {
@@ -507,8 +516,15 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
                 },
                 &mut one_thread[s],
             );
+            if cg {
+                // Instructions, which do not move with the machine: each server's own dump.
+                for p in &sides[s].ports {
+                    let phase = format!("churn {} {p}", sides[s].name);
+                    super::callgrind(&mut direct(*p), false, &phase);
+                }
+            }
             if let Some(before) = &before {
-                // Where each master's time went during the first cluster chunk.
+                // Where each server's time went during each side's first chunk.
                 print_commandstats_since(&sides[s].ports, before);
             }
         }
