@@ -76,7 +76,9 @@ local function flush()
 end
 
 -- One room: its pin's value (false: none), its keys (owner, meta, peers, guests, guest-state)
--- and its peer cursor. Returns its reply and the number of peers its scan saw.
+-- and its peer cursor. Returns its four reply elements (status, cursor, deleted, late) and the
+-- number of peers its scan saw. The pins are read once, before the first room: a room listed
+-- twice in one call would see its pin as it was then (the caller never lists a room twice).
 local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key, cursor)
   local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'pinned_us')
   local meta_owner = meta[1]
