@@ -51,7 +51,24 @@ pub(crate) fn upsert(
     let op = "upsert peer";
     let keys = UpsertKeys::new(&ctx.keys, room, peer);
     let inv = keys.invocation(&ctx.me, peer, guest, None, fields);
-    let reply: Vec<Value> = conn::call(con, op, &inv)?;
+    // A bare integer: the generation, no peer superseded (the common case).
+    let reply: Vec<Value> = match conn::call(con, op, &inv)? {
+        Value::Int(generation) => {
+            return u64::try_from(generation)
+                .map(|generation| Upserted {
+                    generation,
+                    replaced: None,
+                })
+                .map_err(|_| Error::bad_data(op, "generation is not a number"));
+        }
+        Value::Array(reply) => reply,
+        other => {
+            return Err(Error::bad_data(
+                op,
+                format!("unexpected reply from upsert_peer.lua: {other:?}"),
+            ))
+        }
+    };
     let text = |i: usize| -> Result<String> {
         match reply.get(i) {
             Some(v) => redis::from_redis_value_ref(v)
@@ -173,9 +190,16 @@ pub(crate) fn restore(
     let replies = conn::exec(con, &mut pipe).map_err(|e| Error::redis(op, e))?;
     let mut written = 0;
     for ((room, peer, _, _), r) in wired.iter().zip(replies) {
-        match conn::decode::<Vec<Value>>(op, r) {
-            // not_owner: the room is not ours any more; nothing was written.
-            Ok(v) => written += usize::from(matches!(v.first(), Some(Value::Int(_)))),
+        match conn::decode::<Value>(op, r) {
+            // The generation, bare or first in {generation, superseded}; not_owner: the room
+            // is not ours any more; nothing was written.
+            Ok(v) => {
+                written += usize::from(match &v {
+                    Value::Int(_) => true,
+                    Value::Array(v) => matches!(v.first(), Some(Value::Int(_))),
+                    _ => false,
+                })
+            }
             Err(e) => log::warn!("could not restore peer {peer} of room {room}: {e}"),
         }
     }
@@ -200,7 +224,12 @@ pub(crate) fn remove(
         .arg(peer)
         .arg(generation)
         .arg(&ctx.me);
-    let (removed, owner): (i64, String) = conn::call(con, op, &inv)?;
+    // A bare integer (1 removed, 0 gone or another generation), or {0, owner}.
+    let (removed, owner): (i64, String) = match conn::call(con, op, &inv)? {
+        Value::Int(removed) => (removed, String::new()),
+        reply => redis::from_redis_value(reply)
+            .map_err(|e| Error::bad_data(op, format!("unexpected reply: {e}")))?,
+    };
     if removed == 0 && !owner.is_empty() {
         return Err(Error::NotPeerOwner {
             room: room_id.to_owned(),

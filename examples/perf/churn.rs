@@ -6,7 +6,8 @@
 //! - the *script floor*: one Lua script call per operation (join: `HINCRBY` of the room's
 //!   generation counter, `HSET` of the record's fields, `SADD` to the room's peers, `HSET` of
 //!   the guest pointer; leave: `DEL`, `SREM`, `HDEL` x 2), the record's times passed in by the
-//!   client. Key schema version 2 keeps no per-instance peer index (the room index, written
+//!   client, numbers passed to Redis as strings (as the library does: Redis 7.0 formats a Lua
+//!   number argument with `snprintf`), a bare integer for a reply. Key schema version 2 keeps no per-instance peer index (the room index, written
 //!   when the room is pinned, reaches every record), so neither the library nor the floors
 //!   write one per join or leave;
 //! - the *raw floor*: the same commands, one pipelined round trip of plain commands per
@@ -39,8 +40,8 @@ const ROOMS: usize = 50;
 const HOST: &str = "churn-host";
 /// The floor's join and leave scripts (see the module docs).
 const FLOOR_JOIN: &str = r"
-local gen = redis.call('HINCRBY', KEYS[4], 'peer_seq', 1)
-redis.call('HSET', KEYS[1], 'instance', ARGV[1], 'guest', ARGV[3], 'generation', gen,
+local gen = redis.call('HINCRBY', KEYS[4], 'peer_seq', '1')
+redis.call('HSET', KEYS[1], 'instance', ARGV[1], 'guest', ARGV[3], 'generation', string.format('%d', gen),
   'updated_ms', ARGV[4], 'updated_us', ARGV[5], ARGV[6], ARGV[7])
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[2])
@@ -238,6 +239,19 @@ pub fn measure(url: &str, direct: &str, pairs: usize, runs: usize) -> Churn {
     library_pairs(&node, &rooms, 200, 0);
     script_floor_pairs(&mut via, &ks, 200);
     raw_floor_pairs(&mut via, &ks, 200);
+    // With SFU_PERF_CALLGRIND: one chunk of each kind counted in instructions, one dump each
+    // ("library churn", "script floor churn", "raw floor churn"), before the timed chunks.
+    if std::env::var_os("SFU_PERF_CALLGRIND").is_some() {
+        super::callgrind(&mut fab, true, "");
+        library_pairs(&node, &rooms, CHUNK, 0);
+        super::callgrind(&mut fab, false, "library churn");
+        super::callgrind(&mut fab, true, "");
+        script_floor_pairs(&mut via, &ks, CHUNK);
+        super::callgrind(&mut fab, false, "script floor churn");
+        super::callgrind(&mut fab, true, "");
+        raw_floor_pairs(&mut via, &ks, CHUNK);
+        super::callgrind(&mut fab, false, "raw floor churn");
+    }
     // Interleaved in chunks of CHUNK pairs, the order rotating, so that a change of the
     // machine's speed during the run (other tenants, frequency) weighs on all three alike.
     let chunks = (pairs * runs).div_ceil(CHUNK);
