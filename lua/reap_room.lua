@@ -12,8 +12,8 @@
 -- ARGV[1] dead instance id (wire form)
 -- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
 --         (reap_begin.lua)
--- ARGV[3] SSCAN COUNT (batch size), also the call's work bound: once the rooms done in this
---         call have seen that many peers, no further room is started
+-- ARGV[3] peers read at a time (SRANDMEMBER count, SSCAN COUNT), also the call's work bound:
+--         once the rooms done in this call have seen that many peers, no further room is started
 -- ARGV[4] n, the number of rooms
 -- ARGV[4+i] room i's SSCAN cursor over its peers ('0' on its first call)
 --
@@ -36,10 +36,12 @@
 -- Otherwise (taken over by a live instance, or pinned again by the same instance after its reap
 -- began) only the dead instance's own peer records written before t0 are removed.
 --
--- Reply: one flat array, four elements per room (status, cursor, deleted, late), in order, for
--- the rooms this call reached (flat: Redis turns one table into a reply faster than one per room;
--- a shorter reply: the rooms after the last one were not started; send them again with their
--- cursors). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
+-- Reply: one flat array, in order, for the rooms this call reached (flat: Redis turns one table
+-- into a reply faster than one per room; a shorter reply: the rooms after the last one were not
+-- started; send them again with their cursors). A room is one integer, the records deleted, when
+-- it was reaped whole in this call with nothing kept (status 'reaped', cursor '0', late 0: nearly
+-- every room; an integer is the cheapest element for Redis to send), else four elements:
+-- (status, cursor, deleted, late). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
 -- peers were added behind the scan); status is
 --   'reaped'    the room was the dead instance's and is (being) deleted;
 --   'gone'      nothing of the room was left;
@@ -62,6 +64,7 @@
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
 -- "never loop unboundedly in Lua" (SSCAN batches, a work bound per call).
 local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local budget = tonumber(count)
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
 local function micros(us, ms)
   return tonumber(us) or ((tonumber(ms) or 0) * 1000 + 999)
@@ -80,9 +83,10 @@ end
 -- number of peers its scan saw. The pins are read once, before the first room: a room listed
 -- twice in one call would see its pin as it was then (the caller never lists a room twice).
 local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key, cursor)
-  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_ms', 'pinned_us')
+  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_us')
   local meta_owner = meta[1]
-  local pinned = micros(meta[3], meta[2])
+  -- pinned_ms only for data written before pinned_us existed (one more read, then).
+  local pinned = tonumber(meta[2]) or micros(false, redis.call('HGET', meta_key, 'pinned_ms'))
   local base = string.sub(owner_key, 1, -6)
   local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
   local status
@@ -94,24 +98,32 @@ local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key
     status = 'skipped'
   end
   local whole = status == 'reaped' or status == 'gone'
+  -- Peers read by a fast-path attempt that found the room too big for it (work done, counted).
+  local tried = 0
+  if whole and cursor == '0' then
+    -- Fast path (nearly every room): SRANDMEMBER with a positive count answers the whole set
+    -- when it holds at most count members and exactly count members otherwise, so fewer than
+    -- count is every peer (bounded work, and cheaper for Redis than SSCAN or SMEMBERS). Nothing
+    -- can be added while the script runs, so the records and the room's keys go with the
+    -- call's one DEL (no SREM, no SCARD).
+    local peers = redis.call('SRANDMEMBER', peers_key, count)
+    if #peers < budget then
+      for _, p in ipairs(peers) do
+        dels[#dels + 1] = base .. 'peer:' .. p
+      end
+      if owner then
+        dels[#dels + 1] = owner_key
+      end
+      dels[#dels + 1] = meta_key
+      dels[#dels + 1] = peers_key
+      dels[#dels + 1] = guests_key
+      dels[#dels + 1] = state_key
+      return status, '0', #peers, 0, #peers
+    end
+    tried = #peers
+  end
   local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
   local peers = scan[2]
-  if whole and cursor == '0' and scan[1] == '0' then
-    -- Fast path (nearly every room): one SSCAN from cursor 0 back to 0 inside this script saw
-    -- every peer, and nothing can be added while it runs, so the records and the room's keys go
-    -- with the call's one DEL (no SREM, no SCARD).
-    for _, p in ipairs(peers) do
-      dels[#dels + 1] = base .. 'peer:' .. p
-    end
-    if owner then
-      dels[#dels + 1] = owner_key
-    end
-    dels[#dels + 1] = meta_key
-    dels[#dels + 1] = peers_key
-    dels[#dels + 1] = guests_key
-    dels[#dels + 1] = state_key
-    return status, '0', #peers, 0, #peers
-  end
   local records, members, late = {}, {}, 0
   for _, p in ipairs(peers) do
     local rec = base .. 'peer:' .. p
@@ -139,22 +151,22 @@ local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key
     redis.call('SREM', peers_key, unpack(members))
   end
   if scan[1] ~= '0' then
-    return status, scan[1], #records, late, #peers
+    return status, scan[1], #records, late, tried + #peers
   end
   if whole then
     -- Peers added behind the scan: scan again rather than drop their records with the set.
     if redis.call('SCARD', peers_key) > 0 then
-      return status, 'again', #records, late, #peers
+      return status, 'again', #records, late, tried + #peers
     end
     if owner then
       redis.call('DEL', owner_key)
     end
     redis.call('DEL', meta_key, peers_key, guests_key, state_key)
   end
-  return status, '0', #records, late, #peers
+  return status, '0', #records, late, tried + #peers
 end
 
-local replies, seen, budget = {}, 0, tonumber(count)
+local replies, seen = {}, 0
 -- Every room's pin in one MGET (one call instead of a GET per room). MGET answers nil for a
 -- key of another type, which is then judged as an expired pin: by the metadata.
 local owners = {}
@@ -174,7 +186,11 @@ for i = 1, n do
     KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[4 + i])
   local r = #replies
   if ok then
-    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4] = status, cursor, deleted, late
+    if status == 'reaped' and cursor == '0' and late == 0 then
+      replies[r + 1] = deleted
+    else
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4] = status, cursor, deleted, late
+    end
     seen = seen + scanned
   else
     -- A failed command (the error is a string, or a table with err on some versions): what

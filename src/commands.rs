@@ -86,6 +86,7 @@ pub const COMMANDS: &[Command] = &[
     c("RENAME", "$K $K", Need::Node),
     c("UNLINK", "$K", Need::Node),
     c("SSCAN", "$K 0 COUNT 1000", Need::Node),
+    c("SRANDMEMBER", "$K 1000", Need::Node),
     c("ZADD", "$K 0 m", Need::Node),
     c("ZREM", "$K m", Need::Node),
     c("ZSCORE", "$K m", Need::Node),

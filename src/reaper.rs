@@ -36,7 +36,7 @@ use crate::keys::decode_id;
 use crate::pause::{Mark, Note};
 use crate::rooms::PEER_BATCH;
 use crate::scan::{self, Cursor, Scan};
-use crate::scripts::SCRIPTS;
+use crate::scripts::{RoomReplies, RoomReply, SCRIPTS};
 use crate::state::{Counters, Ctx, Local, Shared};
 use crate::worker::{self, stopping, Periodic};
 
@@ -456,10 +456,6 @@ fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> R
 /// holds one room (its keys share a slot).
 const ROOMS_PER_CALL: usize = 32;
 
-/// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted, records
-/// of the instance kept as written at or after t0. The reply is one flat array, four elements
-/// per room; redis-rs decodes a flat array into a `Vec` of 4-tuples four elements at a time.
-type RoomReply = (String, String, u64, u64);
 
 /// Rooms per `reap_room.lua` call on `con` (see [`ROOMS_PER_CALL`]).
 fn rooms_per_call(con: &Conn) -> usize {
@@ -576,8 +572,8 @@ fn room_replies(
     // every room of its call alike.
     let mut results = Vec::with_capacity(pending.len());
     for (chunk, reply) in calls(&pending, sizes).zip(replies.by_ref()) {
-        match conn::decode::<Vec<RoomReply>>(op, reply) {
-            Ok(rooms) => {
+        match conn::decode::<RoomReplies>(op, reply) {
+            Ok(RoomReplies(rooms)) => {
                 let mut rooms = rooms.into_iter();
                 for (room, cursor) in chunk {
                     match rooms.next() {

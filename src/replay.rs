@@ -297,7 +297,7 @@ impl Instance {
         let (mut cursor, mut deleted, mut late) = ("0".to_owned(), 0, 0);
         loop {
             let inv = reaper::room_invocation(&self.ctx, &dw, t0, &[(rw.clone(), cursor)]);
-            let replies: Vec<(String, String, u64, u64)> = conn::call(con, "reap room", &inv)?;
+            let crate::scripts::RoomReplies(replies) = conn::call(con, "reap room", &inv)?;
             let Some((status, next, d, l)) = replies.into_iter().next() else {
                 return Err(Error::bad_data("reap room", "no reply"));
             };

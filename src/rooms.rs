@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use crate::conn::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys::{decode_id, encode_id, IdKind};
-use crate::scripts::SCRIPTS;
+use crate::scripts::{RoomReplies, SCRIPTS};
 use crate::state::{Ctx, Local};
 
 /// Peer records deleted per script call when a room is closed or reaped.
@@ -357,7 +357,7 @@ pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<
             .arg(1)
             .arg(&cursor);
         // Its fourth element (records kept as written after t0) is always 0 here.
-        let replies: Vec<(String, String, u64, u64)> = conn::call(con, op, &inv)?;
+        let RoomReplies(replies) = conn::call(con, op, &inv)?;
         let Some((status, next, n, _)) = replies.into_iter().next() else {
             return Err(Error::bad_data(op, "reap_room.lua replied with no room"));
         };

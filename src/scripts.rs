@@ -116,6 +116,46 @@ scripts!(
     audit_enqueue,
 );
 
+/// One room's part of a `reap_room.lua` reply: status, peer cursor, records deleted, records
+/// of the instance kept as written at or after t0.
+pub(crate) type RoomReply = (String, String, u64, u64);
+
+/// A `reap_room.lua` reply: one [`RoomReply`] per room the call reached, in order. On the wire
+/// one flat array: a room reaped whole in the call with nothing kept is one integer (its
+/// records deleted; status `reaped`, cursor `0`), any other room four elements (status,
+/// cursor, deleted, late).
+pub(crate) struct RoomReplies(pub(crate) Vec<RoomReply>);
+
+impl redis::FromRedisValue for RoomReplies {
+    fn from_redis_value(v: redis::Value) -> std::result::Result<Self, redis::ParsingError> {
+        let redis::Value::Array(items) = v else {
+            return Err(format!("reap_room.lua replied {v:?}, not an array").into());
+        };
+        let mut rooms = Vec::with_capacity(items.len());
+        let mut items = items.into_iter();
+        while let Some(first) = items.next() {
+            if let redis::Value::Int(deleted) = first {
+                let deleted = u64::try_from(deleted)
+                    .map_err(|_| format!("reap_room.lua: {deleted} records deleted"))?;
+                rooms.push(("reaped".to_owned(), "0".to_owned(), deleted, 0));
+                continue;
+            }
+            let (Some(cursor), Some(deleted), Some(late)) =
+                (items.next(), items.next(), items.next())
+            else {
+                return Err("reap_room.lua: a room's reply is short".into());
+            };
+            rooms.push((
+                redis::from_redis_value(first)?,
+                redis::from_redis_value(cursor)?,
+                redis::from_redis_value(deleted)?,
+                redis::from_redis_value(late)?,
+            ));
+        }
+        Ok(RoomReplies(rooms))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::SCRIPTS;

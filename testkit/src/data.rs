@@ -79,9 +79,9 @@ fn wire(kind: IdKind, id: &str) -> String {
 }
 
 /// Writes, following the key schema (version 2), the data a dead instance left: for each room
-/// its pin (if [`DeadInstance::pin_px`]), metadata (`owner`, `pinned_ms` a second before the
-/// score, `peer_seq`), peer records (`instance`, `guest`, `generation` 1.., and `updated_ms`
-/// half a second before the score, plus a `name` host field), the room's peer set, guest
+/// its pin (if [`DeadInstance::pin_px`]), metadata (`owner`, `pinned_ms` and `pinned_us` a
+/// second before the score, `peer_seq`), peer records (`instance`, `guest`, `generation` 1..,
+/// and `updated_ms` and `updated_us` half a second before the score, plus a `name` host field), the room's peer set, guest
 /// pointers and guest states, and the instance's room index, which reaches every one of those
 /// records (index first, record second, as the library writes); then its sorted-set entry with
 /// no heartbeat key. [`BATCH`] rooms per pipeline (not atomic: on a cluster the rooms are on
@@ -141,6 +141,8 @@ fn write_room(
         .arg(i)
         .arg("pinned_ms")
         .arg(dead.score_ms - 1000)
+        .arg("pinned_us")
+        .arg((dead.score_ms - 1000) * 1000)
         .arg("peer_seq")
         .arg(room.peers.len())
         .ignore();
@@ -171,6 +173,8 @@ fn write_room(
             .arg(n + 1)
             .arg("updated_ms")
             .arg(dead.score_ms - 500)
+            .arg("updated_us")
+            .arg((dead.score_ms - 500) * 1000)
             .arg("name")
             .arg(name)
             .ignore();

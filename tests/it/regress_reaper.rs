@@ -390,11 +390,41 @@ fn reap_room_lua() -> String {
 /// instance kept as written at or after t0.
 type RoomReply = (String, String, u64, u64);
 
+/// A `reap_room.lua` reply, one [`RoomReply`] per room reached. On the wire one flat array: a
+/// bare integer for a room reaped whole with nothing kept (its records deleted), four elements
+/// for any other room.
+struct Rooms(Vec<RoomReply>);
+
+impl redis::FromRedisValue for Rooms {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let redis::Value::Array(items) = v else {
+            return Err(format!("not an array: {v:?}").into());
+        };
+        let mut rooms = Vec::new();
+        let mut items = items.into_iter();
+        while let Some(first) = items.next() {
+            if let redis::Value::Int(n) = first {
+                rooms.push(("reaped".into(), "0".into(), u64::try_from(n).unwrap(), 0));
+                continue;
+            }
+            let rest: Vec<redis::Value> = items.by_ref().take(3).collect();
+            let [cursor, deleted, late] = <[redis::Value; 3]>::try_from(rest)
+                .map_err(|rest| format!("a short room reply: {rest:?}"))?;
+            rooms.push((
+                redis::from_redis_value(first)?,
+                redis::from_redis_value(cursor)?,
+                redis::from_redis_value(deleted)?,
+                redis::from_redis_value(late)?,
+            ));
+        }
+        Ok(Rooms(rooms))
+    }
+}
+
 /// `reap_room.lua` on one room (its five keys), from cursor 0, `SSCAN COUNT` 100: its one
 /// `(status, cursor, deleted, late)`.
 fn reap_one(s: &Server, room_keys: &[&str], dead: &str, t0: &str) -> RoomReply {
-    let mut out: Vec<RoomReply> =
-        eval(s, &reap_room_lua(), room_keys, &[dead, t0, "100", "1", "0"]);
+    let Rooms(mut out) = eval(s, &reap_room_lua(), room_keys, &[dead, t0, "100", "1", "0"]);
     assert_eq!(out.len(), 1, "one room, one reply");
     out.remove(0)
 }
@@ -724,7 +754,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         .unwrap();
     let keys = keys_of(&[&a, &b, &c, &d, &g]);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let out: Vec<RoomReply> = eval(
+    let Rooms(out) = eval(
         &s,
         &reap_room_lua(),
         &keys,
@@ -763,7 +793,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
     let f = room("f", &dead, &[("f1", &dead), ("f2", &dead), ("f3", &dead)]);
     let keys = keys_of(&[&e, &f]);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let out: Vec<RoomReply> = eval(
+    let Rooms(out) = eval(
         &s,
         &reap_room_lua(),
         &keys,
@@ -779,7 +809,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         exists(&f.owner) && exists(&ks.peer("f", "f1")),
         "room f untouched"
     );
-    let out: Vec<RoomReply> = eval(
+    let Rooms(out) = eval(
         &s,
         &reap_room_lua(),
         &keys[5..],
@@ -896,4 +926,68 @@ fn a_reap_of_big_and_small_rooms_counts_each_room_once_and_leaves_nothing() {
     let left = references(&s.dump("*"), &names);
     assert!(left.is_empty(), "left after the reap: {left:#?}");
     drop(leader);
+}
+
+// Protects: invariant 2 and "never loop unboundedly in Lua" in the reap's fast path (issue 27:
+// `reap_room.lua` reads a room's peers with one SRANDMEMBER of the batch size, which answers
+// the whole set only when the set holds fewer members than that). A room with as many peers as
+// the batch size, or more, is reaped in SSCAN batches instead, and every record goes with it;
+// trusting a full read would delete the room's peer set with records it did not list.
+// Fault: three rooms of the dead instance, with 2, 3 and 7 peers; batch size 3.
+#[test]
+fn a_room_as_big_as_the_batch_or_bigger_loses_every_record() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let dead = wire(IdKind::Instance, "gone");
+    let before = ((s.server_ms() - 60_000) * 1000).to_string();
+    let t0 = (s.server_ms() * 1000).to_string();
+    for (name, n) in [("small", 2u64), ("even", 3), ("big", 7)] {
+        let rk = ks.room(name);
+        let peers: Vec<String> = (0..n).map(|p| format!("p{p}")).collect();
+        let mut pipe = redis::pipe();
+        pipe.set(&rk.owner, &dead).ignore();
+        pipe.hset_multiple(
+            &rk.meta,
+            &[("owner", dead.clone()), ("pinned_us", before.clone())],
+        )
+        .ignore();
+        for p in &peers {
+            pipe.hset_multiple(
+                ks.peer(name, p),
+                &[
+                    ("instance", dead.as_str()),
+                    ("generation", "1"),
+                    ("updated_us", before.as_str()),
+                ],
+            )
+            .ignore();
+            pipe.sadd(&rk.peers, p).ignore();
+        }
+        pipe.query::<()>(&mut s.con()).unwrap();
+        let (mut cursor, mut deleted) = ("0".to_owned(), 0);
+        for call in 1.. {
+            assert!(call <= 20, "{name}: still going after 20 calls");
+            let Rooms(out) = eval(
+                &s,
+                &reap_room_lua(),
+                &five(&rk),
+                &[&dead, &t0, "3", "1", &cursor],
+            );
+            let [(status, next, d, late)] = <[RoomReply; 1]>::try_from(out).unwrap();
+            assert_eq!((status.as_str(), late), ("reaped", 0), "{name}");
+            deleted += d;
+            match next.as_str() {
+                "0" => break,
+                "again" => cursor = "0".to_owned(),
+                _ => cursor = next,
+            }
+        }
+        assert_eq!(deleted, n, "{name}: every record deleted once");
+        for p in &peers {
+            assert!(!exists(&s, &ks.peer(name, p)), "{name}: record {p} left");
+        }
+        for k in five(&rk) {
+            assert!(!exists(&s, k), "{name}: {k} left");
+        }
+    }
 }
