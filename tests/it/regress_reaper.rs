@@ -991,3 +991,47 @@ fn a_room_as_big_as_the_batch_or_bigger_loses_every_record() {
         }
     }
 }
+
+// Protects: invariant 2 for data written before `pinned_us` existed (issue 27: `reap_room.lua`
+// reads `pinned_ms` only when `pinned_us` is missing). Such metadata is judged by its
+// `pinned_ms`: a room pinned after t0 is a new life's and is kept, one pinned before is reaped.
+// Fault: two rooms of the dead instance whose metadata has `pinned_ms` only, one stamped 5 s
+// after t0 and one a minute before, each with one record of the dead instance.
+#[test]
+fn older_metadata_is_judged_by_its_pinned_ms() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let dead = wire(IdKind::Instance, "gone");
+    let now = s.server_ms();
+    let t0 = (now * 1000).to_string();
+    for (name, pinned_ms, status) in [
+        ("after", now + 5_000, "new_life"),
+        ("before", now - 60_000, "reaped"),
+    ] {
+        let rk = ks.room(name);
+        let _: () = redis::pipe()
+            .hset_multiple(
+                &rk.meta,
+                &[("owner", dead.clone()), ("pinned_ms", pinned_ms.to_string())],
+            )
+            .ignore()
+            .hset_multiple(
+                ks.peer(name, "p"),
+                &[
+                    ("instance", dead.clone()),
+                    ("generation", "1".to_owned()),
+                    ("updated_ms", pinned_ms.to_string()),
+                ],
+            )
+            .ignore()
+            .sadd(&rk.peers, "p")
+            .ignore()
+            .query(&mut s.con())
+            .unwrap();
+        let out = reap_one(&s, &five(&rk), &dead, &t0);
+        assert_eq!(out.0, status, "{name}: {out:?}");
+        let kept = status == "new_life";
+        assert_eq!(exists(&s, &rk.meta), kept, "{name}: metadata");
+        assert_eq!(exists(&s, &ks.peer(name, "p")), kept, "{name}: record");
+    }
+}
