@@ -41,8 +41,8 @@
 -- started; send them again with their cursors). A room is one integer, the records deleted, when
 -- it was reaped whole in this call with nothing kept (status 'reaped', cursor '0', late 0: nearly
 -- every room; an integer is the cheapest element for Redis to send), else four elements:
--- (status, cursor, deleted, late). cursor ~= '0' means "call again with this cursor" ('again': start over from '0',
--- peers were added behind the scan); status is
+-- (status, cursor, deleted, late). cursor ~= '0' means "call again with this cursor" ('again':
+-- start over from '0', peers were added behind the scan); status is
 --   'reaped'    the room was the dead instance's and is (being) deleted;
 --   'gone'      nothing of the room was left;
 --   'skipped'   another instance owns the room: only the dead instance's peers were removed;
@@ -62,7 +62,8 @@
 --
 -- Protects: owner CAS (pitfall "without the owner check the reaper deletes rooms another
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
--- "never loop unboundedly in Lua" (SSCAN batches, a work bound per call).
+-- "never loop unboundedly in Lua" (SRANDMEMBER of at most the batch size, SSCAN batches, a work
+-- bound per call).
 local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local budget = tonumber(count)
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).

@@ -173,6 +173,35 @@ mod tests {
         assert_eq!(SCRIPTS.source_of(b"0000"), None);
     }
 
+    /// `reap_room.lua`'s reply: an integer is a room reaped whole with nothing kept, any other
+    /// room four elements; a short or negative entry is an error, not a guess.
+    #[test]
+    fn room_replies_decode_both_shapes() {
+        use redis::Value::{Array, BulkString, Int};
+        let s = |t: &str| BulkString(t.as_bytes().to_vec());
+        let reply = Array(vec![
+            Int(4),
+            s("skipped"),
+            s("17"),
+            Int(1),
+            Int(2),
+            Int(0),
+        ]);
+        let super::RoomReplies(rooms) = redis::from_redis_value(reply).expect("decodes");
+        assert_eq!(
+            rooms,
+            [
+                ("reaped".into(), "0".into(), 4, 0),
+                ("skipped".into(), "17".into(), 1, 2),
+                ("reaped".into(), "0".into(), 0, 0),
+            ]
+        );
+        let short = Array(vec![Int(1), s("error"), s("WRONGTYPE")]);
+        assert!(redis::from_redis_value::<super::RoomReplies>(short).is_err());
+        assert!(redis::from_redis_value::<super::RoomReplies>(Array(vec![Int(-1)])).is_err());
+        assert!(redis::from_redis_value::<super::RoomReplies>(Int(1)).is_err());
+    }
+
     #[test]
     fn every_lua_file_is_listed() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
