@@ -57,15 +57,15 @@ if old_guest and old_guest ~= '' and old_guest ~= guest
   redis.call('HDEL', KEYS[4], old_guest)
 end
 local sup = ''
-if guest ~= '' then
+-- HSETNX: a guest with no pointer yet (nearly every join) is one call; a pointer that exists is
+-- read, and if it names another peer, that peer is superseded and the pointer moves here.
+if guest ~= '' and redis.call('HSETNX', KEYS[3], guest, peer) == 0 then
   local cur = redis.call('HGET', KEYS[3], guest)
   if cur and cur ~= peer then
     local sup_rec = string.sub(KEYS[2], 1, -6) .. 'peer:' .. cur
     sup = cur
     redis.call('DEL', sup_rec)
     redis.call('SREM', KEYS[2], cur)
-  end
-  if cur ~= peer then
     redis.call('HSET', KEYS[3], guest, peer)
   end
 end

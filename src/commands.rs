@@ -75,6 +75,7 @@ pub const COMMANDS: &[Command] = &[
     c("HMGET", "$K f g", Need::Node),
     c("MGET", "$K", Need::Node),
     c("HSET", "$K f v", Need::Node),
+    c("HSETNX", "$K f v", Need::Node),
     c("HDEL", "$K f", Need::Node),
     c("HEXISTS", "$K f", Need::Node),
     c("HINCRBY", "$K f 1", Need::Node),
