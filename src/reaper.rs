@@ -456,7 +456,6 @@ fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> R
 /// holds one room (its keys share a slot).
 const ROOMS_PER_CALL: usize = 32;
 
-
 /// Rooms per `reap_room.lua` call on `con` (see [`ROOMS_PER_CALL`]).
 fn rooms_per_call(con: &Conn) -> usize {
     if con.is_cluster() {

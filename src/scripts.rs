@@ -179,14 +179,7 @@ mod tests {
     fn room_replies_decode_both_shapes() {
         use redis::Value::{Array, BulkString, Int};
         let s = |t: &str| BulkString(t.as_bytes().to_vec());
-        let reply = Array(vec![
-            Int(4),
-            s("skipped"),
-            s("17"),
-            Int(1),
-            Int(2),
-            Int(0),
-        ]);
+        let reply = Array(vec![Int(4), s("skipped"), s("17"), Int(1), Int(2), Int(0)]);
         let super::RoomReplies(rooms) = redis::from_redis_value(reply).expect("decodes");
         assert_eq!(
             rooms,

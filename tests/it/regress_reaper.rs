@@ -1012,7 +1012,10 @@ fn older_metadata_is_judged_by_its_pinned_ms() {
         let _: () = redis::pipe()
             .hset_multiple(
                 &rk.meta,
-                &[("owner", dead.clone()), ("pinned_ms", pinned_ms.to_string())],
+                &[
+                    ("owner", dead.clone()),
+                    ("pinned_ms", pinned_ms.to_string()),
+                ],
             )
             .ignore()
             .hset_multiple(
