@@ -1038,3 +1038,64 @@ fn older_metadata_is_judged_by_its_pinned_ms() {
         assert_eq!(exists(&s, &ks.peer(name, "p")), kept, "{name}: record");
     }
 }
+
+// Protects: invariant 2 (a record written after t0 is a new life's and is kept) and invariant 4
+// (a room's generations start at the server time in microseconds) for the times `upsert_peer.lua`
+// builds from TIME's digits (issue 27: strings, not Lua numbers, go to Redis). A microseconds
+// part under 100,000 must be zero-padded to six digits, or `updated_us` and the first
+// generation lose digits and fall far before t0.
+// Fault: the shipped script with TIME answering fixed seconds and microseconds of 1 to 6 digits.
+#[test]
+fn upsert_writes_server_time_with_zero_padded_microseconds() {
+    let s = Server::start();
+    let ks = ks(STAGE);
+    let me = wire(IdKind::Instance, "host");
+    let shipped = lua("upsert_peer", include_str!("../../lua/upsert_peer.lua"));
+    assert_eq!(shipped.matches("redis.call('TIME')").count(), 1);
+    for (n, us) in ["5", "42", "99999", "100000", "999999"]
+        .into_iter()
+        .enumerate()
+    {
+        let src = shipped.replace("redis.call('TIME')", &format!("{{'1700000000', '{us}'}}"));
+        let room = format!("clock-{n}");
+        let rk = ks.room(&room);
+        let record = ks.peer(&room, "p");
+        let _: () = redis::cmd("SET")
+            .arg(&rk.owner)
+            .arg(&me)
+            .query(&mut s.con())
+            .unwrap();
+        let generation: i64 = eval(
+            &s,
+            &src,
+            &[
+                &record,
+                &rk.peers,
+                &rk.guests,
+                &rk.guest_state,
+                &rk.owner,
+                &rk.meta,
+            ],
+            &[&me, "p", "", "", "name", "x"],
+        );
+        let padded = format!("{us:0>6}");
+        let written: (String, String, String) = redis::cmd("HMGET")
+            .arg(&record)
+            .arg("updated_us")
+            .arg("updated_ms")
+            .arg("generation")
+            .query(&mut s.con())
+            .unwrap();
+        let now_us = format!("1700000000{padded}");
+        assert_eq!(written.0, now_us, "updated_us, µs {us}");
+        assert_eq!(
+            written.1,
+            format!("1700000000{}", &padded[..3]),
+            "updated_ms, µs {us}"
+        );
+        // The room's first generation: its counter (1) raised by the server time in µs.
+        let first = 1 + now_us.parse::<i64>().unwrap();
+        assert_eq!(generation, first, "the first generation, µs {us}");
+        assert_eq!(written.2, first.to_string(), "generation field, µs {us}");
+    }
+}
