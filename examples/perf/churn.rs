@@ -7,9 +7,9 @@
 //!   generation counter, `HSET` of the record's fields, `SADD` to the room's peers, `HSET` of
 //!   the guest pointer; leave: `DEL`, `SREM`, `HDEL` x 2), the record's times passed in by the
 //!   client, numbers passed to Redis as strings (as the library does: Redis 7.0 formats a Lua
-//!   number argument with `snprintf`), a bare integer for a reply. Key schema version 2 keeps no per-instance peer index (the room index, written
-//!   when the room is pinned, reaches every record), so neither the library nor the floors
-//!   write one per join or leave;
+//!   number argument with `snprintf`), a bare integer for a reply. Key schema version 2 keeps
+//!   no per-instance peer index (the room index, written when the room is pinned, reaches
+//!   every record), so neither the library nor the floors write one per join or leave;
 //! - the *raw floor*: the same commands, one pipelined round trip of plain commands per
 //!   operation.
 //!
