@@ -1,24 +1,22 @@
 #!lua
 -- reap_room.lua: remove what a dead instance left in a batch of rooms, in bounded steps.
 --
--- Per room i (i = 1..n, n = #KEYS / 5), five keys:
--- KEYS[5i-4] P:room:{R}:owner
--- KEYS[5i-3] P:room:{R}:meta
--- KEYS[5i-2] P:room:{R}:peers
--- KEYS[5i-1] P:room:{R}:guests
--- KEYS[5i]   P:room:{R}:guest-state
--- Peer records P:room:{R}:peer:<p> are derived from the room's owner key (same prefix and hash
--- tag; the prefix holds no '{').
+-- Per room i (i = 1..n, n = #KEYS), one key:
+-- KEYS[i] P:room:{R}:owner, the room's pin. The room's other keys are derived from it (same
+-- prefix and hash tag; the prefix holds no '{'): P:room:{R}:meta, :peers, :guests,
+-- :guest-state and the peer records P:room:{R}:peer:<p> (docs/DESIGN.md, "One slot per
+-- script": a derived key with the same base counts as passed; one key per room saves the
+-- parsing of four more arguments per room, which a reap pays at every room).
 -- ARGV[1] dead instance id (wire form)
 -- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
 --         (reap_begin.lua)
 -- ARGV[3] peers read at a time (SRANDMEMBER count, SSCAN COUNT), also the call's work bound:
 --         once the rooms done in this call have seen that many peers, no further room is started
--- ARGV[4] n, the number of rooms
--- ARGV[4+i] room i's SSCAN cursor over its peers ('0' on its first call)
+-- ARGV[3+i] room i's SSCAN cursor over its peers; a missing one is '0' (a room's first call:
+--         the caller sends no cursors when every room starts from '0')
 --
 -- Several rooms per call only where every key lives on one server (standalone, a Sentinel
--- master); on Redis Cluster the caller sends one room per call (its five keys share a slot).
+-- master); on Redis Cluster the caller sends one room per call (its keys share a slot).
 --
 -- The rooms come from the dead instance's room index, which reaches every record naming it
 -- (key schema version 2: upsert_peer.lua writes records only into rooms their instance owns,
@@ -64,41 +62,59 @@
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
 -- "never loop unboundedly in Lua" (SRANDMEMBER of at most the batch size, SSCAN batches, a work
 -- bound per call).
-local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], #KEYS
 local budget = tonumber(count)
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
 local function micros(us, ms)
   return tonumber(us) or ((tonumber(ms) or 0) * 1000 + 999)
 end
--- Keys of rooms deleted whole by the fast path: sent in one DEL per call.
-local dels = {}
+-- Keys of rooms deleted whole by the fast path, dels[1..nd]: sent in one DEL per call. The
+-- table is reused after a DEL (entries past nd are stale); counts are kept in locals, as the
+-- length operator searches the table each time.
+local dels, nd = {}, 0
 local function flush()
-  if #dels > 0 then
-    redis.call('DEL', unpack(dels))
-    dels = {}
+  if nd > 0 then
+    redis.call('DEL', unpack(dels, 1, nd))
+    nd = 0
   end
 end
 
--- One room: its pin's value (false: none), its keys (owner, meta, peers, guests, guest-state)
--- and its peer cursor. Returns its four reply elements (status, cursor, deleted, late) and the
--- number of peers its scan saw. The pins are read once, before the first room: a room listed
--- twice in one call would see its pin as it was then (the caller never lists a room twice).
-local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key, cursor)
-  local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_us')
-  local meta_owner = meta[1]
-  -- pinned_ms only for data written before pinned_us existed (one more read, then).
-  local pinned = tonumber(meta[2]) or micros(false, redis.call('HGET', meta_key, 'pinned_ms'))
+-- One room: its pin's value (false: none), its pin's key (the base of the others) and its peer
+-- cursor. Returns its four reply elements (status, cursor, deleted, late) and the number of
+-- peers its scan saw. The pins are read once, before the first room: a room listed twice in
+-- one call would see its pin as it was then (the caller never lists a room twice).
+local function reap(owner, owner_key, cursor)
   local base = string.sub(owner_key, 1, -6)
-  local dead_owns = owner == dead or (owner == false and (meta_owner == dead or meta_owner == false))
+  local meta_key = base .. 'meta'
+  -- The owner CAS: the pin, or when it has expired the metadata, names the dead instance (or
+  -- nobody). A pin naming the dead instance needs only the pin time from the metadata (one
+  -- field, answered without a table); a pin naming another instance needs nothing more.
+  local dead_owns, gone, pinned = false, false, nil
+  if owner == dead then
+    dead_owns = true
+    pinned = redis.call('HGET', meta_key, 'pinned_us')
+  elseif owner == false then
+    local meta = redis.call('HMGET', meta_key, 'owner', 'pinned_us')
+    dead_owns = meta[1] == dead or meta[1] == false
+    gone = meta[1] == false
+    pinned = meta[2]
+  end
   local status
-  if dead_owns and pinned < t0 then
-    if owner == false and meta_owner == false then status = 'gone' else status = 'reaped' end
-  elseif dead_owns then
-    status = 'new_life'
+  if dead_owns then
+    -- pinned_ms only for data written before pinned_us existed (one more read, then).
+    pinned = tonumber(pinned) or micros(false, redis.call('HGET', meta_key, 'pinned_ms'))
+    if pinned >= t0 then
+      status = 'new_life'
+    elseif gone then
+      status = 'gone'
+    else
+      status = 'reaped'
+    end
   else
     status = 'skipped'
   end
   local whole = status == 'reaped' or status == 'gone'
+  local peers_key = base .. 'peers'
   -- Peers read by a fast-path attempt that found the room too big for it (work done, counted).
   local tried = 0
   if whole and cursor == '0' then
@@ -108,21 +124,24 @@ local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key
     -- can be added while the script runs, so the records and the room's keys go with the
     -- call's one DEL (no SREM, no SCARD).
     local peers = redis.call('SRANDMEMBER', peers_key, count)
-    if #peers < budget then
-      for _, p in ipairs(peers) do
-        dels[#dels + 1] = base .. 'peer:' .. p
+    local np = #peers
+    if np < budget then
+      for j = 1, np do
+        dels[nd + j] = base .. 'peer:' .. peers[j]
       end
+      nd = nd + np
       if owner then
-        dels[#dels + 1] = owner_key
+        nd = nd + 1
+        dels[nd] = owner_key
       end
-      dels[#dels + 1] = meta_key
-      dels[#dels + 1] = peers_key
-      dels[#dels + 1] = guests_key
-      dels[#dels + 1] = state_key
-      return status, '0', #peers, 0, #peers
+      dels[nd + 1], dels[nd + 2] = meta_key, peers_key
+      dels[nd + 3], dels[nd + 4] = base .. 'guests', base .. 'guest-state'
+      nd = nd + 4
+      return status, '0', np, 0, np
     end
-    tried = #peers
+    tried = np
   end
+  local guests_key, state_key = base .. 'guests', base .. 'guest-state'
   local scan = redis.call('SSCAN', peers_key, cursor, 'COUNT', count)
   local peers = scan[2]
   local records, members, late = {}, {}, 0
@@ -167,40 +186,38 @@ local function reap(owner, owner_key, meta_key, peers_key, guests_key, state_key
   return status, '0', #records, late, tried + #peers
 end
 
-local replies, seen = {}, 0
+local replies, nr, seen = {}, 0, 0
 -- Every room's pin in one MGET (one call instead of a GET per room). MGET answers nil for a
 -- key of another type, which is then judged as an expired pin: by the metadata.
 local owners = {}
 if n > 0 then
-  local pins = {}
-  for i = 1, n do
-    pins[i] = KEYS[5 * i - 4]
-  end
-  owners = redis.call('MGET', unpack(pins))
+  owners = redis.call('MGET', unpack(KEYS))
 end
 for i = 1, n do
   if i > 1 and seen >= budget then
     break
   end
-  local k = 5 * (i - 1)
-  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], KEYS[k + 1],
-    KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[4 + i])
-  local r = #replies
+  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], KEYS[i],
+    ARGV[3 + i] or '0')
   if ok then
     if status == 'reaped' and cursor == '0' and late == 0 then
-      replies[r + 1] = deleted
+      nr = nr + 1
+      replies[nr] = deleted
     else
-      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4] = status, cursor, deleted, late
+      replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = status, cursor,
+        deleted, late
+      nr = nr + 4
     end
     seen = seen + scanned
   else
     -- A failed command (the error is a string, or a table with err on some versions): what
     -- ran before it in this room stays done; the room is left for the audit.
-    replies[r + 1] = 'error'
-    replies[r + 2] = type(status) == 'table' and (status.err or '?') or tostring(status)
-    replies[r + 3], replies[r + 4] = 0, 0
+    replies[nr + 1] = 'error'
+    replies[nr + 2] = type(status) == 'table' and (status.err or '?') or tostring(status)
+    replies[nr + 3], replies[nr + 4] = 0, 0
+    nr = nr + 4
   end
-  if #dels > 1000 then
+  if nd > 1000 then
     flush()
   end
 end

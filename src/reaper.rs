@@ -513,15 +513,16 @@ pub(crate) fn room_invocation(
     rooms: &[(String, String)],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = SCRIPTS.reap_room.prepare_invoke();
+    // One key per room, its pin: the script derives the others from it.
     for (room, _) in rooms {
-        let rk = ctx.keys.room(room);
-        for k in rk.all() {
-            inv.key(k);
-        }
+        inv.key(ctx.keys.room_owner(room));
     }
-    inv.arg(dead).arg(t0).arg(PEER_BATCH).arg(rooms.len());
-    for (_, cursor) in rooms {
-        inv.arg(cursor);
+    inv.arg(dead).arg(t0).arg(PEER_BATCH);
+    // No cursors when every room starts from "0" (a missing cursor is "0"): nearly every call.
+    if rooms.iter().any(|(_, cursor)| cursor != "0") {
+        for (_, cursor) in rooms {
+            inv.arg(cursor);
+        }
     }
     inv
 }

@@ -348,13 +348,10 @@ pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<
     // Each call moves the room's SSCAN forward; a room kept ('skipped') ends at cursor 0.
     for _ in 0..10_000 {
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
-        for k in rk.all() {
-            inv.key(k);
-        }
-        inv.arg(&ctx.me)
+        inv.key(&rk.owner)
+            .arg(&ctx.me)
             .arg(SWEEP_ALL)
             .arg(PEER_BATCH)
-            .arg(1)
             .arg(&cursor);
         // Its fourth element (records kept as written after t0) is always 0 here.
         let RoomReplies(replies) = conn::call(con, op, &inv)?;

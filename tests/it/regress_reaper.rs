@@ -421,15 +421,15 @@ impl redis::FromRedisValue for Rooms {
     }
 }
 
-/// `reap_room.lua` on one room (its five keys), from cursor 0, `SSCAN COUNT` 100: its one
+/// `reap_room.lua` on one room (its one key, the pin), from cursor 0, `SSCAN COUNT` 100: its one
 /// `(status, cursor, deleted, late)`.
-fn reap_one(s: &Server, room_keys: &[&str], dead: &str, t0: &str) -> RoomReply {
-    let Rooms(mut out) = eval(s, &reap_room_lua(), room_keys, &[dead, t0, "100", "1", "0"]);
+fn reap_one(s: &Server, rk: &sfu_redis::keys::RoomKeys, dead: &str, t0: &str) -> RoomReply {
+    let Rooms(mut out) = eval(s, &reap_room_lua(), &[&rk.owner], &[dead, t0, "100", "0"]);
     assert_eq!(out.len(), 1, "one room, one reply");
     out.remove(0)
 }
 
-/// The five keys of `rk` in `reap_room.lua`'s order.
+/// The five keys of `rk`.
 fn five(rk: &sfu_redis::keys::RoomKeys) -> [&str; 5] {
     [&rk.owner, &rk.meta, &rk.peers, &rk.guests, &rk.guest_state]
 }
@@ -519,14 +519,14 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
         };
         write();
         let tie = t_tie.to_string();
-        let (status, _, deleted, late) = reap_one(&s, &five(&rk), &dead, &tie);
+        let (status, _, deleted, late) = reap_one(&s, &rk, &dead, &tie);
         assert_eq!(
             (status.as_str(), deleted, late),
             ("new_life", 0, 1),
             "{case}: a room pinned in the same instant as the reap's start was taken for the old life's"
         );
         assert!(exists(&s, &peer), "{case}: the new life's record is gone");
-        let (status, _, deleted, late) = reap_one(&s, &five(&kk), &dead, &tie);
+        let (status, _, deleted, late) = reap_one(&s, &kk, &dead, &tie);
         assert_eq!(
             (status.as_str(), deleted, late),
             ("skipped", 0, 1),
@@ -541,7 +541,7 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
             (x / 1000 + 1) * 1000
         };
         let later = later.to_string();
-        let (status, _, deleted, late) = reap_one(&s, &five(&kk), &dead, &later);
+        let (status, _, deleted, late) = reap_one(&s, &kk, &dead, &later);
         assert_eq!(
             (status.as_str(), deleted, late),
             ("skipped", 1, 0),
@@ -549,7 +549,7 @@ fn a_write_in_the_same_instant_as_the_reap_start_is_the_new_life() {
         );
         assert!(!exists(&s, &kept_peer), "{case}");
         assert!(exists(&s, &kk.owner), "{case}: the taker's room stays");
-        let (status, _, deleted, late) = reap_one(&s, &five(&rk), &dead, &later);
+        let (status, _, deleted, late) = reap_one(&s, &rk, &dead, &later);
         assert_eq!((status.as_str(), deleted, late), ("reaped", 1, 0), "{case}");
         let left: i64 = redis::cmd("EXISTS")
             .arg(&rk.meta)
@@ -621,7 +621,7 @@ fn a_room_pinned_again_by_a_new_life_keeps_the_records_written_after_t0() {
     record("new", &dead, "g-new", &after);
     record("old", &dead, "g-old", &before);
     record("theirs", &other, "", &before);
-    let (status, cursor, deleted, late) = reap_one(&s, &five(&rk), &dead, &t0);
+    let (status, cursor, deleted, late) = reap_one(&s, &rk, &dead, &t0);
     assert_eq!(
         (status.as_str(), cursor.as_str(), deleted, late),
         ("new_life", "0", 1, 1),
@@ -713,18 +713,9 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         pipe.query::<()>(&mut s.con()).unwrap();
         rk
     };
+    // One key per room, its pin (the script derives the others).
     let keys_of = |rks: &[&sfu_redis::keys::RoomKeys]| -> Vec<String> {
-        rks.iter()
-            .flat_map(|rk| {
-                [
-                    rk.owner.clone(),
-                    rk.meta.clone(),
-                    rk.peers.clone(),
-                    rk.guests.clone(),
-                    rk.guest_state.clone(),
-                ]
-            })
-            .collect()
+        rks.iter().map(|rk| rk.owner.clone()).collect()
     };
     let a = room("a", &dead, &[("a1", &dead), ("a2", &dead), ("a3", &dead)]);
     let b = room("b", &live, &[("old", &dead), ("new", &live)]);
@@ -758,7 +749,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         &s,
         &reap_room_lua(),
         &keys,
-        &[&dead, &t0, "100", "5", "0", "0", "0", "0", "0"],
+        &[&dead, &t0, "100", "0", "0", "0", "0", "0"],
     );
     let statuses: Vec<&str> = out.iter().map(|(st, ..)| st.as_str()).collect();
     assert_eq!(
@@ -793,12 +784,8 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
     let f = room("f", &dead, &[("f1", &dead), ("f2", &dead), ("f3", &dead)]);
     let keys = keys_of(&[&e, &f]);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let Rooms(out) = eval(
-        &s,
-        &reap_room_lua(),
-        &keys,
-        &[&dead, &t0, "2", "2", "0", "0"],
-    );
+    // No cursors: every room starts from '0'.
+    let Rooms(out) = eval(&s, &reap_room_lua(), &keys, &[&dead, &t0, "2"]);
     assert_eq!(
         out.len(),
         1,
@@ -809,12 +796,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         exists(&f.owner) && exists(&ks.peer("f", "f1")),
         "room f untouched"
     );
-    let Rooms(out) = eval(
-        &s,
-        &reap_room_lua(),
-        &keys[5..],
-        &[&dead, &t0, "100", "1", "0"],
-    );
+    let Rooms(out) = eval(&s, &reap_room_lua(), &keys[1..], &[&dead, &t0, "100"]);
     assert_eq!((out.len(), out[0].0.as_str()), (1, "reaped"), "{out:?}");
     assert!(!exists(&f.owner) && !exists(&ks.peer("f", "f1")), "{out:?}");
 }
@@ -858,7 +840,7 @@ fn a_pin_of_the_wrong_type_is_judged_by_the_metadata_and_left_alone() {
     let type_of = |k: &str| -> String { redis::cmd("TYPE").arg(k).query(&mut s.con()).unwrap() };
 
     let left = room("left", &dead, &[("d1", &dead)]);
-    let out = reap_one(&s, &five(&left), &dead, &t0);
+    let out = reap_one(&s, &left, &dead, &t0);
     assert_eq!((out.0.as_str(), out.2), ("reaped", 1), "{out:?}");
     assert!(
         !exists(&s, &left.meta) && !exists(&s, &left.peers) && !exists(&s, &ks.peer("left", "d1")),
@@ -867,7 +849,7 @@ fn a_pin_of_the_wrong_type_is_judged_by_the_metadata_and_left_alone() {
     assert_eq!(type_of(&left.owner), "hash", "the bad pin is left alone");
 
     let taken = room("taken", &live, &[("d1", &dead), ("l1", &live)]);
-    let out = reap_one(&s, &five(&taken), &dead, &t0);
+    let out = reap_one(&s, &taken, &dead, &t0);
     assert_eq!((out.0.as_str(), out.2), ("skipped", 1), "{out:?}");
     assert!(
         !exists(&s, &ks.peer("taken", "d1")),
@@ -970,8 +952,8 @@ fn a_room_as_big_as_the_batch_or_bigger_loses_every_record() {
             let Rooms(out) = eval(
                 &s,
                 &reap_room_lua(),
-                &five(&rk),
-                &[&dead, &t0, "3", "1", &cursor],
+                &[&rk.owner],
+                &[&dead, &t0, "3", &cursor],
             );
             let [(status, next, d, late)] = <[RoomReply; 1]>::try_from(out).unwrap();
             assert_eq!((status.as_str(), late), ("reaped", 0), "{name}");
@@ -1031,7 +1013,7 @@ fn older_metadata_is_judged_by_its_pinned_ms() {
             .ignore()
             .query(&mut s.con())
             .unwrap();
-        let out = reap_one(&s, &five(&rk), &dead, &t0);
+        let out = reap_one(&s, &rk, &dead, &t0);
         assert_eq!(out.0, status, "{name}: {out:?}");
         let kept = status == "new_life";
         assert_eq!(exists(&s, &rk.meta), kept, "{name}: metadata");
