@@ -402,8 +402,14 @@ struct Reaps {
 
 fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Reaps {
     let stats = std::env::var_os("SFU_PERF_STATS").is_some();
-    let mut library_cpu = Vec::new();
-    let library = median(runs, || {
+    // Interleaved: each round runs the library, the seed-style reaper, the floor and the
+    // script floor back to back, so a drift of the machine's speed over the measurement
+    // moves all four alike (as the churn figures are measured); the medians are per kind.
+    let (mut library, mut seed, mut floor, mut script_floor) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut library_cpu, mut floor_cpu, mut script_floor_cpu) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
         fabricate(&mut b.fab, &b.ks, "dead", rooms);
         if stats {
             let _: () = redis::cmd("CONFIG")
@@ -415,7 +421,7 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
         callgrind(&mut b.fab, true, "");
         let t = Instant::now();
         let c = leader.reap_now("dead").expect("reap").expect("dead");
-        let d = t.elapsed();
+        library.push(t.elapsed());
         callgrind(&mut b.fab, false, "library reap");
         library_cpu.push(server_cpu_us(&mut b.fab) - cpu);
         // SFU_PERF_STATS=1: the server's per-command costs of the library's reap.
@@ -427,47 +433,49 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
             eprintln!("{s}");
         }
         assert_eq!(c.rooms as usize, rooms);
-        d
-    });
-    assert_eq!(count_keys(&mut b.fab), 0, "the library left keys");
-    let seed = median(runs, || {
+        assert_eq!(count_keys(&mut b.fab), 0, "the library left keys");
+
         fabricate(&mut b.fab, &b.ks, "dead", rooms);
         let t = Instant::now();
         assert_eq!(seed_style_reap(&mut b.via, &b.ks, "dead"), rooms);
-        t.elapsed()
-    });
-    let mut floor_cpu = Vec::new();
-    let floor = median(runs, || {
+        seed.push(t.elapsed());
+
         let keys = fabricate(&mut b.fab, &b.ks, "dead", rooms);
         let cpu = server_cpu_us(&mut b.fab);
         let t = Instant::now();
         floor_reap(&mut b.via, &keys);
-        let d = t.elapsed();
+        floor.push(t.elapsed());
         floor_cpu.push(server_cpu_us(&mut b.fab) - cpu);
-        d
-    });
-    let mut script_floor_cpu = Vec::new();
-    let script_floor = median(runs, || {
+
         let keys = fabricate(&mut b.fab, &b.ks, "dead", rooms);
         let cpu = server_cpu_us(&mut b.fab);
         callgrind(&mut b.fab, true, "");
         let t = Instant::now();
         script_floor_reap(&mut b.via, &keys);
-        let d = t.elapsed();
+        script_floor.push(t.elapsed());
         callgrind(&mut b.fab, false, "script floor");
         script_floor_cpu.push(server_cpu_us(&mut b.fab) - cpu);
-        d
-    });
+        let last = |v: &Vec<Duration>| ms(*v.last().expect("a run"));
+        eprintln!(
+            "reap round: library {:.1} ms ({:.1} ms Redis CPU), seed-style {:.1} ms, floor {:.1} ms, script floor {:.1} ms ({:.1} ms Redis CPU)",
+            last(&library),
+            *library_cpu.last().expect("a run") as f64 / 1000.0,
+            last(&seed),
+            last(&floor),
+            last(&script_floor),
+            *script_floor_cpu.last().expect("a run") as f64 / 1000.0,
+        );
+    }
     let _: () = redis::cmd("ZREM")
         .arg(b.ks.heartbeats())
         .arg("dead")
         .query(&mut b.fab)
         .expect("ZREM");
     Reaps {
-        library,
-        seed,
-        floor,
-        script_floor,
+        library: middle(library),
+        seed: middle(seed),
+        floor: middle(floor),
+        script_floor: middle(script_floor),
         library_cpu_us: middle(library_cpu),
         floor_cpu_us: middle(floor_cpu),
         script_floor_cpu_us: middle(script_floor_cpu),
@@ -475,7 +483,7 @@ fn measure_reaps(b: &mut Bench, leader: &Node, rooms: usize, runs: usize) -> Rea
 }
 
 /// The median of `v`.
-fn middle(mut v: Vec<u64>) -> u64 {
+fn middle<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v.sort();
     v[v.len() / 2]
 }
