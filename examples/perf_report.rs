@@ -12,7 +12,10 @@
 //! against the same PING loop for 5 s with nothing else running (`alone_*`: the machine's own
 //! tail);
 //! prints one JSON object, then the goals and whether each is met. The comparisons with the
-//! baselines run unpaced (`reap_pace` 0): they time the reap's own work.
+//! baselines run unpaced (`reap_pace` 0): they time the reap's own work. They run `--runs`
+//! rounds (default 3), each the library, the seed-style reaper, the floor and the script floor
+//! back to back on fresh data (one line per round on stderr); each figure is the median of its
+//! rounds.
 //!
 //! Metrics cost: the tick of a node that records its metrics against the tick of one built
 //! with `ConfigBuilder::metrics(false)` (no clock reads, no histogram updates; the counters
