@@ -2,7 +2,7 @@
 -- reap_room.lua: remove what a dead instance left in a batch of rooms, in bounded steps.
 --
 -- Per room i (i = 1..n, n = #KEYS), one key:
--- KEYS[i] P:room:{R}:owner, the room's pin. The room's other keys are derived from it (same
+-- KEYS[i] P:room:{R}:owner  (the room's pin). The room's other keys are derived from it (same
 -- prefix and hash tag; the prefix holds no '{'): P:room:{R}:meta, :peers, :guests,
 -- :guest-state and the peer records P:room:{R}:peer:<p> (docs/DESIGN.md, "One slot per
 -- script": a derived key with the same base counts as passed; one key per room saves the
