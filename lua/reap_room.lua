@@ -1,18 +1,23 @@
 #!lua
 -- reap_room.lua: remove what a dead instance left in a batch of rooms, in bounded steps.
 --
--- Per room i (i = 1..n, n = #KEYS), one key:
--- KEYS[i] P:room:{R}:owner  (the room's pin). The room's other keys are derived from it (same
--- prefix and hash tag; the prefix holds no '{'): P:room:{R}:meta, :peers, :guests,
+-- Per room i (i = 1..n, n = #KEYS / s, s = ARGV[4]), s keys, the first its pin:
+-- KEYS[s*(i-1)+1] P:room:{R}:owner  (the room's pin). The room's other keys are derived from it
+-- (same prefix and hash tag; the prefix holds no '{'): P:room:{R}:meta, :peers, :guests,
 -- :guest-state and the peer records P:room:{R}:peer:<p> (docs/DESIGN.md, "One slot per
--- script": a derived key with the same base counts as passed; one key per room saves the
--- parsing of four more arguments per room, which a reap pays at every room).
+-- script": a derived key with the same base counts as passed). On one server s = 1: one key
+-- per room saves the parsing of four arguments per room, which a reap pays at every room. On
+-- Redis Cluster s = 5 (owner, meta, peers, guests, guest-state, not read from KEYS): the
+-- server checks the declared keys of a slot being migrated, and answers TRYAGAIN while they
+-- are split between the two masters, so a room is never judged on part of its keys (its
+-- metadata still on the source while its pin and records are on the target).
 -- ARGV[1] dead instance id (wire form)
 -- ARGV[2] t0: server time, microseconds, at which the reap of this instance began
 --         (reap_begin.lua)
 -- ARGV[3] peers read at a time (SRANDMEMBER count, SSCAN COUNT), also the call's work bound:
 --         once the rooms done in this call have seen that many peers, no further room is started
--- ARGV[3+i] room i's SSCAN cursor over its peers; a missing one is '0' (a room's first call:
+-- ARGV[4] s, the keys given per room: 1 or 5
+-- ARGV[4+i] room i's SSCAN cursor over its peers; a missing one is '0' (a room's first call:
 --         the caller sends no cursors when every room starts from '0')
 --
 -- Several rooms per call only where every key lives on one server (standalone, a Sentinel
@@ -62,7 +67,8 @@
 -- instance took over"), invariant 2 (an expired pin is still the dead instance's leftover),
 -- "never loop unboundedly in Lua" (SRANDMEMBER of at most the batch size, SSCAN batches, a work
 -- bound per call).
-local dead, t0, count, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], #KEYS
+local dead, t0, count, stride = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local n = #KEYS / stride
 local budget = tonumber(count)
 -- Server microseconds of a write: the _us field, else the end of the _ms one (older data).
 local function micros(us, ms)
@@ -190,15 +196,25 @@ local replies, nr, seen = {}, 0, 0
 -- Every room's pin in one MGET (one call instead of a GET per room). MGET answers nil for a
 -- key of another type, which is then judged as an expired pin: by the metadata.
 local owners = {}
-if n > 0 then
-  owners = redis.call('MGET', unpack(KEYS))
+if stride == 1 then
+  if n > 0 then
+    owners = redis.call('MGET', unpack(KEYS))
+  end
+else
+  local pins = {}
+  for i = 1, n do
+    pins[i] = KEYS[stride * (i - 1) + 1]
+  end
+  if n > 0 then
+    owners = redis.call('MGET', unpack(pins))
+  end
 end
 for i = 1, n do
   if i > 1 and seen >= budget then
     break
   end
-  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], KEYS[i],
-    ARGV[3 + i] or '0')
+  local pin = KEYS[stride * (i - 1) + 1]
+  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], pin, ARGV[4 + i] or '0')
   if ok then
     if status == 'reaped' and cursor == '0' and late == 0 then
       nr = nr + 1

@@ -195,8 +195,8 @@ pub struct RoomKeys {
 }
 
 impl RoomKeys {
-    /// The five keys in the order `close_room.lua` declares them: owner, meta, peers, guests,
-    /// guest-state. (`reap_room.lua` takes the owner key alone and derives the others.)
+    /// The five keys in the order the room scripts declare them (`close_room.lua`,
+    /// `reap_room.lua` on a cluster): owner, meta, peers, guests, guest-state.
     pub fn all(&self) -> [&str; 5] {
         [
             &self.owner,

@@ -401,7 +401,7 @@ fn reap_room_batches(r: &Reap<'_>, con: &mut Conn, counts: &mut ReapCounts) -> R
         let started = Instant::now();
         let mut pipe = redis::pipe();
         let sizes = call_sizes(pending.len(), alone, rooms_per_call(con));
-        add_room_scripts(r, &mut pipe, &pending, &sizes);
+        add_room_scripts(r, &mut pipe, &pending, &sizes, con.is_cluster());
         // The next page rides along unless rooms with many peers still need calls: at most
         // about two batches of scripts per round trip.
         let scan = !cursor.done() && pending.len() < 2 * batch;
@@ -493,31 +493,45 @@ fn calls<'a>(
 }
 
 /// The `reap_room.lua` calls for the pending rooms (`(room, peer cursor)`), `sizes` rooms
-/// each ([`call_sizes`]), added to `pipe`.
+/// each ([`call_sizes`]), added to `pipe` (for a cluster connection or not: `cluster`).
 fn add_room_scripts(
     r: &Reap<'_>,
     pipe: &mut redis::Pipeline,
     pending: &[(String, String)],
     sizes: &[usize],
+    cluster: bool,
 ) {
     for chunk in calls(pending, sizes) {
-        pipe.invoke_script(&room_invocation(r.ctx, r.dead, r.t0, chunk));
+        pipe.invoke_script(&room_invocation(r.ctx, r.dead, r.t0, chunk, cluster));
     }
 }
 
-/// One `reap_room.lua` call for `rooms` (`(room, peer cursor)`, wire forms) of `dead`.
+/// One `reap_room.lua` call for `rooms` (`(room, peer cursor)`, wire forms) of `dead`, on a
+/// cluster connection or not (`cluster`: every room key declared).
 pub(crate) fn room_invocation(
     ctx: &Ctx,
     dead: &str,
     t0: i64,
     rooms: &[(String, String)],
+    cluster: bool,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = SCRIPTS.reap_room.prepare_invoke();
-    // One key per room, its pin: the script derives the others from it.
+    // One server: one key per room, its pin (the script derives the others from it). A
+    // cluster: the room's five keys, so that a slot being migrated answers TRYAGAIN while
+    // they are split between two masters (the script's header).
     for (room, _) in rooms {
-        inv.key(ctx.keys.room_owner(room));
+        if cluster {
+            for k in ctx.keys.room(room).all() {
+                inv.key(k);
+            }
+        } else {
+            inv.key(ctx.keys.room_owner(room));
+        }
     }
-    inv.arg(dead).arg(t0).arg(PEER_BATCH);
+    inv.arg(dead)
+        .arg(t0)
+        .arg(PEER_BATCH)
+        .arg(if cluster { 5 } else { 1 });
     // No cursors when every room starts from "0" (a missing cursor is "0"): nearly every call.
     if rooms.iter().any(|(_, cursor)| cursor != "0") {
         for (_, cursor) in rooms {

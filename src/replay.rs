@@ -296,7 +296,8 @@ impl Instance {
         let (dw, rw) = (wire(IdKind::Instance, dead), wire(IdKind::Room, room));
         let (mut cursor, mut deleted, mut late) = ("0".to_owned(), 0, 0);
         loop {
-            let inv = reaper::room_invocation(&self.ctx, &dw, t0, &[(rw.clone(), cursor)]);
+            let one = [(rw.clone(), cursor)];
+            let inv = reaper::room_invocation(&self.ctx, &dw, t0, &one, con.is_cluster());
             let crate::scripts::RoomReplies(replies) = conn::call(con, "reap room", &inv)?;
             let Some((status, next, d, l)) = replies.into_iter().next() else {
                 return Err(Error::bad_data("reap room", "no reply"));

@@ -347,11 +347,16 @@ pub(crate) fn sweep_own(ctx: &Ctx, con: &mut Conn, room: &str) -> Result<Option<
     let mut deleted = 0u64;
     // Each call moves the room's SSCAN forward; a room kept ('skipped') ends at cursor 0.
     for _ in 0..10_000 {
+        // The room's five keys (one room per call: the cluster's form on every topology, so
+        // that a slot being migrated answers TRYAGAIN while they are split).
         let mut inv = SCRIPTS.reap_room.prepare_invoke();
-        inv.key(&rk.owner)
-            .arg(&ctx.me)
+        for k in rk.all() {
+            inv.key(k);
+        }
+        inv.arg(&ctx.me)
             .arg(SWEEP_ALL)
             .arg(PEER_BATCH)
+            .arg(5)
             .arg(&cursor);
         // Its fourth element (records kept as written after t0) is always 0 here.
         let RoomReplies(replies) = conn::call(con, op, &inv)?;

@@ -424,7 +424,12 @@ impl redis::FromRedisValue for Rooms {
 /// `reap_room.lua` on one room (its one key, the pin), from cursor 0, `SSCAN COUNT` 100: its one
 /// `(status, cursor, deleted, late)`.
 fn reap_one(s: &Server, rk: &sfu_redis::keys::RoomKeys, dead: &str, t0: &str) -> RoomReply {
-    let Rooms(mut out) = eval(s, &reap_room_lua(), &[&rk.owner], &[dead, t0, "100", "0"]);
+    let Rooms(mut out) = eval(
+        s,
+        &reap_room_lua(),
+        &[&rk.owner],
+        &[dead, t0, "100", "1", "0"],
+    );
     assert_eq!(out.len(), 1, "one room, one reply");
     out.remove(0)
 }
@@ -749,7 +754,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         &s,
         &reap_room_lua(),
         &keys,
-        &[&dead, &t0, "100", "0", "0", "0", "0", "0"],
+        &[&dead, &t0, "100", "1", "0", "0", "0", "0", "0"],
     );
     let statuses: Vec<&str> = out.iter().map(|(st, ..)| st.as_str()).collect();
     assert_eq!(
@@ -785,7 +790,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
     let keys = keys_of(&[&e, &f]);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     // No cursors: every room starts from '0'.
-    let Rooms(out) = eval(&s, &reap_room_lua(), &keys, &[&dead, &t0, "2"]);
+    let Rooms(out) = eval(&s, &reap_room_lua(), &keys, &[&dead, &t0, "2", "1"]);
     assert_eq!(
         out.len(),
         1,
@@ -796,7 +801,7 @@ fn a_batched_reap_call_judges_each_room_alone_and_keeps_to_its_work_bound() {
         exists(&f.owner) && exists(&ks.peer("f", "f1")),
         "room f untouched"
     );
-    let Rooms(out) = eval(&s, &reap_room_lua(), &keys[1..], &[&dead, &t0, "100"]);
+    let Rooms(out) = eval(&s, &reap_room_lua(), &keys[1..], &[&dead, &t0, "100", "1"]);
     assert_eq!((out.len(), out[0].0.as_str()), (1, "reaped"), "{out:?}");
     assert!(!exists(&f.owner) && !exists(&ks.peer("f", "f1")), "{out:?}");
 }
@@ -953,7 +958,7 @@ fn a_room_as_big_as_the_batch_or_bigger_loses_every_record() {
                 &s,
                 &reap_room_lua(),
                 &[&rk.owner],
-                &[&dead, &t0, "3", &cursor],
+                &[&dead, &t0, "3", "1", &cursor],
             );
             let [(status, next, d, late)] = <[RoomReply; 1]>::try_from(out).unwrap();
             assert_eq!((status.as_str(), late), ("reaped", 0), "{name}");
