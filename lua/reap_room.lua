@@ -195,26 +195,22 @@ end
 local replies, nr, seen = {}, 0, 0
 -- Every room's pin in one MGET (one call instead of a GET per room). MGET answers nil for a
 -- key of another type, which is then judged as an expired pin: by the metadata.
-local owners = {}
-if stride == 1 then
-  if n > 0 then
-    owners = redis.call('MGET', unpack(KEYS))
-  end
-else
-  local pins = {}
+local pins, owners = KEYS, {}
+if stride ~= 1 then
+  pins = {}
   for i = 1, n do
     pins[i] = KEYS[stride * (i - 1) + 1]
   end
-  if n > 0 then
-    owners = redis.call('MGET', unpack(pins))
-  end
+end
+if n > 0 then
+  owners = redis.call('MGET', unpack(pins))
 end
 for i = 1, n do
   if i > 1 and seen >= budget then
     break
   end
-  local pin = KEYS[stride * (i - 1) + 1]
-  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], pin, ARGV[4 + i] or '0')
+  local ok, status, cursor, deleted, late, scanned = pcall(reap, owners[i], pins[i],
+    ARGV[4 + i] or '0')
   if ok then
     if status == 'reaped' and cursor == '0' and late == 0 then
       nr = nr + 1
