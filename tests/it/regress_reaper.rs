@@ -434,11 +434,6 @@ fn reap_one(s: &Server, rk: &sfu_redis::keys::RoomKeys, dead: &str, t0: &str) ->
     out.remove(0)
 }
 
-/// The five keys of `rk`.
-fn five(rk: &sfu_redis::keys::RoomKeys) -> [&str; 5] {
-    [&rk.owner, &rk.meta, &rk.peers, &rk.guests, &rk.guest_state]
-}
-
 fn exists(s: &Server, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(&mut s.con()).unwrap()
 }
@@ -973,7 +968,7 @@ fn a_room_as_big_as_the_batch_or_bigger_loses_every_record() {
         for p in &peers {
             assert!(!exists(&s, &ks.peer(name, p)), "{name}: record {p} left");
         }
-        for k in five(&rk) {
+        for k in rk.all() {
             assert!(!exists(&s, k), "{name}: {k} left");
         }
     }
