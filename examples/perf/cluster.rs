@@ -32,7 +32,17 @@
 //! Then, per run, the same number of pairs from 8 threads sharing the host node, the sides
 //! alternating (`churn_8_threads_pairs`: pairs per side, all runs):
 //! `standalone_churn_8_threads_pairs_per_s`, `cluster_churn_8_threads_pairs_per_s`,
-//! `cluster_vs_standalone_8_threads` (cluster / standalone).
+//! `cluster_vs_standalone_8_threads` (cluster / standalone). Where that time went, per side
+//! over all its 8-thread runs: `machine_cores` (the cores this process may use),
+//! `*_churn_8_threads_cores_busy` (the side's servers' CPU and the host process's own,
+//! `getrusage`, over the wall time: near `machine_cores` means the machine, not Redis, bounds
+//! the figure), `*_churn_8_threads_host_cpu_us_per_pair`,
+//! `standalone_churn_8_threads_server_cpu_us_per_pair`,
+//! `cluster_churn_8_threads_server_cpu_us_per_pair_by_master`, and
+//! `cluster_vs_standalone_8_threads_server_bound`: one server's CPU per pair over the busiest
+//! master's, the cluster's throughput over one server's on a machine where every server has a
+//! core of its own and the hosts have theirs (an estimate: per-pair CPU falls somewhat as a
+//! server saturates).
 //!
 //! `SFU_PERF_STATS=1` also prints each master's `INFO commandstats` of the first cluster reap
 //! and each server's of the first churn chunk of both sides (calls and µs per command,
@@ -280,6 +290,13 @@ pub fn report(a: &Args) {
     for (goal, met) in goals {
         eprintln!("  {} {goal}", if met { "MET   " } else { "MISSED" });
     }
+    eprintln!(
+        "  8 threads kept {:.2} (standalone) and {:.2} (cluster) of this machine's {} cores busy; the servers alone, each on a core of its own, would allow the cluster {:.2}x one server's pairs per second",
+        churn.threaded_cores_busy(0),
+        churn.threaded_cores_busy(1),
+        machine_cores(),
+        churn.threaded_server_bound()
+    );
 }
 
 /// The reap (`a.rooms` rooms of a fabricated dead instance, `a.runs` times) and the tick
@@ -437,9 +454,23 @@ struct Churn {
     pairs: usize,
     /// Each chunk's wall time and server CPU per port.
     one_thread: [Samples; 2],
-    /// Pairs of each side in the 8-thread part, and their wall times.
+    /// Pairs of each side in the 8-thread part, and their wall times and server CPU per port.
     threaded_pairs: usize,
-    threaded: [Vec<Duration>; 2],
+    threaded: [Samples; 2],
+    /// The host process's own CPU (all its threads, user + sys) in each side's 8-thread
+    /// parts, µs.
+    threaded_host_cpu: [u64; 2],
+}
+
+/// This process's CPU time so far (every thread, user + sys), µs: `getrusage(RUSAGE_SELF)`.
+fn host_cpu_us() -> u64 {
+    // SAFETY: getrusage writes the struct it is given, zeroed here, and reads nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    assert_eq!(rc, 0, "getrusage");
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
 }
 
 /// [`CHURN_ROOMS`] room ids, as many served by each master of `side` (by the slot of their
@@ -530,17 +561,28 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
         }
     }
     let per_thread = pairs / CHURN_THREADS;
-    let mut threaded = [Vec::new(), Vec::new()];
+    let mut threaded = [Samples::default(), Samples::default()];
+    let mut threaded_host_cpu = [0, 0];
     for run in 0..runs {
         for s in order(run) {
-            let t = Instant::now();
-            std::thread::scope(|sc| {
-                for k in 0..CHURN_THREADS {
-                    let (host, rooms) = (Arc::clone(&hosts[s]), &rooms);
-                    sc.spawn(move || library_pairs(&host, rooms, per_thread, k * per_thread));
-                }
-            });
-            threaded[s].push(t.elapsed());
+            let host_before = host_cpu_us();
+            timed(
+                &sides[s],
+                || {
+                    let t = Instant::now();
+                    std::thread::scope(|sc| {
+                        for k in 0..CHURN_THREADS {
+                            let (host, rooms) = (Arc::clone(&hosts[s]), &rooms);
+                            sc.spawn(move || {
+                                library_pairs(&host, rooms, per_thread, k * per_thread)
+                            });
+                        }
+                    });
+                    t.elapsed()
+                },
+                &mut threaded[s],
+            );
+            threaded_host_cpu[s] += host_cpu_us().saturating_sub(host_before);
         }
     }
     for host in &hosts {
@@ -552,6 +594,7 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
         one_thread,
         threaded_pairs: per_thread * CHURN_THREADS * runs,
         threaded,
+        threaded_host_cpu,
     }
 }
 
@@ -575,8 +618,46 @@ impl Churn {
 
     /// Pairs per second of side `s` from [`CHURN_THREADS`] threads.
     fn threaded_rate(&self, s: usize) -> f64 {
-        let total: Duration = self.threaded[s].iter().sum();
-        self.threaded_pairs as f64 / total.as_secs_f64()
+        self.threaded_pairs as f64 / self.threaded_wall(s).as_secs_f64()
+    }
+
+    fn threaded_wall(&self, s: usize) -> Duration {
+        self.threaded[s].took.iter().sum()
+    }
+
+    /// Server CPU per 8-thread pair of side `s`, µs, each port.
+    fn threaded_server_cpu_per_pair(&self, s: usize) -> Vec<f64> {
+        let n = self.threaded[s].cpu.first().map_or(0, Vec::len);
+        (0..n)
+            .map(|i| {
+                let total: u64 = self.threaded[s].cpu.iter().map(|c| c[i]).sum();
+                total as f64 / self.threaded_pairs as f64
+            })
+            .collect()
+    }
+
+    /// The host process's CPU per 8-thread pair of side `s`, µs.
+    fn threaded_host_cpu_per_pair(&self, s: usize) -> f64 {
+        self.threaded_host_cpu[s] as f64 / self.threaded_pairs as f64
+    }
+
+    /// Cores kept busy by side `s`'s 8-thread parts: its servers' CPU and the host process's,
+    /// over the wall time.
+    fn threaded_cores_busy(&self, s: usize) -> f64 {
+        let servers: f64 = self.threaded_server_cpu_per_pair(s).iter().sum();
+        (servers + self.threaded_host_cpu_per_pair(s)) * self.threaded_pairs as f64
+            / (self.threaded_wall(s).as_secs_f64() * 1e6)
+    }
+
+    /// What the servers alone would allow, each on a core of its own with the hosts' cores
+    /// aside: one server's CPU per 8-thread pair over the busiest master's (the cluster's
+    /// throughput over one server's once the busiest server, not the machine, is the bound).
+    fn threaded_server_bound(&self) -> f64 {
+        let busiest = self
+            .threaded_server_cpu_per_pair(1)
+            .into_iter()
+            .fold(0.0, f64::max);
+        self.threaded_server_cpu_per_pair(0)[0] / busiest
     }
 
     /// The busiest master's CPU per pair over the standalone server's.
@@ -606,7 +687,20 @@ fn churn_fields(c: &Churn) -> serde_json::Value {
         "standalone_churn_8_threads_pairs_per_s": c.threaded_rate(0).round(),
         "cluster_churn_8_threads_pairs_per_s": c.threaded_rate(1).round(),
         "cluster_vs_standalone_8_threads": r2(c.threaded_rate(1) / c.threaded_rate(0)),
+        "machine_cores": machine_cores(),
+        "standalone_churn_8_threads_cores_busy": r2(c.threaded_cores_busy(0)),
+        "cluster_churn_8_threads_cores_busy": r2(c.threaded_cores_busy(1)),
+        "standalone_churn_8_threads_host_cpu_us_per_pair": r1(c.threaded_host_cpu_per_pair(0)),
+        "cluster_churn_8_threads_host_cpu_us_per_pair": r1(c.threaded_host_cpu_per_pair(1)),
+        "standalone_churn_8_threads_server_cpu_us_per_pair": r1(c.threaded_server_cpu_per_pair(0)[0]),
+        "cluster_churn_8_threads_server_cpu_us_per_pair_by_master": c.threaded_server_cpu_per_pair(1).iter().map(|x| r1(*x)).collect::<Vec<_>>(),
+        "cluster_vs_standalone_8_threads_server_bound": r2(c.threaded_server_bound()),
     })
+}
+
+/// The cores this process may run on.
+fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The churn goals (issue 31).
