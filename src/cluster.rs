@@ -730,7 +730,7 @@ impl ClusterConn {
             reply = if ask {
                 let mut b = redis::cmd("ASKING").get_packed_command();
                 b.extend_from_slice(bytes);
-                con.req_packed_commands(&b, 1, 1)?
+                crate::dial::pipeline(con, &b, 1, 1)?
                     .pop()
                     .unwrap_or(Value::Nil)
             } else {
@@ -919,7 +919,7 @@ impl ClusterConn {
                 None => self.default_node()?,
             };
             self.trip(&addr);
-            let out = self.node(&addr)?.req_packed_commands(bytes, offset, count);
+            let out = crate::dial::pipeline(self.node(&addr)?, bytes, offset, count);
             return self.mark_broken(out);
         }
         // The node of each command (`None`: sent apart, `All` and `Scan`).
@@ -987,7 +987,7 @@ impl ClusterConn {
             }
             for addr in self.map.nodes.clone() {
                 self.trip(&addr);
-                let out = self.node(&addr)?.req_packed_commands(&buf, 0, all.len());
+                let out = crate::dial::pipeline(self.node(&addr)?, &buf, 0, all.len());
                 let got = self.mark_broken(out)?;
                 for (&i, v) in all.iter().zip(got) {
                     let keep = match &replies[i] {

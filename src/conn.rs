@@ -304,7 +304,7 @@ impl ConnectionLike for Conn {
     ) -> RedisResult<Vec<Value>> {
         let _masked = Masked::new();
         match &mut self.0 {
-            Inner::One(c) => c.req_packed_commands(cmd, offset, count),
+            Inner::One(c) => crate::dial::pipeline(c, cmd, offset, count),
             Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -809,6 +809,16 @@ fn keep_connection(e: &Error) -> bool {
         | Error::NotOwner { .. }
         | Error::NotPeerOwner { .. }
         | Error::Schema { .. } => true,
+        _ => false,
+    }
+}
+
+/// The call got no answer from Redis (a timeout, a refused or broken connection), where a
+/// server's error reply, even a refusal by a server that is no master, is an answer.
+pub(crate) fn unreachable(e: &Error) -> bool {
+    match e {
+        Error::Redis { source, .. } => source.is_io_error() || source.is_timeout(),
+        Error::Io { .. } => true,
         _ => false,
     }
 }

@@ -1,12 +1,12 @@
 //! Opening one connection to one server: its address and credentials, TLS (verification,
 //! client certificates), and the timeouts (connect, TLS handshake, read, write). Every
 //! connection of the library is dialled here: to a standalone server, to a sentinel, to the
-//! master a sentinel named.
+//! master a sentinel named. And how a pipeline is read on one of them ([`pipeline`]).
 
 use std::time::Duration;
 
 use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
-use redis::{RedisConnectionInfo, RedisResult};
+use redis::{RedisConnectionInfo, RedisResult, Value};
 
 #[cfg(not(feature = "tls"))]
 use crate::error::Error;
@@ -146,4 +146,49 @@ impl Tls {
             "this build of sfu-redis has no TLS support (cargo feature `tls`); use redis:// or build with the default features",
         ))
     }
+}
+
+/// Sends a pipeline (`bytes`: its commands packed; the first `offset` replies read and dropped,
+/// the next `count` returned) on `con` and reads the replies, giving up at the first I/O error
+/// (a timeout, a broken connection). A server's error reply is a reply: it takes its
+/// command's place, and reading goes on.
+///
+/// redis-rs's own pipeline read goes on after a timeout too, waiting one more full read
+/// timeout for each reply left: a pipeline of 500 pin refreshes sent to a Redis that froze
+/// (SIGSTOP, a stalled VM) would block its thread for 500 command timeouts, and a node's stop
+/// with it. Here it blocks for one ("no hang past a timeout"). After an I/O error the
+/// connection is out of step with its replies: the caller drops it (`conn::keep_connection`).
+pub(crate) fn pipeline(
+    con: &mut Connection,
+    bytes: &[u8],
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    con.send_packed_command(bytes)?;
+    let mut out = Vec::with_capacity(count);
+    // A command refused while a transaction was queued (before `offset`): its error fails
+    // the pipeline, as in redis-rs.
+    let mut refused = None;
+    let mut failed = None;
+    let mut i = 0;
+    while i < offset + count {
+        match con.recv_response() {
+            // RESP3 push data is no command's reply.
+            Ok(Value::Push { .. }) => continue,
+            Ok(Value::ServerError(e)) if i < offset => {
+                refused.get_or_insert(e);
+            }
+            Ok(v) if i >= offset => out.push(v),
+            Ok(_) => {}
+            Err(e) if e.is_io_error() => return Err(e),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+        i += 1;
+    }
+    if let Some(e) = refused {
+        return Err(e.into());
+    }
+    failed.map_or(Ok(out), Err)
 }

@@ -384,10 +384,15 @@ impl Lease<'_> {
             let _ = self.demoted.try_send(());
         }
         // Always try: a refresh that failed on our side may still have extended the lease.
-        if let Err(e) = self.link.run(&sh.redis, |c| release(&sh.ctx, c)) {
+        let released = self.link.run(&sh.redis, |c| release(&sh.ctx, c));
+        if let Err(e) = &released {
             log::warn!("could not release the lease on shutdown (it will expire): {e}");
         }
-        if was_leader {
+        // A release that did not reach Redis (a timeout, a broken connection) left no
+        // connection: the publish would wait one more command timeout on a new one, on a
+        // Redis that just failed to answer, and delay the stop (the local LeaderLost event is
+        // already out, and the other nodes see the lease expire).
+        if was_leader && !matches!(&released, Err(e) if conn::unreachable(e)) {
             sh.publish(
                 &mut self.link,
                 &Event::LeaderLost {

@@ -305,6 +305,35 @@ fn shutdown_while_redis_is_frozen_returns_within_3s() {
     );
 }
 
+// Protects: docs/src/rust/threads.md's "every call is blocking and bounded by
+// `command_timeout`", for a pipeline on the library's own connection
+// (`ops::conn::Redis::connect`): the tick's, the reaper's, the audit's and the CLI's.
+// Fault: redis-server frozen with SIGSTOP after the connection is made.
+// Protection: src/dial.rs `pipeline` stops reading at the first timeout. Without it a
+// pipeline of 100 commands fails after 100 command timeouts (40 s here): redis-rs's own read
+// waits one more timeout for every reply left.
+#[test]
+fn a_pipeline_sent_to_a_frozen_redis_fails_after_one_command_timeout() {
+    let s = Server::start_with(&[]); // one server: the fault freezes it
+    let redis = sfu_redis::ops::conn::Redis::new(&s.url(), Duration::from_millis(400)).unwrap();
+    let mut con = redis.connect().unwrap();
+    let frozen = FrozenRedis::new(&s);
+    let mut pipe = redis::pipe();
+    for _ in 0..100 {
+        pipe.cmd("PING");
+    }
+    let t = Instant::now();
+    let out: redis::RedisResult<Vec<String>> = pipe.query(&mut con);
+    let took = t.elapsed();
+    drop(frozen);
+    let err = out.expect_err("a pipeline answered by a frozen Redis");
+    assert!(err.is_timeout(), "{err}");
+    assert!(
+        took < Duration::from_secs(3),
+        "a pipeline of 100 commands to a frozen Redis failed after {took:?} (one 400 ms timeout expected)"
+    );
+}
+
 // Protects: docs/src/rust/start.md's "Node::start fails fast if Redis is unreachable".
 // Fault: redis-server frozen with SIGSTOP (it accepts TCP connections but never answers).
 // Protection: the connect and every request of start are bounded by command_timeout. Without
