@@ -36,7 +36,7 @@ use redis::{
 
 use crate::cluster::{Cluster, ClusterConn};
 use crate::config::{redact_url, Config};
-use crate::dial::Dialer;
+use crate::dial::{Bounded, Dialer};
 use crate::endpoint::{self, Endpoint};
 use crate::error::{Error, Result};
 use crate::scripts::SCRIPTS;
@@ -130,7 +130,23 @@ enum Target {
 /// slot; see the crate's cluster module). It is a [`redis::ConnectionLike`]: commands,
 /// pipelines and scripts are sent through it as through a driver connection. Timeouts are set
 /// and the scripts preloaded on every server connection it holds.
-pub struct Conn(Inner, Arc<ConnStats>);
+pub struct Conn(Inner, Arc<ConnStats>, OutOfStep);
+
+/// True once a pipeline on one server stopped at an I/O error with replies left unread
+/// (`dial::pipeline`): those replies would answer the next requests, so every later request
+/// on the connection fails at once ([`out_of_step`]). A cluster connection drops its server
+/// connections after any failed call instead (`ClusterConn::settle`).
+#[derive(Default)]
+struct OutOfStep(bool);
+
+/// The error of a request on a connection left [`OutOfStep`].
+fn out_of_step() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "this connection stopped reading a pipeline at a timed-out or broken reply and is out of step with the server: open a new one",
+    )
+    .into()
+}
 
 enum Inner {
     One(Connection),
@@ -190,6 +206,7 @@ impl Conn {
     ) -> Vec<Result<T>> {
         let _masked = Masked::new();
         let results = match &mut self.0 {
+            Inner::One(_) if self.2 .0 => vec![Err(out_of_step())],
             Inner::One(c) => vec![Ok(f(c))],
             Inner::Cluster(c) => c.each_master_apart(|c| Ok(f(c))),
         };
@@ -215,6 +232,7 @@ impl Conn {
         mut f: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> Vec<Option<Result<T>>> {
         let results = match &mut self.0 {
+            Inner::One(_) if self.2 .0 => vec![Some(Err(out_of_step()))],
             Inner::One(c) => vec![Some(f(c))],
             Inner::Cluster(c) => c.each_master_except(skip, f),
         };
@@ -279,6 +297,7 @@ impl Conn {
     ) -> RedisResult<Vec<T>> {
         let _masked = Masked::new();
         match &mut self.0 {
+            Inner::One(_) if self.2 .0 => Err(out_of_step()),
             Inner::One(c) => Ok(vec![f(c)?]),
             Inner::Cluster(c) => c.each_master(f),
         }
@@ -291,6 +310,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         let _masked = Masked::new();
         match &mut self.0 {
+            Inner::One(_) if self.2 .0 => Err(out_of_step()),
             Inner::One(c) => c.req_packed_command(cmd),
             Inner::Cluster(c) => c.req_packed_command(cmd),
         }
@@ -304,7 +324,14 @@ impl ConnectionLike for Conn {
     ) -> RedisResult<Vec<Value>> {
         let _masked = Masked::new();
         match &mut self.0 {
-            Inner::One(c) => crate::dial::pipeline(c, cmd, offset, count),
+            Inner::One(_) if self.2 .0 => Err(out_of_step()),
+            Inner::One(c) => {
+                let out = crate::dial::pipeline(c, cmd, offset, count);
+                if matches!(&out, Err(e) if e.is_io_error()) {
+                    self.2 .0 = true;
+                }
+                out
+            }
             Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -319,6 +346,7 @@ impl ConnectionLike for Conn {
     fn check_connection(&mut self) -> bool {
         let _masked = Masked::new();
         match &mut self.0 {
+            Inner::One(_) if self.2 .0 => false,
             Inner::One(c) => c.check_connection(),
             Inner::Cluster(c) => c.check_connection(),
         }
@@ -326,6 +354,7 @@ impl ConnectionLike for Conn {
 
     fn is_open(&self) -> bool {
         match &self.0 {
+            Inner::One(_) if self.2 .0 => false,
             Inner::One(c) => c.is_open(),
             Inner::Cluster(c) => c.is_open(),
         }
@@ -428,7 +457,12 @@ impl Redis {
             }
             Endpoint::Sentinel(ep) => Target::Sentinel(Sentinels::new(ep, auth)),
             Endpoint::Cluster(ep) => {
-                Target::Cluster(Arc::new(Cluster::new(ep, dialer.clone(), timeout, reload)))
+                Target::Cluster(Arc::new(Cluster::new(
+                    ep,
+                    dialer.clone(),
+                    timeout,
+                    reload_bounded,
+                )))
             }
         };
         Ok(Redis {
@@ -469,7 +503,11 @@ impl Redis {
             Target::Cluster(c) => {
                 let con = c.connect().map_err(wrap)?;
                 return Ok((
-                    Conn(Inner::Cluster(Box::new(con)), Arc::clone(&self.stats)),
+                    Conn(
+                        Inner::Cluster(Box::new(con)),
+                        Arc::clone(&self.stats),
+                        OutOfStep::default(),
+                    ),
                     self.master_switches(),
                 ));
             }
@@ -514,7 +552,7 @@ impl Redis {
             }
         };
         // INFO replication (refused by some ACLs: then nothing is known of the server).
-        let replication = preload(&mut con, true).map_err(wrap)?;
+        let replication = preload(&mut Bounded(&mut con), true).map_err(wrap)?;
         let mut route = route.unwrap_or_default();
         if let Some(r) = replication {
             if r.cluster {
@@ -538,7 +576,10 @@ impl Redis {
             route.replicas = route.replicas.max(r.replicas);
         }
         let switches = self.note_route(route);
-        Ok((Conn(Inner::One(con), Arc::clone(&self.stats)), switches))
+        Ok((
+            Conn(Inner::One(con), Arc::clone(&self.stats), OutOfStep::default()),
+            switches,
+        ))
     }
 
     /// Counts a master switch when this connection reached another master than the last one:
@@ -813,16 +854,6 @@ fn keep_connection(e: &Error) -> bool {
     }
 }
 
-/// The call got no answer from Redis (a timeout, a refused or broken connection), where a
-/// server's error reply, even a refusal by a server that is no master, is an answer.
-pub(crate) fn unreachable(e: &Error) -> bool {
-    match e {
-        Error::Redis { source, .. } => source.is_io_error() || source.is_timeout(),
-        Error::Io { .. } => true,
-        _ => false,
-    }
-}
-
 /// `READONLY` / `MASTERDOWN` / `LOADING`: the command was refused, so it did not run.
 fn is_not_master(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
@@ -1012,6 +1043,11 @@ fn preload<C: ConnectionLike>(con: &mut C, info: bool) -> RedisResult<Option<Rep
 /// Reloads every script (after `NOSCRIPT`; on every new node connection of a cluster).
 fn reload<C: ConnectionLike>(con: &mut C) -> RedisResult<()> {
     preload(con, false).map(|_| ())
+}
+
+/// [`reload`] on a new cluster node connection, its pipeline read by `dial::pipeline`.
+fn reload_bounded(con: &mut Connection) -> RedisResult<()> {
+    reload(&mut Bounded(con))
 }
 
 /// What `INFO replication` says of a server: its role, its connected replicas and its

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
-use redis::{RedisConnectionInfo, RedisResult, Value};
+use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, ConnectionLike};
+use redis::{IntoConnectionInfo, RedisConnectionInfo, RedisResult, Value};
 
 #[cfg(not(feature = "tls"))]
 use crate::error::Error;
@@ -157,7 +157,9 @@ impl Tls {
 /// timeout for each reply left: a pipeline of 500 pin refreshes sent to a Redis that froze
 /// (SIGSTOP, a stalled VM) would block its thread for 500 command timeouts, and a node's stop
 /// with it. Here it blocks for one ("no hang past a timeout"). After an I/O error the
-/// connection is out of step with its replies: the caller drops it (`conn::keep_connection`).
+/// connection is out of step with its replies (the ones left unread would answer the next
+/// requests): the caller drops it (`conn::keep_connection`, `ClusterConn::settle`), and a
+/// one-server `Conn` refuses every later request.
 pub(crate) fn pipeline(
     con: &mut Connection,
     bytes: &[u8],
@@ -166,8 +168,8 @@ pub(crate) fn pipeline(
 ) -> RedisResult<Vec<Value>> {
     con.send_packed_command(bytes)?;
     let mut out = Vec::with_capacity(count);
-    // A command refused while a transaction was queued (before `offset`): its error fails
-    // the pipeline, as in redis-rs.
+    // A command refused while a transaction was queued (before `offset`): the first such
+    // error fails the pipeline (redis-rs answers `EXECABORT` listing them all).
     let mut refused = None;
     let mut failed = None;
     let mut i = 0;
@@ -191,4 +193,35 @@ pub(crate) fn pipeline(
         return Err(e.into());
     }
     failed.map_or(Ok(out), Err)
+}
+
+/// A raw connection whose pipelines are read by [`pipeline`]: for the pipelines sent before
+/// the connection is wrapped in a `Conn` (the script preload of a new connection).
+pub(crate) struct Bounded<'a>(pub(crate) &'a mut Connection);
+
+impl ConnectionLike for Bounded<'_> {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        pipeline(self.0, cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.0.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.is_open()
+    }
 }

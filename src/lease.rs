@@ -388,11 +388,11 @@ impl Lease<'_> {
         if let Err(e) = &released {
             log::warn!("could not release the lease on shutdown (it will expire): {e}");
         }
-        // A release that did not reach Redis (a timeout, a broken connection) left no
-        // connection: the publish would wait one more command timeout on a new one, on a
-        // Redis that just failed to answer, and delay the stop (the local LeaderLost event is
-        // already out, and the other nodes see the lease expire).
-        if was_leader && !matches!(&released, Err(e) if conn::unreachable(e)) {
+        // A release that timed out: the publish would wait one more command timeout (or
+        // more, opening a new connection) on a Redis that just did not answer, and delay the
+        // stop. The local LeaderLost event is out already, and the other nodes see the lease
+        // expire. A release that failed at once (a dropped connection) still publishes.
+        if was_leader && !matches!(&released, Err(e) if e.is_timeout()) {
             sh.publish(
                 &mut self.link,
                 &Event::LeaderLost {

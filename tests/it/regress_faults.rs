@@ -310,17 +310,27 @@ fn shutdown_while_redis_is_frozen_returns_within_3s() {
 // (`ops::conn::Redis::connect`): the tick's, the reaper's, the audit's and the CLI's.
 // Fault: redis-server frozen with SIGSTOP after the connection is made.
 // Protection: src/dial.rs `pipeline` stops reading at the first timeout. Without it a
-// pipeline of 100 commands fails after 100 command timeouts (40 s here): redis-rs's own read
-// waits one more timeout for every reply left.
+// pipeline of 100 commands fails after 100 command timeouts (41 s here): redis-rs's own read
+// waits one more timeout for every reply left. The replies left unread would then answer the
+// next requests on the connection: it refuses them (`OutOfStep` in src/conn.rs), where without
+// that a `GET` after the thaw got another key's value.
 #[test]
 fn a_pipeline_sent_to_a_frozen_redis_fails_after_one_command_timeout() {
     let s = Server::start_with(&[]); // one server: the fault freezes it
     let redis = sfu_redis::ops::conn::Redis::new(&s.url(), Duration::from_millis(400)).unwrap();
     let mut con = redis.connect().unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..100 {
+        pipe.cmd("SET")
+            .arg(format!("k{i}"))
+            .arg(format!("v{i}"))
+            .ignore();
+    }
+    pipe.query::<()>(&mut con).unwrap();
     let frozen = FrozenRedis::new(&s);
     let mut pipe = redis::pipe();
-    for _ in 0..100 {
-        pipe.cmd("PING");
+    for i in 0..100 {
+        pipe.cmd("GET").arg(format!("k{i}"));
     }
     let t = Instant::now();
     let out: redis::RedisResult<Vec<String>> = pipe.query(&mut con);
@@ -332,6 +342,21 @@ fn a_pipeline_sent_to_a_frozen_redis_fails_after_one_command_timeout() {
         took < Duration::from_secs(3),
         "a pipeline of 100 commands to a frozen Redis failed after {took:?} (one 400 ms timeout expected)"
     );
+    // Redis answers again: the 100 late replies are on the wire.
+    std::thread::sleep(Duration::from_millis(200));
+    let after: redis::RedisResult<Option<String>> = redis::cmd("GET").arg("other").query(&mut con);
+    assert!(
+        after.is_err(),
+        "a GET on the connection after the stopped pipeline answered {after:?} (a late reply)"
+    );
+    assert!(
+        after.unwrap_err().to_string().contains("out of step"),
+        "the refusal names the cause"
+    );
+    // A new connection is fine.
+    let mut fresh = redis.connect().unwrap();
+    let v: Option<String> = redis::cmd("GET").arg("k7").query(&mut fresh).unwrap();
+    assert_eq!(v.as_deref(), Some("v7"));
 }
 
 // Protects: docs/src/rust/start.md's "Node::start fails fast if Redis is unreachable".
