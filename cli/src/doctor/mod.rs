@@ -230,7 +230,18 @@ fn checks(config: &Config, args: &DoctorArgs) -> (Vec<Check>, bool) {
     servers.step("fleet");
     let fleet = match servers.down_note(&ctl) {
         Some(note) => Fleet::not_read(note),
-        None => Fleet::read(config, servers.con()),
+        None => {
+            let fleet = Fleet::read(config, servers.con());
+            // One server that stopped answering mid-read leaves the connection out of step
+            // (it refuses every later request): the later checks skip that server, as after
+            // any check it did not answer.
+            if !servers.con().is_cluster() && !redis::ConnectionLike::is_open(servers.con()) {
+                if let Some(one) = servers.labels().first() {
+                    servers.mark_down(one, "fleet");
+                }
+            }
+            fleet
+        }
     };
     let timeout = args
         .command_timeout_ms
