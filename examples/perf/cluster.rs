@@ -183,6 +183,17 @@ impl Samples {
         ms(median_of(&self.took))
     }
 
+    /// Each port's CPU summed over the runs, over `n` (pairs, rooms): µs per unit.
+    fn cpu_per(&self, n: usize) -> Vec<f64> {
+        let ports = self.cpu.first().map_or(0, Vec::len);
+        (0..ports)
+            .map(|i| {
+                let total: u64 = self.cpu.iter().map(|c| c[i]).sum();
+                total as f64 / n as f64
+            })
+            .collect()
+    }
+
     /// Each port's share of the CPU summed over the runs, in percent.
     fn shares(&self) -> Vec<f64> {
         let n = self.cpu.first().map_or(0, Vec::len);
@@ -601,13 +612,7 @@ fn measure_churn(sides: &[Side; 2], slots: &[u16], pairs: usize, runs: usize) ->
 impl Churn {
     /// Server CPU per single-thread pair of side `s`, µs, each port.
     fn cpu_per_pair(&self, s: usize) -> Vec<f64> {
-        let n = self.one_thread[s].cpu.first().map_or(0, Vec::len);
-        (0..n)
-            .map(|i| {
-                let total: u64 = self.one_thread[s].cpu.iter().map(|c| c[i]).sum();
-                total as f64 / self.pairs as f64
-            })
-            .collect()
+        self.one_thread[s].cpu_per(self.pairs)
     }
 
     /// Wall time per single-thread pair of side `s`, µs.
@@ -627,13 +632,7 @@ impl Churn {
 
     /// Server CPU per 8-thread pair of side `s`, µs, each port.
     fn threaded_server_cpu_per_pair(&self, s: usize) -> Vec<f64> {
-        let n = self.threaded[s].cpu.first().map_or(0, Vec::len);
-        (0..n)
-            .map(|i| {
-                let total: u64 = self.threaded[s].cpu.iter().map(|c| c[i]).sum();
-                total as f64 / self.threaded_pairs as f64
-            })
-            .collect()
+        self.threaded[s].cpu_per(self.threaded_pairs)
     }
 
     /// The host process's CPU per 8-thread pair of side `s`, µs.
