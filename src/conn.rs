@@ -132,9 +132,9 @@ enum Target {
 /// and the scripts preloaded on every server connection it holds.
 pub struct Conn(Inner, Arc<ConnStats>, OutOfStep);
 
-/// True once a pipeline on one server stopped at an I/O error with replies left unread
-/// (`dial::pipeline`): those replies would answer the next requests, so every later request
-/// on the connection fails at once ([`out_of_step`]). A cluster connection drops its server
+/// True once a pipeline on one server stopped at an I/O error with replies left unread, or
+/// failed to send (`dial::pipeline_in_step`): those replies would answer the next requests,
+/// so every later request on the connection fails at once ([`out_of_step`]). A cluster connection drops its server
 /// connections after any failed call instead (`ClusterConn::settle`).
 #[derive(Default)]
 struct OutOfStep(bool);
@@ -156,6 +156,7 @@ enum Inner {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
+            Inner::One(_) if self.2 .0 => f.write_str("Conn(one server, out of step)"),
             Inner::One(_) => f.write_str("Conn(one server)"),
             Inner::Cluster(c) => write!(f, "Conn({c:?})"),
         }
@@ -326,10 +327,8 @@ impl ConnectionLike for Conn {
         match &mut self.0 {
             Inner::One(_) if self.2 .0 => Err(out_of_step()),
             Inner::One(c) => {
-                let out = crate::dial::pipeline(c, cmd, offset, count);
-                if matches!(&out, Err(e) if e.is_io_error()) {
-                    self.2 .0 = true;
-                }
+                let (out, in_step) = crate::dial::pipeline_in_step(c, cmd, offset, count);
+                self.2 .0 = !in_step;
                 out
             }
             Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count),

@@ -166,7 +166,22 @@ pub(crate) fn pipeline(
     offset: usize,
     count: usize,
 ) -> RedisResult<Vec<Value>> {
-    con.send_packed_command(bytes)?;
+    pipeline_in_step(con, bytes, offset, count).0
+}
+
+/// [`pipeline`], and whether the connection is still in step with its replies: false after
+/// a send that failed (a command may be half written) or an I/O error with replies left
+/// unread. A timeout on the last reply leaves it in step: redis-rs skips that late reply
+/// when the next request reads.
+pub(crate) fn pipeline_in_step(
+    con: &mut Connection,
+    bytes: &[u8],
+    offset: usize,
+    count: usize,
+) -> (RedisResult<Vec<Value>>, bool) {
+    if let Err(e) = con.send_packed_command(bytes) {
+        return (Err(e), false);
+    }
     let mut out = Vec::with_capacity(count);
     // A command refused while a transaction was queued (before `offset`): the first such
     // error fails the pipeline (redis-rs answers `EXECABORT` listing them all).
@@ -182,7 +197,7 @@ pub(crate) fn pipeline(
             }
             Ok(v) if i >= offset => out.push(v),
             Ok(_) => {}
-            Err(e) if e.is_io_error() => return Err(e),
+            Err(e) if e.is_io_error() => return (Err(e), i + 1 == offset + count),
             Err(e) => {
                 failed.get_or_insert(e);
             }
@@ -190,9 +205,9 @@ pub(crate) fn pipeline(
         i += 1;
     }
     if let Some(e) = refused {
-        return Err(e.into());
+        return (Err(e.into()), true);
     }
-    failed.map_or(Ok(out), Err)
+    (failed.map_or(Ok(out), Err), true)
 }
 
 /// A raw connection whose pipelines are read by [`pipeline`]: for the pipelines sent before

@@ -359,6 +359,41 @@ fn a_pipeline_sent_to_a_frozen_redis_fails_after_one_command_timeout() {
     assert_eq!(v.as_deref(), Some("v7"));
 }
 
+// Protects: the other side of the rule above: a connection is refused only when replies were
+// left unread. Fault: redis-server frozen while a one-command pipeline waits for its reply.
+// Protection: `dial::pipeline_in_step` says the connection is in step when the timed-out
+// reply was the last (redis-rs skips that late reply at the next read), so the connection
+// keeps working after the thaw and answers the next request with its own reply.
+#[test]
+fn a_pipeline_whose_last_reply_timed_out_keeps_its_connection() {
+    let s = Server::start_with(&[]); // one server: the fault freezes it
+    let redis = sfu_redis::ops::conn::Redis::new(&s.url(), Duration::from_millis(400)).unwrap();
+    let mut con = redis.connect().unwrap();
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg("a")
+        .arg("va")
+        .ignore()
+        .cmd("SET")
+        .arg("b")
+        .arg("vb")
+        .ignore()
+        .query(&mut con)
+        .unwrap();
+    let frozen = FrozenRedis::new(&s);
+    let out: redis::RedisResult<(Option<String>,)> =
+        redis::pipe().cmd("GET").arg("a").query(&mut con);
+    drop(frozen);
+    assert!(out.expect_err("answered by a frozen Redis").is_timeout());
+    std::thread::sleep(Duration::from_millis(200));
+    let b: Option<String> = redis::cmd("GET").arg("b").query(&mut con).unwrap();
+    assert_eq!(
+        b.as_deref(),
+        Some("vb"),
+        "the late reply of GET a was skipped"
+    );
+}
+
 // Protects: docs/src/rust/start.md's "Node::start fails fast if Redis is unreachable".
 // Fault: redis-server frozen with SIGSTOP (it accepts TCP connections but never answers).
 // Protection: the connect and every request of start are bounded by command_timeout. Without
