@@ -602,8 +602,9 @@ fn password_never_appears_in_binary_output() {
 /// tiny command by a busy machine logs it too (a 60 ms `SSCAN ... COUNT 32` with both cores
 /// busy). The test's redis-server therefore runs at a higher scheduling priority where the
 /// test may set one (`renice -n -10`; root, as in CI): other processes then wait for it, not
-/// it for them, and the log measures the commands. Elsewhere, and on a cluster
-/// (`SFU_TEST_TOPOLOGY=cluster`), it runs as it is.
+/// it for them. Elsewhere, and on a cluster (`SFU_TEST_TOPOLOGY=cluster`), it runs as it is.
+/// This is not enough under the whole suite with both cores busy: a 32-room `EVALSHA` was
+/// still logged at 100 ms there (2026-12-05); an open problem (stop 47's note).
 #[test]
 fn huge_index_is_reaped_in_batches_without_blocking_redis() {
     let s = Server::start();
