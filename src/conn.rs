@@ -134,8 +134,9 @@ pub struct Conn(Inner, Arc<ConnStats>, OutOfStep);
 
 /// True once a pipeline on one server stopped at an I/O error with replies left unread, or
 /// failed to send (`dial::pipeline_in_step`): those replies would answer the next requests,
-/// so every later request on the connection fails at once ([`out_of_step`]). A cluster connection drops its server
-/// connections after any failed call instead (`ClusterConn::settle`).
+/// so every later request on the connection fails at once ([`out_of_step`]). A cluster
+/// connection drops its server connections after any failed call instead
+/// (`ClusterConn::settle`).
 #[derive(Default)]
 struct OutOfStep(bool);
 
